@@ -1,0 +1,68 @@
+"""Batched, jitted evaluation of a classifier on an `ArrayDataset`."""
+
+from __future__ import annotations
+
+import functools
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+from flax import nnx
+
+from dpkd_jax import data
+from dpkd_jax.models import core
+
+
+@functools.partial(jax.jit, static_argnames=("graphdef", "info"))
+def _batch_stats(graphdef: nnx.GraphDef, params, batch_stats, images_uint8, labels, mask, info):
+  """(correct, loss_sum) over the real (mask=1) rows of one padded batch."""
+  x = data.normalize(images_uint8, info)
+  out, _ = core.apply(graphdef, params, batch_stats, x, train=False)
+  correct = jnp.sum((jnp.argmax(out.logits, -1) == labels) * mask)
+  loss = jnp.sum(optax.softmax_cross_entropy_with_integer_labels(out.logits, labels) * mask)
+  return correct, loss
+
+
+def predict_logits(parts: core.ModelParts, images_uint8: np.ndarray, info: data.DatasetInfo,
+                   *, batch_size: int = 1000) -> np.ndarray:
+  """Logits (N, K) of a model on uint8 images, in eval mode, in fixed-size padded batches."""
+  fn = jax.jit(lambda p, s, x: core.apply(parts.graphdef, p, s, data.normalize(x, info), train=False)[0].logits)
+  outs = []
+  for start in range(0, len(images_uint8), batch_size):
+    chunk = images_uint8[start:start + batch_size]
+    pad = batch_size - len(chunk)
+    if pad:  # pad to a fixed shape so the function compiles once
+      chunk = np.concatenate([chunk, np.zeros((pad,) + chunk.shape[1:], chunk.dtype)])
+    outs.append(np.asarray(fn(parts.params, parts.batch_stats, chunk))[:batch_size - pad])
+  return np.concatenate(outs)
+
+
+def evaluate(parts: core.ModelParts, dataset: data.ArrayDataset, *, batch_size: int = 1000) -> dict[str, float]:
+  """Accuracy and mean cross-entropy of `parts` on `dataset` (eval-mode BatchNorm).
+
+  Args:
+    parts: the model (graphdef, params, batch_stats).
+    dataset: uint8 images and int labels; normalization uses `dataset.info`.
+    batch_size: evaluation batch; the last batch is padded and masked so one shape compiles.
+
+  Returns:
+    {'accuracy': float in [0, 1], 'loss': float}.
+  """
+  n = len(dataset)
+  if n == 0:
+    raise ValueError("cannot evaluate on an empty dataset")
+  correct = loss = 0.0
+  for start in range(0, n, batch_size):
+    images = dataset.images[start:start + batch_size]
+    labels = dataset.labels[start:start + batch_size]
+    real = len(images)
+    mask = np.zeros(batch_size, np.float32)
+    mask[:real] = 1.0
+    if real < batch_size:
+      images = np.concatenate([images, np.zeros((batch_size - real,) + images.shape[1:], images.dtype)])
+      labels = np.concatenate([labels, np.zeros(batch_size - real, labels.dtype)])
+    c, l = _batch_stats(parts.graphdef, parts.params, parts.batch_stats, images, labels, mask, dataset.info)
+    correct += float(c)
+    loss += float(l)
+  return {"accuracy": correct / n, "loss": loss / n}
