@@ -1,0 +1,340 @@
+"""Where images come from: embedded digits, local `.npz` files, or tensorflow-datasets.
+
+`load(name, split)` tries, in order:
+
+1. `digits` only: built in from scikit-learn's `load_digits` (1,797 8x8 images, works
+   offline anywhere). Values 0..16 are scaled to 0..255, upsampled 3x **bilinearly**
+   (half-pixel centres, edges clamped; equal to `jax.image.resize(..., "linear")`) to
+   24x24, rounded to uint8 and zero-padded by 2 px to 28x28x1, so MNIST-sized models run
+   unchanged. Split: stratified, 20% of each class to test, seed 0 ->
+   1,442 train / 355 test images (per class: floor(0.2 * class size) to test).
+2. `<dir>/<name>.npz` with keys `x_train, y_train, x_test, y_test` (uint8, NHWC images,
+   integer labels), where `<dir>` is the `data_dir` argument or else the `DPKD_DATA_DIR`
+   environment variable. A named directory that does not exist is an error.
+3. `tfds.data_source(name, split=...)` (random access to ArrayRecord files, no TensorFlow
+   needed), reading every record into NumPy arrays. tfds looks in its own data dir
+   (`TFDS_DATA_DIR` or `~/tensorflow_datasets`); it downloads only if `download=True`.
+
+Loaded arrays are cached per (name, split, source) for the life of the process and are
+read-only, so repeated calls are cheap and callers cannot corrupt the cache.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+from pathlib import Path
+import zipfile
+import zlib
+
+import numpy as np
+
+from dpkd_jax.data import splits
+
+DATA_DIR_ENV_VAR = "DPKD_DATA_DIR"
+SPLITS = ("train", "test")
+# Embedded digits split: fraction of each class held out for test, and its seed.
+DIGITS_TEST_FRACTION = 0.2
+DIGITS_SPLIT_SEED = 0
+
+
+class DataNotFoundError(FileNotFoundError):
+  """No source could provide the requested dataset."""
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class DatasetInfo:
+  """Static facts about a dataset.
+
+  Attributes:
+    name: registry name (also the `.npz` stem and the tfds name).
+    image_shape: (H, W, C) of one image.
+    num_classes: number of classes; labels are in [0, num_classes).
+    mean: (C,) per-channel mean of pixels / 255 over the train split.
+    std: (C,) per-channel standard deviation of pixels / 255 over the train split.
+    class_names: `num_classes` human-readable class names, index = label.
+  """
+
+  name: str
+  image_shape: tuple[int, int, int]
+  num_classes: int
+  mean: tuple[float, ...]
+  std: tuple[float, ...]
+  class_names: tuple[str, ...]
+
+  def __post_init__(self):
+    for field in ("image_shape", "mean", "std", "class_names"):
+      if not isinstance(getattr(self, field), tuple):
+        # Tuples keep DatasetInfo hashable, so it can be a static argument of jax.jit.
+        raise ValueError(f"{self.name}: {field} must be a tuple, got {getattr(self, field)!r}")
+    if len(self.image_shape) != 3 or min(self.image_shape) < 1:
+      raise ValueError(f"{self.name}: image_shape must be (H, W, C) > 0, got {self.image_shape}")
+    channels = self.image_shape[2]
+    if len(self.mean) != channels or len(self.std) != channels:
+      raise ValueError(
+          f"{self.name}: mean {self.mean} and std {self.std} need {channels} channel values")
+    if min(self.std) <= 0:
+      raise ValueError(f"{self.name}: std must be positive, got {self.std}")
+    if self.num_classes < 2 or len(self.class_names) != self.num_classes:
+      raise ValueError(
+          f"{self.name}: need num_classes >= 2 names, got num_classes={self.num_classes} "
+          f"and {len(self.class_names)} class_names")
+
+
+_DIGIT_NAMES = tuple(str(d) for d in range(10))
+_CIFAR100_NAMES = tuple("""
+    apple aquarium_fish baby bear beaver bed bee beetle bicycle bottle bowl boy bridge bus
+    butterfly camel can castle caterpillar cattle chair chimpanzee clock cloud cockroach couch
+    crab crocodile cup dinosaur dolphin elephant flatfish forest fox girl hamster house
+    kangaroo keyboard lamp lawn_mower leopard lion lizard lobster man maple_tree motorcycle
+    mountain mouse mushroom oak_tree orange orchid otter palm_tree pear pickup_truck pine_tree
+    plain plate poppy porcupine possum rabbit raccoon ray road rocket rose sea seal shark shrew
+    skunk skyscraper snail snake spider squirrel streetcar sunflower sweet_pepper table tank
+    telephone television tiger tractor train trout tulip turtle wardrobe whale willow_tree
+    wolf woman worm""".split())
+
+# mean/std: digits measured on the embedded train split (tests recompute them); MNIST and
+# Fashion-MNIST measured on ../shared/data (equal to the published values); CIFAR-10,
+# CIFAR-100 and SVHN are the commonly published train-split values (not re-measured here).
+DATASETS: dict[str, DatasetInfo] = {
+    info.name: info for info in (
+        DatasetInfo(name="digits", image_shape=(28, 28, 1), num_classes=10,
+                    mean=(0.2244,), std=(0.3139,), class_names=_DIGIT_NAMES),
+        DatasetInfo(name="mnist", image_shape=(28, 28, 1), num_classes=10,
+                    mean=(0.1307,), std=(0.3081,), class_names=_DIGIT_NAMES),
+        DatasetInfo(name="fashion_mnist", image_shape=(28, 28, 1), num_classes=10,
+                    mean=(0.2860,), std=(0.3530,),
+                    class_names=("T-shirt/top", "Trouser", "Pullover", "Dress", "Coat",
+                                 "Sandal", "Shirt", "Sneaker", "Bag", "Ankle boot")),
+        DatasetInfo(name="cifar10", image_shape=(32, 32, 3), num_classes=10,
+                    mean=(0.4914, 0.4822, 0.4465), std=(0.2470, 0.2435, 0.2616),
+                    class_names=("airplane", "automobile", "bird", "cat", "deer", "dog",
+                                 "frog", "horse", "ship", "truck")),
+        DatasetInfo(name="svhn_cropped", image_shape=(32, 32, 3), num_classes=10,
+                    mean=(0.4377, 0.4438, 0.4728), std=(0.1980, 0.2010, 0.1970),
+                    class_names=_DIGIT_NAMES),
+        DatasetInfo(name="cifar100", image_shape=(32, 32, 3), num_classes=100,
+                    mean=(0.5071, 0.4865, 0.4409), std=(0.2673, 0.2564, 0.2762),
+                    class_names=_CIFAR100_NAMES),
+    )
+}
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True, eq=False)
+class ArrayDataset:
+  """An in-memory labelled image dataset.
+
+  Attributes:
+    images: (N, H, W, C) uint8 pixels, (H, W, C) == info.image_shape.
+    labels: (N,) int32 labels in [0, info.num_classes).
+    info: the dataset's `DatasetInfo`.
+  """
+
+  images: np.ndarray
+  labels: np.ndarray
+  info: DatasetInfo
+
+  def __post_init__(self):
+    _check_arrays(self.images, self.labels, self.info, where=f"ArrayDataset({self.info.name})")
+    if self.labels.dtype != np.int32:
+      raise ValueError(
+          f"ArrayDataset({self.info.name}): labels must be int32, got {self.labels.dtype}")
+
+  def __len__(self) -> int:
+    return int(self.labels.shape[0])
+
+  def subset(self, indices: np.ndarray) -> ArrayDataset:
+    """Returns the records at `indices` ((M,) integer array), in that order."""
+    indices = np.asarray(indices)
+    if indices.ndim != 1 or not np.issubdtype(indices.dtype, np.integer):
+      raise ValueError(
+          f"subset indices must be a 1-D integer array, got shape {indices.shape} "
+          f"dtype {indices.dtype}")
+    return ArrayDataset(images=self.images[indices], labels=self.labels[indices],
+                        info=self.info)
+
+
+def _check_arrays(images: np.ndarray, labels: np.ndarray, info: DatasetInfo, *,
+                  where: str) -> None:
+  """Raises ValueError (prefixed by `where`) unless images/labels fit `info`."""
+  if not isinstance(images, np.ndarray) or images.dtype != np.uint8:
+    raise ValueError(f"{where}: images must be a uint8 array, got "
+                     f"{getattr(images, 'dtype', type(images))}")
+  if images.ndim != 4 or images.shape[1:] != info.image_shape:
+    raise ValueError(f"{where}: images must have shape (N, {', '.join(map(str, info.image_shape))})"
+                     f", got {images.shape}")
+  if (not isinstance(labels, np.ndarray) or labels.ndim != 1
+      or not np.issubdtype(labels.dtype, np.integer)):
+    raise ValueError(f"{where}: labels must be a 1-D integer array, got "
+                     f"{getattr(labels, 'shape', type(labels))} "
+                     f"{getattr(labels, 'dtype', '')}")
+  if labels.shape[0] != images.shape[0]:
+    raise ValueError(f"{where}: {images.shape[0]} images but {labels.shape[0]} labels")
+  if labels.size and (labels.min() < 0 or labels.max() >= info.num_classes):
+    raise ValueError(f"{where}: labels must be in [0, {info.num_classes}), found range "
+                     f"[{labels.min()}, {labels.max()}]")
+
+
+def _read_only(images: np.ndarray, labels: np.ndarray,
+               info: DatasetInfo) -> ArrayDataset:
+  images.setflags(write=False)
+  labels.setflags(write=False)
+  return ArrayDataset(images=images, labels=labels, info=info)
+
+
+def _bilinear_matrix(in_size: int, scale: int) -> np.ndarray:
+  """(in_size*scale, in_size) 1-D linear interpolation weights, half-pixel centres."""
+  out_coords = (np.arange(in_size * scale) + 0.5) / scale - 0.5
+  out_coords = np.clip(out_coords, 0.0, in_size - 1)  # Clamp: edge pixels are repeated.
+  lower = np.floor(out_coords).astype(int)
+  upper = np.minimum(lower + 1, in_size - 1)
+  frac = out_coords - lower
+  weights = np.zeros((in_size * scale, in_size))
+  rows = np.arange(in_size * scale)
+  np.add.at(weights, (rows, lower), 1.0 - frac)
+  np.add.at(weights, (rows, upper), frac)
+  return weights
+
+
+def _embedded_digits(split: str) -> tuple[np.ndarray, np.ndarray]:
+  """Builds the 28x28x1 uint8 digits split from scikit-learn's bundled 8x8 digits."""
+  from sklearn import datasets as sk_datasets  # Deferred: only digits needs scikit-learn.
+
+  bunch = sk_datasets.load_digits()
+  pixels = bunch.images * (255.0 / 16.0)  # (1797, 8, 8) float64 in [0, 255]
+  interp = _bilinear_matrix(8, 3)  # (24, 8)
+  upsampled = np.einsum("ph,nhw,qw->npq", interp, pixels, interp)  # (1797, 24, 24)
+  images = np.rint(np.clip(upsampled, 0, 255)).astype(np.uint8)
+  images = np.pad(images, ((0, 0), (2, 2), (2, 2)))[..., None]  # (1797, 28, 28, 1)
+  labels = bunch.target.astype(np.int32)
+  test = splits.stratified_partition(
+      labels, {"test": DIGITS_TEST_FRACTION}, seed=DIGITS_SPLIT_SEED)["test"]
+  is_test = np.zeros(labels.shape, bool)
+  is_test[test] = True
+  keep = is_test if split == "test" else ~is_test
+  return images[keep], labels[keep]
+
+
+def _read_npz(path: Path, split: str, info: DatasetInfo) -> tuple[np.ndarray, np.ndarray]:
+  """Reads and validates one split from a `.npz` file; ValueError names file and problem."""
+  image_key, label_key = f"x_{split}", f"y_{split}"
+  try:
+    with np.load(path, allow_pickle=False) as archive:
+      missing = [key for key in (image_key, label_key) if key not in archive.files]
+      if missing:
+        raise ValueError(f"{path}: missing key(s) {missing}; found {sorted(archive.files)}; "
+                         "expected x_train, y_train, x_test, y_test")
+      images, labels = archive[image_key], archive[label_key]
+  except (OSError, EOFError, zipfile.BadZipFile, zlib.error) as error:
+    raise ValueError(
+        f"{path}: cannot read as .npz (corrupt or truncated?): {type(error).__name__}: {error}"
+    ) from error
+  except ValueError as error:
+    if str(error).startswith(str(path)):
+      raise
+    raise ValueError(f"{path}: cannot read as .npz: {error}") from error
+  _check_arrays(images, labels, info, where=f"{path} [{image_key}, {label_key}]")
+  return images, labels.astype(np.int32)
+
+
+def _read_tfds(name: str, split: str, *, download: bool) -> tuple[np.ndarray, np.ndarray]:
+  """Reads every record of a tfds split into NumPy arrays (raises whatever tfds raises)."""
+  import tensorflow_datasets as tfds  # Deferred: importing tfds costs ~0.5 s.
+
+  source = tfds.data_source(name, split=split, download=download)
+  # One record at a time: batched `__getitems__` is broken under tfds.testing.mock_data.
+  records = [source[i] for i in range(len(source))]
+  images = np.stack([np.asarray(record["image"]) for record in records])  # (N, H, W, C)
+  labels = np.asarray([record["label"] for record in records])  # (N,) int64
+  return images, labels
+
+
+_CACHE: dict[tuple, ArrayDataset] = {}
+
+
+def clear_cache() -> None:
+  """Forgets every cached dataset (e.g. after using `tfds.testing.mock_data`)."""
+  _CACHE.clear()
+
+
+def _resolve_data_dir(data_dir: str | os.PathLike | None) -> tuple[Path | None, str]:
+  """Returns (directory or None, human-readable description of where it came from)."""
+  if data_dir is not None:
+    return Path(data_dir), "the data_dir argument"
+  from_env = os.environ.get(DATA_DIR_ENV_VAR)
+  if from_env:
+    return Path(from_env), f"the {DATA_DIR_ENV_VAR} environment variable"
+  return None, f"no data directory (neither data_dir nor {DATA_DIR_ENV_VAR} is set)"
+
+
+def load(
+    name: str,
+    split: str = "train",
+    *,
+    data_dir: str | os.PathLike | None = None,
+    download: bool = False,
+) -> ArrayDataset:
+  """Loads one split of a dataset as read-only NumPy arrays.
+
+  Args:
+    name: one of `DATASETS` (digits, mnist, fashion_mnist, cifar10, svhn_cropped, cifar100).
+    split: "train" or "test".
+    data_dir: directory holding `<name>.npz`; defaults to `$DPKD_DATA_DIR`. Ignored for
+      the embedded `digits`.
+    download: passed to `tfds.data_source`; if True tfds may download and prepare the
+      dataset when no local file is found.
+
+  Returns:
+    An `ArrayDataset` with read-only `images` (N, H, W, C) uint8 and `labels` (N,) int32.
+
+  Raises:
+    ValueError: unknown name or split, or a local file that is corrupt, lacks keys or
+      holds arrays of the wrong dtype/shape/label range.
+    DataNotFoundError: the named directory does not exist, or no source has the data.
+  """
+  if name not in DATASETS:
+    raise ValueError(f"unknown dataset {name!r}; known datasets: {sorted(DATASETS)}")
+  if split not in SPLITS:
+    raise ValueError(f"unknown split {split!r} for {name!r}; expected one of {SPLITS}")
+  info = DATASETS[name]
+
+  if name == "digits":
+    key = (name, split, "embedded")
+    if key not in _CACHE:
+      _CACHE[key] = _read_only(*_embedded_digits(split), info)
+    return _CACHE[key]
+
+  directory, origin = _resolve_data_dir(data_dir)
+  if directory is not None:
+    if not directory.is_dir():
+      raise DataNotFoundError(
+          f"data directory {str(directory)!r} (from {origin}) does not exist or is not a "
+          f"directory; cannot look for {name}.npz there")
+    path = (directory / f"{name}.npz").resolve()
+    if path.is_file():
+      stat = path.stat()
+      # mtime and size in the key: a rewritten file is reloaded, not served stale.
+      key = (name, split, str(path), stat.st_mtime_ns, stat.st_size)
+      if key not in _CACHE:
+        _CACHE[key] = _read_only(*_read_npz(path, split, info), info)
+      return _CACHE[key]
+    looked = f"no {name}.npz in {str(directory)!r} (from {origin})"
+  else:
+    looked = origin
+
+  key = (name, split, "tensorflow_datasets")
+  if key not in _CACHE:
+    try:
+      images, labels = _read_tfds(name, split, download=download)
+    except Exception as error:  # pylint: disable=broad-except
+      # tfds raises many unrelated types (DatasetNotFoundError, NotImplementedError,
+      # ImportError, ...); all mean "tfds cannot provide it", which we report in full.
+      raise DataNotFoundError(
+          f"cannot load dataset {name!r} split {split!r}: {looked}; set data_dir or "
+          f"{DATA_DIR_ENV_VAR} to a directory holding {name}.npz (keys x_train, y_train, "
+          f"x_test, y_test); tensorflow-datasets (download={download}) failed with "
+          f"{type(error).__name__}: {error}") from error
+    # Validated outside the try: a malformed tfds record is a ValueError, not "not found".
+    _check_arrays(images, labels, info, where=f"tensorflow-datasets {name}[{split}]")
+    _CACHE[key] = _read_only(images, labels.astype(np.int32), info)
+  return _CACHE[key]
