@@ -1,0 +1,161 @@
+"""Prints every privacy figure quoted in docs/privacy.md.
+
+Run from the repository root:
+
+  PYTHONPATH=. python benchmarks/privacy_figures.py
+
+Sections: (1) one DPDFD step, sound vs paper; (2) DPDFD over T steps;
+(3) DPDFD calibration; (4) SRR record-level vs per-query; (5) RONA;
+(6) reverse k-NN local reports; (7) the RR count trap; (8) PLD grid step:
+ε and time.
+"""
+
+import time
+import warnings
+
+from dp_accounting import dp_event
+from dp_accounting.pld import pld_privacy_accountant
+
+from dpkd_jax.privacy import accounting
+from dpkd_jax.privacy import paper_accounting
+
+DELTA = 1e-5
+
+
+def _paper(fn, **kwargs) -> float:
+  # The warning is the point of paper_*; here we tabulate them on purpose.
+  with warnings.catch_warnings():
+    warnings.simplefilter("ignore", paper_accounting.PaperAccountingWarning)
+    return fn(**kwargs)
+
+
+def dpdfd_one_step() -> None:
+  print("## 1. One DPDFD step, B = 256, sigma = 100, delta = 1e-5")
+  event = accounting.dpdfd_event(noise_multiplier=100.0, batch_size=256,
+                                 steps=1)
+  print(f"event: {event}")
+  print(f"sound eps (PLD): {accounting.epsilon(event, delta=DELTA):.4f}")
+  print("sound eps (RDP): "
+        f"{accounting.epsilon(event, delta=DELTA, accountant='rdp'):.4f}")
+  for bound in (1.0, 1e-4):
+    paper = _paper(paper_accounting.paper_dpdfd_epsilon, noise_multiplier=100.0,
+                   l2_norm_bound=bound, steps=1, delta=DELTA)
+    print(f"paper eps (Theorem 3 reconstruction, C = {bound:g}): {paper:.3g}")
+  print()
+
+
+def dpdfd_steps() -> None:
+  print("## 2. DPDFD over T steps, B = 256, sigma = 100, delta = 1e-5")
+  print("| T | sound eps (PLD) | sound eps (RDP) | paper eps (C = 1) |")
+  print("|---|---|---|---|")
+  for steps in (1, 10, 100, 1000):
+    event = accounting.dpdfd_event(noise_multiplier=100.0, batch_size=256,
+                                   steps=steps)
+    pld = accounting.epsilon(event, delta=DELTA)
+    rdp = accounting.epsilon(event, delta=DELTA, accountant="rdp")
+    paper = _paper(paper_accounting.paper_dpdfd_epsilon, noise_multiplier=100.0,
+                   l2_norm_bound=1.0, steps=steps, delta=DELTA)
+    print(f"| {steps} | {pld:.3f} | {rdp:.3f} | {paper:.3g} |")
+  print()
+
+
+def dpdfd_calibration() -> None:
+  print("## 3. DPDFD calibration, B = 256, delta = 1e-5 (PLD)")
+  for target, steps in ((1.0, 1), (10.0, 1000)):
+    sigma = accounting.calibrate_dpdfd_noise_multiplier(
+        target_epsilon=target, delta=DELTA, batch_size=256, steps=steps)
+    print(f"sigma for eps <= {target:g} over T = {steps}: {sigma:.1f}")
+  steps = accounting.calibrate_dpdfd_steps(
+      target_epsilon=10.0, delta=DELTA, noise_multiplier=100.0, batch_size=256,
+      max_steps=100_000)
+  print(f"max T at sigma = 100 for eps <= 10: {steps}")
+  print()
+
+
+def srr() -> None:
+  print("## 4. SRR, eps = 1 per query, delta = 1e-5 (binary-RR bound)")
+  paper = _paper(paper_accounting.paper_srr_label_epsilon,
+                 epsilon_per_query=1.0)
+  print("| queries n | record-level eps (PLD) | record-level eps (RDP) | "
+        "k = 10 known (PLD) | paper per-query label eps |")
+  print("|---|---|---|---|---|")
+  for n in (1, 10, 100, 1000):
+    event = accounting.srr_event(epsilon_per_query=1.0, num_queries=n)
+    k10 = accounting.srr_event(epsilon_per_query=1.0, num_queries=n,
+                               num_classes=10)
+    print(f"| {n} | {accounting.epsilon(event, delta=DELTA):.3f} | "
+          f"{accounting.epsilon(event, delta=DELTA, accountant='rdp'):.3f} | "
+          f"{accounting.epsilon(k10, delta=DELTA):.3f} | {paper:g} |")
+  print()
+
+
+def rona() -> None:
+  print("## 5. RONA, sigma = 6, delta = 1e-5")
+  paper = _paper(paper_accounting.paper_rona_epsilon, noise_multiplier=6.0,
+                 delta=DELTA)
+  print(f"paper per-query eps (classic bound, sensitivity B): {paper:.3f}")
+  for queries in (1, 100):
+    event = accounting.rona_event(noise_multiplier=6.0, num_queries=queries)
+    print(f"sound eps, {queries} queries (sensitivity 2B, PLD): "
+          f"{accounting.epsilon(event, delta=DELTA):.3f}")
+  print()
+
+
+def local_reverse_knn() -> None:
+  print("## 6. Reverse k-NN, local bit flipping: eps = 4, k = 5, r = 1")
+  # Two records' vote vectors differ in <= 2kr bits, each flipped with
+  # p = 1/(e^{eps/(2kr)} + 1): 2kr binary RR with eps/(2kr) each.
+  k, r, eps = 5, 1, 4.0
+  bits = accounting.srr_event(epsilon_per_query=eps / (2 * k * r),
+                              num_queries=2 * k * r)
+  print(f"pure eps of one report: {eps:g}")
+  print(f"eps of one report at delta = 1e-5 (PLD over {2 * k * r} bits): "
+        f"{accounting.epsilon(bits, delta=DELTA):.3f}")
+  print()
+
+
+def rr_trap() -> None:
+  print("## 7. dp-accounting 0.6.0 PLDAccountant RR count trap, eps0 = 1")
+  single = accounting.srr_event(epsilon_per_query=1.0, num_queries=1).event
+  relation = pld_privacy_accountant.NeighborRel.REPLACE_ONE
+  for n in (1, 100):
+    trap = pld_privacy_accountant.PLDAccountant(relation).compose(
+        dp_event.SelfComposedDpEvent(single, n)).get_epsilon(DELTA)
+    ours = accounting.epsilon(dp_event.SelfComposedDpEvent(single, n),
+                              delta=DELTA)
+    print(f"n = {n}: PLDAccountant eps = {trap:.3f}, ours = {ours:.3f}")
+  print()
+
+
+def grid_step() -> None:
+  print("## 8. PLD grid step (value_discretization_interval): eps and time")
+  events = {
+      "DPDFD B=256 sigma=100 T=100": accounting.dpdfd_event(
+          noise_multiplier=100.0, batch_size=256, steps=100),
+      "DP-SGD q=0.01 z=1 T=10000": accounting.dpsgd_event(
+          noise_multiplier=1.0, sampling_rate=0.01, steps=10_000),
+      "SRR eps=1 n=1000": accounting.srr_event(epsilon_per_query=1.0,
+                                                num_queries=1000),
+  }
+  print("| event | eps @1e-3 | s @1e-3 | eps @1e-4 | s @1e-4 |")
+  print("|---|---|---|---|---|")
+  for name, event in events.items():
+    row = []
+    for interval in (1e-3, 1e-4):
+      start = time.perf_counter()
+      eps = accounting.epsilon(event, delta=DELTA,
+                               value_discretization_interval=interval)
+      row += [f"{eps:.4f}", f"{time.perf_counter() - start:.2f}"]
+    print(f"| {name} | " + " | ".join(row) + " |")
+  print()
+
+
+if __name__ == "__main__":
+  dpdfd_one_step()
+  dpdfd_steps()
+  dpdfd_calibration()
+  srr()
+  rona()
+  local_reverse_knn()
+  rr_trap()
+  grid_step()

@@ -1,0 +1,530 @@
+"""Privacy accounting: one dp_accounting `DpEvent` per private run, and its ε.
+
+Conventions (read them before adding a builder):
+
+* The `noise_multiplier` of every Gaussian/Laplace event built here is the noise
+  std (Laplace scale) divided by the distance between the released query values
+  on two neighbouring datasets (L2 for Gaussian, L1 for Laplace), under the
+  method's own neighbouring relation. dp_accounting's ADD_OR_REMOVE_ONE analysis
+  shifts the mean by exactly one such distance, so it is exact for these events;
+  its REPLACE_ONE analysis would double the distance a second time.
+* Randomized response (RR) is analysed under REPLACE_ONE (the true label is
+  replaced by another). dp-accounting 0.6.0's `PLDAccountant` composes a
+  `RandomizedResponseDpEvent` once whatever its count, so RR PLDs are built here
+  with `from_randomized_response(...).self_compose(n)`.
+* A tree holding both RR and Poisson subsampling (add/remove) mixes neighbouring
+  relations and is rejected.
+* Composition does not depend on order, so identical leaves are merged into one
+  `SelfComposedDpEvent` first: a ledger of 10⁴ equal steps costs a single PLD.
+"""
+
+import math
+import operator
+from typing import Callable, Literal
+
+from dp_accounting import dp_event
+from dp_accounting import mechanism_calibration
+from dp_accounting import privacy_accountant
+from dp_accounting.pld import pld_privacy_accountant
+from dp_accounting.pld import privacy_loss_distribution
+from dp_accounting.rdp import rdp_privacy_accountant
+
+AccountantName = Literal["pld", "rdp"]
+# 1e-3 is several times faster than dp_accounting's 1e-4 default and moves ε
+# by < 1e-2 in our regimes (docs/privacy.md); the estimate stays pessimistic.
+DEFAULT_VALUE_DISCRETIZATION_INTERVAL = 1e-3
+_NeighborRel = privacy_accountant.NeighboringRelation
+_MAX_DOUBLINGS = 40  # The geometric bracket search spans 2**±40 of its start.
+
+
+def _check_int(name: str, value: int, *, minimum: int) -> int:
+  try:
+    if isinstance(value, bool):
+      raise TypeError
+    value = operator.index(value)
+  except TypeError:
+    raise ValueError(f"{name} must be an integer, got {value!r}") from None
+  if value < minimum:
+    raise ValueError(f"{name} must be >= {minimum}, got {value}")
+  return value
+
+
+def _check_float(name: str, value: float, *, positive: bool) -> float:
+  try:
+    value = float(value)
+  except (TypeError, ValueError):
+    raise ValueError(f"{name} must be a number, got {value!r}") from None
+  if not math.isfinite(value) or value < 0 or (positive and value == 0):
+    bound = "> 0" if positive else ">= 0"
+    raise ValueError(f"{name} must be finite and {bound}, got {value!r}")
+  return value
+
+
+def _check_delta(delta: float) -> float:
+  value = _check_float("delta", delta, positive=True)
+  if value >= 1:
+    raise ValueError(f"delta must be in (0, 1), got {delta!r}")
+  return value
+
+
+def _check_accountant(accountant: str, interval: float) -> None:
+  if accountant not in ("pld", "rdp"):
+    raise ValueError(f"accountant must be 'pld' or 'rdp', got {accountant!r}")
+  _check_float("value_discretization_interval", interval, positive=True)
+
+
+def _repeat(event: dp_event.DpEvent, count: int) -> dp_event.DpEvent:
+  # SelfComposed(count=0) would divide by zero in PLDAccountant's Gaussian path.
+  if count == 0:
+    return dp_event.NoOpDpEvent()
+  return dp_event.SelfComposedDpEvent(event, count)
+
+
+def dpdfd_event(*, noise_multiplier: float, batch_size: int, steps: int,
+                num_teachers: int = 1) -> dp_event.DpEvent:
+  """DPDFD data-free output-gradient mechanism over a whole run.
+
+  Relation: replace (or add/remove) one private record. The teacher is trained
+  on private data and is not private, so one record may change it arbitrarily:
+  each of the B released rows (B, K), normalized/clipped to L2 norm <= C, moves
+  by <= 2C and the concatenated release by <= 2C·sqrt(B). Noise N(0, σ²C²) per
+  coordinate gives noise multiplier σC / (2C·sqrt(B)) = σ / (2·sqrt(B)) per
+  step; synthetic batches are not subsamples of private data, so no
+  amplification: T Gaussians composed. Multi-teacher (n teachers on disjoint
+  shards, rows summed over teachers, one N(0, σ²C²) draw per summed row): a
+  record is in one shard, so each summed row moves by <= 2C: same multiplier.
+  Direct mode (mechanism on private inputs) has no event (docs/privacy.md).
+
+  Args:
+    noise_multiplier: σ of Algorithm 1 (noise std σ·C); 0 means no privacy.
+    batch_size: B, rows released per step.
+    steps: T, number of releases.
+    num_teachers: n >= 1 disjoint-shard teachers (the event does not change).
+
+  Returns:
+    `SelfComposedDpEvent(GaussianDpEvent(σ / (2·sqrt(B))), T)` (NoOp if T = 0).
+  """
+  sigma = _check_float("noise_multiplier", noise_multiplier, positive=False)
+  batch_size = _check_int("batch_size", batch_size, minimum=1)
+  steps = _check_int("steps", steps, minimum=0)
+  _check_int("num_teachers", num_teachers, minimum=1)
+  return _repeat(
+      dp_event.GaussianDpEvent(sigma / (2.0 * math.sqrt(batch_size))), steps)
+
+
+def srr_event(*, epsilon_per_query: float, num_queries: int,
+              num_classes: int | None = None) -> dp_event.DpEvent:
+  """Selective randomized response teacher labels over a whole run.
+
+  Relation: replace one private record. It may change the teacher's label on
+  every query, so n queries are n ε-DP RR mechanisms composed. Binary RR with ε
+  dominates every ε-DP mechanism (Kairouz et al. 2015), so `num_classes=None`
+  (k = 2, p = 2/(e^ε + 1)) is sound whatever the candidate-set sizes. Pass
+  `num_classes=k` only if every query is k-ary RR over the same k outputs
+  (tighter): p = k / (e^ε + k − 1), i.e. ε = log(1 + k(1 − p)/p).
+
+  Args:
+    epsilon_per_query: ε of one label query (> 0).
+    num_queries: n, number of teacher-label queries.
+    num_classes: constant candidate-set size k >= 2, or None for binary RR.
+
+  Returns:
+    `SelfComposedDpEvent(RandomizedResponseDpEvent(p, k), n)` (NoOp if n = 0).
+  """
+  eps = _check_float("epsilon_per_query", epsilon_per_query, positive=True)
+  num_queries = _check_int("num_queries", num_queries, minimum=0)
+  k = 2 if num_classes is None else _check_int("num_classes", num_classes,
+                                               minimum=2)
+  # k / (e^ε + k − 1), written with e^-ε so that a large ε cannot overflow.
+  noise_parameter = k * math.exp(-eps) / (1.0 + (k - 1) * math.exp(-eps))
+  return _repeat(dp_event.RandomizedResponseDpEvent(
+      noise_parameter=noise_parameter, num_buckets=k), num_queries)
+
+
+def laplace_counts_event(*, epsilon_per_round: float,
+                         rounds: int) -> dp_event.DpEvent:
+  """Reverse k-NN counts: Laplace(b = Δ₁/ε) on the count matrix, per round.
+
+  Relation: replace one private record; Δ₁ is the L1 change of the count matrix
+  it causes (2·k·r in the reverse k-NN paper). b/Δ₁ = 1/ε: each round is pure
+  ε-DP; R rounds are composed.
+
+  Args:
+    epsilon_per_round: ε of one labelling round (> 0).
+    rounds: R, number of rounds.
+
+  Returns:
+    `SelfComposedDpEvent(LaplaceDpEvent(1/ε), R)` (NoOp if R = 0).
+  """
+  eps = _check_float("epsilon_per_round", epsilon_per_round, positive=True)
+  rounds = _check_int("rounds", rounds, minimum=0)
+  return _repeat(dp_event.LaplaceDpEvent(1.0 / eps), rounds)
+
+
+def rona_event(*, noise_multiplier: float,
+               num_queries: int) -> dp_event.DpEvent:
+  """RONA sanitize: batch knowledge bounded to L2 norm B, N(0, σ²B²) noise.
+
+  Relation: replace one private record. The teacher is not private, so the
+  whole bounded batch may change: L2 sensitivity 2B, noise multiplier σ/2 per
+  query; T queries composed, T = (Th + R·Td)·|x_q|/S (`rona_num_queries`).
+
+  Args:
+    noise_multiplier: σ (noise std σ·B); 0 means no privacy.
+    num_queries: T, number of sanitized releases.
+
+  Returns:
+    `SelfComposedDpEvent(GaussianDpEvent(σ/2), T)` (NoOp if T = 0).
+  """
+  sigma = _check_float("noise_multiplier", noise_multiplier, positive=False)
+  num_queries = _check_int("num_queries", num_queries, minimum=0)
+  return _repeat(dp_event.GaussianDpEvent(sigma / 2.0), num_queries)
+
+
+def rona_num_queries(*, hint_epochs: int, distillation_epochs: int,
+                     rounds: int, num_query_samples: int,
+                     batch_size: int) -> int:
+  """RONA's query count (Th + R·Td)·ceil(|x_q|/S); a partial batch counts.
+
+  Args:
+    hint_epochs: Th; distillation_epochs: Td (per round); rounds: R;
+    num_query_samples: |x_q|; batch_size: S (samples per release).
+
+  Returns:
+    The number of sanitized releases.
+  """
+  hint = _check_int("hint_epochs", hint_epochs, minimum=0)
+  distill = _check_int("distillation_epochs", distillation_epochs, minimum=0)
+  rounds = _check_int("rounds", rounds, minimum=0)
+  samples = _check_int("num_query_samples", num_query_samples, minimum=0)
+  batch_size = _check_int("batch_size", batch_size, minimum=1)
+  return (hint + rounds * distill) * -(-samples // batch_size)
+
+
+def dpsgd_event(*, noise_multiplier: float, sampling_rate: float,
+                steps: int) -> dp_event.DpEvent:
+  """DP-SGD: Poisson rate q, per-example clip C, noise N(0, z²C²), T steps.
+
+  Relation: add or remove one record (the clipped sum moves by <= C).
+
+  Args:
+    noise_multiplier: z; 0 means no privacy.
+    sampling_rate: q in (0, 1].
+    steps: T.
+
+  Returns:
+    `SelfComposedDpEvent(PoissonSampledDpEvent(q, GaussianDpEvent(z)), T)`.
+  """
+  sigma = _check_float("noise_multiplier", noise_multiplier, positive=False)
+  if not 0 < float(sampling_rate) <= 1:
+    raise ValueError(f"sampling_rate must be in (0, 1], got {sampling_rate!r}")
+  steps = _check_int("steps", steps, minimum=0)
+  return _repeat(dp_event.PoissonSampledDpEvent(
+      float(sampling_rate), dp_event.GaussianDpEvent(sigma)), steps)
+
+
+def _collect_leaves(event: dp_event.DpEvent, count: int,
+                    leaves: list[list]) -> None:
+  """Flattens Composed/SelfComposed trees into merged [leaf, count] pairs."""
+  if count == 0 or isinstance(event, dp_event.NoOpDpEvent):
+    return
+  if isinstance(event, dp_event.SelfComposedDpEvent):
+    _collect_leaves(event.event, count * event.count, leaves)
+  elif isinstance(event, dp_event.ComposedDpEvent):
+    for sub_event in event.events:
+      _collect_leaves(sub_event, count, leaves)
+  else:
+    for pair in leaves:
+      if pair[0] == event:
+        pair[1] += count
+        return
+    leaves.append([event, count])
+
+
+class _NoGuarantee(Exception):
+  """A leaf releases without noise: ε = ∞."""
+
+
+def _leaf_pld(leaf: dp_event.DpEvent, count: int, interval: float):
+  """PLD of `count` repetitions of a leaf of an RR tree (None: no-op)."""
+  pld = privacy_loss_distribution
+  if isinstance(leaf, dp_event.NonPrivateDpEvent):
+    raise _NoGuarantee()
+  if isinstance(leaf, dp_event.RandomizedResponseDpEvent):
+    if leaf.num_buckets == 1 or leaf.noise_parameter == 1:
+      return None  # The output does not depend on the input.
+    if leaf.noise_parameter == 0:
+      raise _NoGuarantee()
+    return pld.from_randomized_response(
+        noise_parameter=leaf.noise_parameter, num_buckets=leaf.num_buckets,
+        value_discretization_interval=interval,
+        neighboring_relation=_NeighborRel.REPLACE_ONE).self_compose(count)
+  if isinstance(leaf, (dp_event.GaussianDpEvent, dp_event.LaplaceDpEvent)):
+    if leaf.noise_multiplier == 0:
+      raise _NoGuarantee()
+    if isinstance(leaf, dp_event.LaplaceDpEvent):
+      return pld.from_laplace_mechanism(
+          parameter=leaf.noise_multiplier,
+          value_discretization_interval=interval).self_compose(count)
+    # T unit-sensitivity Gaussians == one with std z/sqrt(T), as PLDAccountant.
+    return pld.from_gaussian_mechanism(
+        standard_deviation=leaf.noise_multiplier / math.sqrt(count),
+        value_discretization_interval=interval)
+  raise ValueError(
+      f"{type(leaf).__name__} cannot be composed with randomized response: RR "
+      "is analysed under REPLACE_ONE, this event (e.g. Poisson sampling, "
+      "ADD_OR_REMOVE_ONE) is not; account for them separately.")
+
+
+def _evaluate(event: dp_event.DpEvent, accountant: str, interval: float, *,
+              delta: float | None = None,
+              target_epsilon: float | None = None) -> float:
+  """ε at `delta`, or δ at `target_epsilon`, of an event tree."""
+  if not isinstance(event, dp_event.DpEvent):
+    raise TypeError(f"event must be a dp_accounting DpEvent, got {event!r}")
+  _check_accountant(accountant, interval)
+  leaves = []
+  _collect_leaves(event, 1, leaves)
+  has_rr = any(isinstance(leaf, dp_event.RandomizedResponseDpEvent)
+               for leaf, _ in leaves)
+  if accountant == "pld" and has_rr:
+    total = None
+    try:
+      for leaf, count in leaves:
+        leaf_pld = _leaf_pld(leaf, count, interval)
+        if leaf_pld is not None:
+          total = leaf_pld if total is None else total.compose(leaf_pld)
+    except _NoGuarantee:
+      return math.inf if delta is not None else 1.0
+    if total is None:
+      return 0.0
+    if delta is not None:
+      return float(total.get_epsilon_for_delta(delta))
+    return float(total.get_delta_for_epsilon(target_epsilon))
+  if accountant == "rdp":
+    acc = rdp_privacy_accountant.RdpAccountant(neighboring_relation=(
+        _NeighborRel.REPLACE_ONE if has_rr else _NeighborRel.ADD_OR_REMOVE_ONE))
+  else:
+    acc = pld_privacy_accountant.PLDAccountant(
+        _NeighborRel.ADD_OR_REMOVE_ONE, value_discretization_interval=interval)
+  try:
+    acc.compose(dp_event.ComposedDpEvent(
+        [dp_event.SelfComposedDpEvent(leaf, count) for leaf, count in leaves]))
+  except privacy_accountant.UnsupportedEventError as err:
+    raise ValueError(f"cannot account for this event: {err}") from err
+  if delta is not None:
+    return float(acc.get_epsilon(delta))
+  return float(acc.get_delta(target_epsilon))
+
+
+def epsilon(event: dp_event.DpEvent, *, delta: float,
+            accountant: AccountantName = "pld",
+            value_discretization_interval: float = (
+                DEFAULT_VALUE_DISCRETIZATION_INTERVAL)) -> float:
+  """ε spent by `event` at `delta`; `math.inf` if some part has no noise.
+
+  Args:
+    event: any tree of the events built in this module.
+    delta: δ in (0, 1).
+    accountant: "pld" (tight, pessimistic discretization) or "rdp" (looser;
+      dp_accounting's RR RDP under REPLACE_ONE is exact and used as is).
+    value_discretization_interval: PLD grid step.
+
+  Returns:
+    ε as a float.
+  """
+  return _evaluate(event, accountant, value_discretization_interval,
+                   delta=_check_delta(delta))
+
+
+def delta_for_epsilon(event: dp_event.DpEvent, *, epsilon: float,
+                      accountant: AccountantName = "pld",
+                      value_discretization_interval: float = (
+                          DEFAULT_VALUE_DISCRETIZATION_INTERVAL)) -> float:
+  """δ of `event` at ε >= 0; 1.0 if some part has no noise.
+
+  Args:
+    event: any tree of the events built in this module.
+    epsilon: ε >= 0.
+    accountant: "pld" or "rdp".
+    value_discretization_interval: PLD grid step.
+
+  Returns:
+    δ as a float.
+  """
+  eps = _check_float("epsilon", epsilon, positive=False)
+  return _evaluate(event, accountant, value_discretization_interval,
+                   target_epsilon=eps)
+
+
+class _EventTreeAccountant(privacy_accountant.PrivacyAccountant):
+  """Lets `calibrate_dp_mechanism` evaluate its ledger with `epsilon`."""
+
+  def __init__(self, accountant: str, interval: float):
+    # Nominal relation: each event carries its own (module docstring).
+    super().__init__(_NeighborRel.ADD_OR_REMOVE_ONE)
+    self._accountant, self._interval = accountant, interval
+
+  def _maybe_compose(self, event, count, do_compose):
+    del event, count, do_compose  # The base class keeps the ledger we read.
+    return None
+
+  def get_epsilon(self, target_delta: float) -> float:
+    return epsilon(self.ledger, delta=target_delta, accountant=self._accountant,
+                   value_discretization_interval=self._interval)
+
+
+def _bracket_noise(eps_of: Callable[[float], float], target: float,
+                   start: float) -> tuple[float, float]:
+  """Geometric search for lo < hi with eps_of(lo) > target >= eps_of(hi)."""
+  hi = start
+  if eps_of(hi) <= target:
+    lo = hi / 2
+    for _ in range(_MAX_DOUBLINGS):
+      if not eps_of(lo) <= target:  # `not <=` also treats NaN as too large.
+        return lo, hi
+      hi, lo = lo, lo / 2
+    raise ValueError(f"ε stays <= target_epsilon={target} down to noise "
+                     f"{hi}: the event does not depend on the noise parameter")
+  for _ in range(_MAX_DOUBLINGS):
+    lo, hi = hi, hi * 2
+    if eps_of(hi) <= target:
+      return lo, hi
+  raise ValueError(f"target_epsilon={target} is unreachable: even noise "
+                   f"{hi} gives ε={eps_of(hi)}")
+
+
+def calibrate_noise_multiplier(
+    make_event: Callable[[float], dp_event.DpEvent], *, target_epsilon: float,
+    delta: float, accountant: AccountantName = "pld",
+    value_discretization_interval: float = (
+        DEFAULT_VALUE_DISCRETIZATION_INTERVAL),
+    relative_tolerance: float = 1e-3) -> float:
+  """Smallest noise parameter whose run meets (target_epsilon, delta).
+
+  Brackets with cheap RDP (PLD at tiny noise is very slow), then refines with
+  `calibrate_dp_mechanism`, which guarantees ε(result) <= target_epsilon.
+
+  Args:
+    make_event: noise parameter -> whole-run event; ε must decrease with it.
+    target_epsilon: ε target (> 0).
+    delta: δ in (0, 1).
+    accountant: "pld" or "rdp".
+    value_discretization_interval: PLD grid step.
+    relative_tolerance: search tolerance relative to the bracket's upper end.
+
+  Returns:
+    The noise parameter.
+  """
+  target = _check_float("target_epsilon", target_epsilon, positive=True)
+  delta = _check_delta(delta)
+  _check_accountant(accountant, value_discretization_interval)
+  _check_float("relative_tolerance", relative_tolerance, positive=True)
+  lo, hi = _bracket_noise(
+      lambda s: epsilon(make_event(s), delta=delta, accountant="rdp"),
+      target, start=1.0)
+  if accountant == "pld":  # PLD ε <= RDP ε: RDP's upper end is a good start.
+    lo, hi = _bracket_noise(lambda s: epsilon(
+        make_event(s), delta=delta,
+        value_discretization_interval=value_discretization_interval),
+                            target, start=hi)
+  return float(mechanism_calibration.calibrate_dp_mechanism(
+      lambda: _EventTreeAccountant(accountant, value_discretization_interval),
+      make_event, target, delta,
+      bracket_interval=mechanism_calibration.ExplicitBracketInterval(lo, hi),
+      tol=relative_tolerance * hi))
+
+
+def calibrate_steps(
+    make_event: Callable[[int], dp_event.DpEvent], *, target_epsilon: float,
+    delta: float, max_steps: int, accountant: AccountantName = "pld",
+    value_discretization_interval: float = DEFAULT_VALUE_DISCRETIZATION_INTERVAL
+) -> int:
+  """Largest number of steps T <= max_steps with ε(T) <= target_epsilon.
+
+  Args:
+    make_event: steps -> whole-run event; ε must increase with steps.
+    target_epsilon: ε target (> 0).
+    delta: δ in (0, 1).
+    max_steps: upper limit (>= 1).
+    accountant: "pld" or "rdp".
+    value_discretization_interval: PLD grid step.
+
+  Returns:
+    T.
+  """
+  target = _check_float("target_epsilon", target_epsilon, positive=True)
+  delta = _check_delta(delta)
+  max_steps = _check_int("max_steps", max_steps, minimum=1)
+  _check_accountant(accountant, value_discretization_interval)
+
+  def fits(steps: int, which: str = accountant) -> bool:
+    return epsilon(make_event(steps), delta=delta, accountant=which,
+                   value_discretization_interval=(
+                       value_discretization_interval)) <= target
+
+  if not fits(1):
+    raise ValueError(f"target_epsilon={target} is unreachable: one step "
+                     "already exceeds it")
+  # Double with cheap RDP first (PLD at huge T, i.e. tiny noise per step, is
+  # very slow); ε_PLD <= ε_RDP, so the RDP answer is a lower end for PLD.
+  lo = 1
+  while 2 * lo <= max_steps and fits(2 * lo, "rdp"):
+    lo *= 2
+  if not fits(lo):
+    lo = 1
+  while lo < max_steps and fits(min(2 * lo, max_steps)):
+    lo = min(2 * lo, max_steps)
+  if lo == max_steps:
+    return max_steps
+  steps = int(mechanism_calibration.calibrate_dp_mechanism(
+      lambda: _EventTreeAccountant(accountant, value_discretization_interval),
+      make_event, target, delta, discrete=True,
+      bracket_interval=mechanism_calibration.ExplicitBracketInterval(
+          lo, min(2 * lo, max_steps))))
+  # calibrate_dp_mechanism is only within one step of the optimum: settle it.
+  while steps > 1 and not fits(steps):
+    steps -= 1
+  while steps < max_steps and fits(steps + 1):
+    steps += 1
+  return steps
+
+
+def calibrate_dpdfd_noise_multiplier(
+    *, target_epsilon: float, delta: float, batch_size: int, steps: int,
+    num_teachers: int = 1, accountant: AccountantName = "pld") -> float:
+  """σ of DPDFD's Algorithm 1 for (target_epsilon, delta) at fixed B, T >= 1.
+
+  Args:
+    target_epsilon, delta, accountant: as in `calibrate_noise_multiplier`.
+    batch_size, steps, num_teachers: as in `dpdfd_event`.
+
+  Returns:
+    σ (noise std σ·C per coordinate).
+  """
+  _check_int("steps", steps, minimum=1)
+  return calibrate_noise_multiplier(
+      lambda sigma: dpdfd_event(noise_multiplier=sigma, batch_size=batch_size,
+                                steps=steps, num_teachers=num_teachers),
+      target_epsilon=target_epsilon, delta=delta, accountant=accountant)
+
+
+def calibrate_dpdfd_steps(
+    *, target_epsilon: float, delta: float, noise_multiplier: float,
+    batch_size: int, max_steps: int, num_teachers: int = 1,
+    accountant: AccountantName = "pld") -> int:
+  """Most DPDFD steps (<= max_steps) meeting (target_epsilon, delta) at σ.
+
+  Args:
+    target_epsilon, delta, max_steps, accountant: as in `calibrate_steps`.
+    noise_multiplier, batch_size, num_teachers: as in `dpdfd_event`.
+
+  Returns:
+    T.
+  """
+  return calibrate_steps(
+      lambda steps: dpdfd_event(noise_multiplier=noise_multiplier,
+                                batch_size=batch_size, steps=steps,
+                                num_teachers=num_teachers),
+      target_epsilon=target_epsilon, delta=delta, max_steps=max_steps,
+      accountant=accountant)
