@@ -17,6 +17,7 @@ from dp_accounting import dp_event
 from dp_accounting.pld import pld_privacy_accountant
 
 from dpkd_jax.privacy import accounting
+from dpkd_jax.privacy import calibration
 from dpkd_jax.privacy import paper_accounting
 
 DELTA = 1e-5
@@ -62,10 +63,10 @@ def dpdfd_steps() -> None:
 def dpdfd_calibration() -> None:
   print("## 3. DPDFD calibration, B = 256, delta = 1e-5 (PLD)")
   for target, steps in ((1.0, 1), (10.0, 1000)):
-    sigma = accounting.calibrate_dpdfd_noise_multiplier(
+    sigma = calibration.calibrate_dpdfd_noise_multiplier(
         target_epsilon=target, delta=DELTA, batch_size=256, steps=steps)
     print(f"sigma for eps <= {target:g} over T = {steps}: {sigma:.1f}")
-  steps = accounting.calibrate_dpdfd_steps(
+  steps = calibration.calibrate_dpdfd_steps(
       target_epsilon=10.0, delta=DELTA, noise_multiplier=100.0, batch_size=256,
       max_steps=100_000)
   print(f"max T at sigma = 100 for eps <= 10: {steps}")

@@ -1,4 +1,4 @@
-"""Tests for dpkd_jax.privacy.accounting: closed forms, RR trap, calibration."""
+"""Tests for dpkd_jax.privacy.accounting: closed forms, the RR trap, validation."""
 
 import math
 
@@ -226,62 +226,6 @@ def test_rr_with_poisson_sampling_is_rejected(accountant):
     accounting.epsilon(mixed, delta=DELTA, accountant=accountant)
 
 
-@pytest.mark.parametrize("accountant", ["pld", "rdp"])
-def test_calibrated_dpdfd_noise_meets_target_closely(accountant):
-  sigma = accounting.calibrate_dpdfd_noise_multiplier(
-      target_epsilon=2.0, delta=DELTA, batch_size=256, steps=50,
-      accountant=accountant)
-  eps = accounting.epsilon(accounting.dpdfd_event(
-      noise_multiplier=sigma, batch_size=256, steps=50), delta=DELTA,
-                           accountant=accountant)
-  assert 1.98 <= eps <= 2.0
-
-
-def test_calibrated_single_step_matches_analytic_gaussian():
-  batch = 64
-  sigma = accounting.calibrate_dpdfd_noise_multiplier(
-      target_epsilon=1.0, delta=DELTA, batch_size=batch, steps=1)
-  z_exact = optimize.brentq(lambda z: analytic_gaussian_delta(1.0, z) - DELTA,
-                            0.1, 100.0)
-  assert sigma / (2 * math.sqrt(batch)) == pytest.approx(z_exact, rel=1e-2)
-
-
-def test_calibrated_dpdfd_steps_is_the_maximum_that_fits():
-  kwargs = dict(noise_multiplier=2000.0, batch_size=256)
-  steps = accounting.calibrate_dpdfd_steps(target_epsilon=2.0, delta=DELTA,
-                                           max_steps=10_000, **kwargs)
-  eps = [accounting.epsilon(accounting.dpdfd_event(steps=t, **kwargs),
-                            delta=DELTA) for t in (steps, steps + 1)]
-  assert 1 <= steps < 10_000
-  assert eps[0] <= 2.0 < eps[1]
-  assert accounting.calibrate_dpdfd_steps(
-      target_epsilon=100.0, delta=DELTA, max_steps=50, **kwargs) == 50
-
-
-def test_calibrated_srr_queries_is_the_maximum_that_fits():
-  def make(n):
-    return accounting.srr_event(epsilon_per_query=0.2, num_queries=n)
-  n = accounting.calibrate_steps(make, target_epsilon=3.0, delta=DELTA,
-                                 max_steps=5000)
-  assert (accounting.epsilon(make(n), delta=DELTA) <= 3.0
-          < accounting.epsilon(make(n + 1), delta=DELTA))
-
-
-def test_unreachable_targets_raise():
-  fixed_rr = accounting.srr_event(epsilon_per_query=1.0, num_queries=100)
-
-  def make(sigma):
-    return dp_event.ComposedDpEvent([fixed_rr, accounting.dpdfd_event(
-        noise_multiplier=sigma, batch_size=16, steps=1)])
-
-  with pytest.raises(ValueError, match="unreachable"):
-    accounting.calibrate_noise_multiplier(make, target_epsilon=1.0, delta=DELTA)
-  with pytest.raises(ValueError, match="unreachable"):
-    accounting.calibrate_dpdfd_steps(target_epsilon=0.01, delta=DELTA,
-                                     noise_multiplier=10.0, batch_size=256,
-                                     max_steps=100)
-
-
 @pytest.mark.parametrize("call,match", [
     (lambda: accounting.dpdfd_event(noise_multiplier=-1.0, batch_size=4,
                                     steps=1), "noise_multiplier"),
@@ -311,12 +255,6 @@ def test_unreachable_targets_raise():
                                 accountant="moments"), "accountant"),
     (lambda: accounting.delta_for_epsilon(dp_event.NoOpDpEvent(),
                                           epsilon=-1.0), "epsilon"),
-    (lambda: accounting.calibrate_dpdfd_noise_multiplier(
-        target_epsilon=0.0, delta=DELTA, batch_size=4, steps=1),
-     "target_epsilon"),
-    (lambda: accounting.calibrate_dpdfd_steps(
-        target_epsilon=1.0, delta=DELTA, noise_multiplier=1.0, batch_size=4,
-        max_steps=0), "max_steps"),
 ])
 def test_bad_parameters_raise(call, match):
   with pytest.raises(ValueError, match=match):

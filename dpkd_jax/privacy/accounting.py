@@ -20,10 +20,9 @@ Conventions (read them before adding a builder):
 
 import math
 import operator
-from typing import Callable, Literal
+from typing import Literal
 
 from dp_accounting import dp_event
-from dp_accounting import mechanism_calibration
 from dp_accounting import privacy_accountant
 from dp_accounting.pld import pld_privacy_accountant
 from dp_accounting.pld import privacy_loss_distribution
@@ -33,11 +32,10 @@ AccountantName = Literal["pld", "rdp"]
 # 1e-3 is several times faster than dp_accounting's 1e-4 default and moves ε
 # by < 1e-2 in our regimes (docs/privacy.md); the estimate stays pessimistic.
 DEFAULT_VALUE_DISCRETIZATION_INTERVAL = 1e-3
-_NeighborRel = privacy_accountant.NeighboringRelation
-_MAX_DOUBLINGS = 40  # The geometric bracket search spans 2**±40 of its start.
+NeighborRel = privacy_accountant.NeighboringRelation
 
 
-def _check_int(name: str, value: int, *, minimum: int) -> int:
+def check_int(name: str, value: int, *, minimum: int) -> int:
   try:
     if isinstance(value, bool):
       raise TypeError
@@ -49,7 +47,7 @@ def _check_int(name: str, value: int, *, minimum: int) -> int:
   return value
 
 
-def _check_float(name: str, value: float, *, positive: bool) -> float:
+def check_float(name: str, value: float, *, positive: bool) -> float:
   try:
     value = float(value)
   except (TypeError, ValueError):
@@ -60,17 +58,17 @@ def _check_float(name: str, value: float, *, positive: bool) -> float:
   return value
 
 
-def _check_delta(delta: float) -> float:
-  value = _check_float("delta", delta, positive=True)
+def check_delta(delta: float) -> float:
+  value = check_float("delta", delta, positive=True)
   if value >= 1:
     raise ValueError(f"delta must be in (0, 1), got {delta!r}")
   return value
 
 
-def _check_accountant(accountant: str, interval: float) -> None:
+def check_accountant(accountant: str, interval: float) -> None:
   if accountant not in ("pld", "rdp"):
     raise ValueError(f"accountant must be 'pld' or 'rdp', got {accountant!r}")
-  _check_float("value_discretization_interval", interval, positive=True)
+  check_float("value_discretization_interval", interval, positive=True)
 
 
 def _repeat(event: dp_event.DpEvent, count: int) -> dp_event.DpEvent:
@@ -104,10 +102,10 @@ def dpdfd_event(*, noise_multiplier: float, batch_size: int, steps: int,
   Returns:
     `SelfComposedDpEvent(GaussianDpEvent(σ / (2·sqrt(B))), T)` (NoOp if T = 0).
   """
-  sigma = _check_float("noise_multiplier", noise_multiplier, positive=False)
-  batch_size = _check_int("batch_size", batch_size, minimum=1)
-  steps = _check_int("steps", steps, minimum=0)
-  _check_int("num_teachers", num_teachers, minimum=1)
+  sigma = check_float("noise_multiplier", noise_multiplier, positive=False)
+  batch_size = check_int("batch_size", batch_size, minimum=1)
+  steps = check_int("steps", steps, minimum=0)
+  check_int("num_teachers", num_teachers, minimum=1)
   return _repeat(
       dp_event.GaussianDpEvent(sigma / (2.0 * math.sqrt(batch_size))), steps)
 
@@ -131,9 +129,9 @@ def srr_event(*, epsilon_per_query: float, num_queries: int,
   Returns:
     `SelfComposedDpEvent(RandomizedResponseDpEvent(p, k), n)` (NoOp if n = 0).
   """
-  eps = _check_float("epsilon_per_query", epsilon_per_query, positive=True)
-  num_queries = _check_int("num_queries", num_queries, minimum=0)
-  k = 2 if num_classes is None else _check_int("num_classes", num_classes,
+  eps = check_float("epsilon_per_query", epsilon_per_query, positive=True)
+  num_queries = check_int("num_queries", num_queries, minimum=0)
+  k = 2 if num_classes is None else check_int("num_classes", num_classes,
                                                minimum=2)
   # k / (e^ε + k − 1), written with e^-ε so that a large ε cannot overflow.
   noise_parameter = k * math.exp(-eps) / (1.0 + (k - 1) * math.exp(-eps))
@@ -156,8 +154,8 @@ def laplace_counts_event(*, epsilon_per_round: float,
   Returns:
     `SelfComposedDpEvent(LaplaceDpEvent(1/ε), R)` (NoOp if R = 0).
   """
-  eps = _check_float("epsilon_per_round", epsilon_per_round, positive=True)
-  rounds = _check_int("rounds", rounds, minimum=0)
+  eps = check_float("epsilon_per_round", epsilon_per_round, positive=True)
+  rounds = check_int("rounds", rounds, minimum=0)
   return _repeat(dp_event.LaplaceDpEvent(1.0 / eps), rounds)
 
 
@@ -176,8 +174,8 @@ def rona_event(*, noise_multiplier: float,
   Returns:
     `SelfComposedDpEvent(GaussianDpEvent(σ/2), T)` (NoOp if T = 0).
   """
-  sigma = _check_float("noise_multiplier", noise_multiplier, positive=False)
-  num_queries = _check_int("num_queries", num_queries, minimum=0)
+  sigma = check_float("noise_multiplier", noise_multiplier, positive=False)
+  num_queries = check_int("num_queries", num_queries, minimum=0)
   return _repeat(dp_event.GaussianDpEvent(sigma / 2.0), num_queries)
 
 
@@ -193,11 +191,11 @@ def rona_num_queries(*, hint_epochs: int, distillation_epochs: int,
   Returns:
     The number of sanitized releases.
   """
-  hint = _check_int("hint_epochs", hint_epochs, minimum=0)
-  distill = _check_int("distillation_epochs", distillation_epochs, minimum=0)
-  rounds = _check_int("rounds", rounds, minimum=0)
-  samples = _check_int("num_query_samples", num_query_samples, minimum=0)
-  batch_size = _check_int("batch_size", batch_size, minimum=1)
+  hint = check_int("hint_epochs", hint_epochs, minimum=0)
+  distill = check_int("distillation_epochs", distillation_epochs, minimum=0)
+  rounds = check_int("rounds", rounds, minimum=0)
+  samples = check_int("num_query_samples", num_query_samples, minimum=0)
+  batch_size = check_int("batch_size", batch_size, minimum=1)
   return (hint + rounds * distill) * -(-samples // batch_size)
 
 
@@ -215,10 +213,10 @@ def dpsgd_event(*, noise_multiplier: float, sampling_rate: float,
   Returns:
     `SelfComposedDpEvent(PoissonSampledDpEvent(q, GaussianDpEvent(z)), T)`.
   """
-  sigma = _check_float("noise_multiplier", noise_multiplier, positive=False)
+  sigma = check_float("noise_multiplier", noise_multiplier, positive=False)
   if not 0 < float(sampling_rate) <= 1:
     raise ValueError(f"sampling_rate must be in (0, 1], got {sampling_rate!r}")
-  steps = _check_int("steps", steps, minimum=0)
+  steps = check_int("steps", steps, minimum=0)
   return _repeat(dp_event.PoissonSampledDpEvent(
       float(sampling_rate), dp_event.GaussianDpEvent(sigma)), steps)
 
@@ -258,7 +256,7 @@ def _leaf_pld(leaf: dp_event.DpEvent, count: int, interval: float):
     return pld.from_randomized_response(
         noise_parameter=leaf.noise_parameter, num_buckets=leaf.num_buckets,
         value_discretization_interval=interval,
-        neighboring_relation=_NeighborRel.REPLACE_ONE).self_compose(count)
+        neighboring_relation=NeighborRel.REPLACE_ONE).self_compose(count)
   if isinstance(leaf, (dp_event.GaussianDpEvent, dp_event.LaplaceDpEvent)):
     if leaf.noise_multiplier == 0:
       raise _NoGuarantee()
@@ -282,7 +280,7 @@ def _evaluate(event: dp_event.DpEvent, accountant: str, interval: float, *,
   """ε at `delta`, or δ at `target_epsilon`, of an event tree."""
   if not isinstance(event, dp_event.DpEvent):
     raise TypeError(f"event must be a dp_accounting DpEvent, got {event!r}")
-  _check_accountant(accountant, interval)
+  check_accountant(accountant, interval)
   leaves = []
   _collect_leaves(event, 1, leaves)
   has_rr = any(isinstance(leaf, dp_event.RandomizedResponseDpEvent)
@@ -303,10 +301,10 @@ def _evaluate(event: dp_event.DpEvent, accountant: str, interval: float, *,
     return float(total.get_delta_for_epsilon(target_epsilon))
   if accountant == "rdp":
     acc = rdp_privacy_accountant.RdpAccountant(neighboring_relation=(
-        _NeighborRel.REPLACE_ONE if has_rr else _NeighborRel.ADD_OR_REMOVE_ONE))
+        NeighborRel.REPLACE_ONE if has_rr else NeighborRel.ADD_OR_REMOVE_ONE))
   else:
     acc = pld_privacy_accountant.PLDAccountant(
-        _NeighborRel.ADD_OR_REMOVE_ONE, value_discretization_interval=interval)
+        NeighborRel.ADD_OR_REMOVE_ONE, value_discretization_interval=interval)
   try:
     acc.compose(dp_event.ComposedDpEvent(
         [dp_event.SelfComposedDpEvent(leaf, count) for leaf, count in leaves]))
@@ -334,7 +332,7 @@ def epsilon(event: dp_event.DpEvent, *, delta: float,
     ε as a float.
   """
   return _evaluate(event, accountant, value_discretization_interval,
-                   delta=_check_delta(delta))
+                   delta=check_delta(delta))
 
 
 def delta_for_epsilon(event: dp_event.DpEvent, *, epsilon: float,
@@ -352,179 +350,6 @@ def delta_for_epsilon(event: dp_event.DpEvent, *, epsilon: float,
   Returns:
     δ as a float.
   """
-  eps = _check_float("epsilon", epsilon, positive=False)
+  eps = check_float("epsilon", epsilon, positive=False)
   return _evaluate(event, accountant, value_discretization_interval,
                    target_epsilon=eps)
-
-
-class _EventTreeAccountant(privacy_accountant.PrivacyAccountant):
-  """Lets `calibrate_dp_mechanism` evaluate its ledger with `epsilon`."""
-
-  def __init__(self, accountant: str, interval: float):
-    # Nominal relation: each event carries its own (module docstring).
-    super().__init__(_NeighborRel.ADD_OR_REMOVE_ONE)
-    self._accountant, self._interval = accountant, interval
-
-  def _maybe_compose(self, event, count, do_compose):
-    del event, count, do_compose  # The base class keeps the ledger we read.
-    return None
-
-  def get_epsilon(self, target_delta: float) -> float:
-    return epsilon(self.ledger, delta=target_delta, accountant=self._accountant,
-                   value_discretization_interval=self._interval)
-
-
-def _bracket_noise(eps_of: Callable[[float], float], target: float,
-                   start: float) -> tuple[float, float]:
-  """Geometric search for lo < hi with eps_of(lo) > target >= eps_of(hi)."""
-  hi = start
-  if eps_of(hi) <= target:
-    lo = hi / 2
-    for _ in range(_MAX_DOUBLINGS):
-      if not eps_of(lo) <= target:  # `not <=` also treats NaN as too large.
-        return lo, hi
-      hi, lo = lo, lo / 2
-    raise ValueError(f"ε stays <= target_epsilon={target} down to noise "
-                     f"{hi}: the event does not depend on the noise parameter")
-  for _ in range(_MAX_DOUBLINGS):
-    lo, hi = hi, hi * 2
-    if eps_of(hi) <= target:
-      return lo, hi
-  raise ValueError(f"target_epsilon={target} is unreachable: even noise "
-                   f"{hi} gives ε={eps_of(hi)}")
-
-
-def calibrate_noise_multiplier(
-    make_event: Callable[[float], dp_event.DpEvent], *, target_epsilon: float,
-    delta: float, accountant: AccountantName = "pld",
-    value_discretization_interval: float = (
-        DEFAULT_VALUE_DISCRETIZATION_INTERVAL),
-    relative_tolerance: float = 1e-3) -> float:
-  """Smallest noise parameter whose run meets (target_epsilon, delta).
-
-  Brackets with cheap RDP (PLD at tiny noise is very slow), then refines with
-  `calibrate_dp_mechanism`, which guarantees ε(result) <= target_epsilon.
-
-  Args:
-    make_event: noise parameter -> whole-run event; ε must decrease with it.
-    target_epsilon: ε target (> 0).
-    delta: δ in (0, 1).
-    accountant: "pld" or "rdp".
-    value_discretization_interval: PLD grid step.
-    relative_tolerance: search tolerance relative to the bracket's upper end.
-
-  Returns:
-    The noise parameter.
-  """
-  target = _check_float("target_epsilon", target_epsilon, positive=True)
-  delta = _check_delta(delta)
-  _check_accountant(accountant, value_discretization_interval)
-  _check_float("relative_tolerance", relative_tolerance, positive=True)
-  lo, hi = _bracket_noise(
-      lambda s: epsilon(make_event(s), delta=delta, accountant="rdp"),
-      target, start=1.0)
-  if accountant == "pld":  # PLD ε <= RDP ε: RDP's upper end is a good start.
-    lo, hi = _bracket_noise(lambda s: epsilon(
-        make_event(s), delta=delta,
-        value_discretization_interval=value_discretization_interval),
-                            target, start=hi)
-  return float(mechanism_calibration.calibrate_dp_mechanism(
-      lambda: _EventTreeAccountant(accountant, value_discretization_interval),
-      make_event, target, delta,
-      bracket_interval=mechanism_calibration.ExplicitBracketInterval(lo, hi),
-      tol=relative_tolerance * hi))
-
-
-def calibrate_steps(
-    make_event: Callable[[int], dp_event.DpEvent], *, target_epsilon: float,
-    delta: float, max_steps: int, accountant: AccountantName = "pld",
-    value_discretization_interval: float = DEFAULT_VALUE_DISCRETIZATION_INTERVAL
-) -> int:
-  """Largest number of steps T <= max_steps with ε(T) <= target_epsilon.
-
-  Args:
-    make_event: steps -> whole-run event; ε must increase with steps.
-    target_epsilon: ε target (> 0).
-    delta: δ in (0, 1).
-    max_steps: upper limit (>= 1).
-    accountant: "pld" or "rdp".
-    value_discretization_interval: PLD grid step.
-
-  Returns:
-    T.
-  """
-  target = _check_float("target_epsilon", target_epsilon, positive=True)
-  delta = _check_delta(delta)
-  max_steps = _check_int("max_steps", max_steps, minimum=1)
-  _check_accountant(accountant, value_discretization_interval)
-
-  def fits(steps: int, which: str = accountant) -> bool:
-    return epsilon(make_event(steps), delta=delta, accountant=which,
-                   value_discretization_interval=(
-                       value_discretization_interval)) <= target
-
-  if not fits(1):
-    raise ValueError(f"target_epsilon={target} is unreachable: one step "
-                     "already exceeds it")
-  # Double with cheap RDP first (PLD at huge T, i.e. tiny noise per step, is
-  # very slow); ε_PLD <= ε_RDP, so the RDP answer is a lower end for PLD.
-  lo = 1
-  while 2 * lo <= max_steps and fits(2 * lo, "rdp"):
-    lo *= 2
-  if not fits(lo):
-    lo = 1
-  while lo < max_steps and fits(min(2 * lo, max_steps)):
-    lo = min(2 * lo, max_steps)
-  if lo == max_steps:
-    return max_steps
-  steps = int(mechanism_calibration.calibrate_dp_mechanism(
-      lambda: _EventTreeAccountant(accountant, value_discretization_interval),
-      make_event, target, delta, discrete=True,
-      bracket_interval=mechanism_calibration.ExplicitBracketInterval(
-          lo, min(2 * lo, max_steps))))
-  # calibrate_dp_mechanism is only within one step of the optimum: settle it.
-  while steps > 1 and not fits(steps):
-    steps -= 1
-  while steps < max_steps and fits(steps + 1):
-    steps += 1
-  return steps
-
-
-def calibrate_dpdfd_noise_multiplier(
-    *, target_epsilon: float, delta: float, batch_size: int, steps: int,
-    num_teachers: int = 1, accountant: AccountantName = "pld") -> float:
-  """σ of DPDFD's Algorithm 1 for (target_epsilon, delta) at fixed B, T >= 1.
-
-  Args:
-    target_epsilon, delta, accountant: as in `calibrate_noise_multiplier`.
-    batch_size, steps, num_teachers: as in `dpdfd_event`.
-
-  Returns:
-    σ (noise std σ·C per coordinate).
-  """
-  _check_int("steps", steps, minimum=1)
-  return calibrate_noise_multiplier(
-      lambda sigma: dpdfd_event(noise_multiplier=sigma, batch_size=batch_size,
-                                steps=steps, num_teachers=num_teachers),
-      target_epsilon=target_epsilon, delta=delta, accountant=accountant)
-
-
-def calibrate_dpdfd_steps(
-    *, target_epsilon: float, delta: float, noise_multiplier: float,
-    batch_size: int, max_steps: int, num_teachers: int = 1,
-    accountant: AccountantName = "pld") -> int:
-  """Most DPDFD steps (<= max_steps) meeting (target_epsilon, delta) at σ.
-
-  Args:
-    target_epsilon, delta, max_steps, accountant: as in `calibrate_steps`.
-    noise_multiplier, batch_size, num_teachers: as in `dpdfd_event`.
-
-  Returns:
-    T.
-  """
-  return calibrate_steps(
-      lambda steps: dpdfd_event(noise_multiplier=noise_multiplier,
-                                batch_size=batch_size, steps=steps,
-                                num_teachers=num_teachers),
-      target_epsilon=target_epsilon, delta=delta, max_steps=max_steps,
-      accountant=accountant)

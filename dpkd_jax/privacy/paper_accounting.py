@@ -21,7 +21,7 @@ def _warn(message: str) -> None:
   warnings.warn(message, PaperAccountingWarning, stacklevel=3)
 
 
-def _check_delta(delta: float) -> float:
+def check_delta(delta: float) -> float:
   if not 0 < float(delta) < 1:
     raise ValueError(f"delta must be in (0, 1), got {delta!r}")
   return float(delta)
@@ -80,7 +80,7 @@ def paper_dpdfd_epsilon(*, noise_multiplier: float, l2_norm_bound: float,
   sigma = _check_positive("noise_multiplier", noise_multiplier)
   bound = _check_positive("l2_norm_bound", l2_norm_bound)
   steps = _check_steps(steps)
-  delta = _check_delta(delta)
+  delta = check_delta(delta)
   _warn("paper_dpdfd_epsilon is a reconstruction of DPDFD's Theorem 3 and is "
         "not a valid guarantee for the implemented mechanism (sensitivity "
         "2C·sqrt(B), noise std σC); use accounting.epsilon(dpdfd_event(...)).")
@@ -132,7 +132,7 @@ def paper_rona_epsilon(*, noise_multiplier: float, delta: float) -> float:
     The paper's per-query ε.
   """
   sigma = _check_positive("noise_multiplier", noise_multiplier)
-  delta = _check_delta(delta)
+  delta = check_delta(delta)
   eps = math.sqrt(2.0 * math.log(1.25 / delta)) / sigma
   premise = "; ε >= 1 violates its premise" if eps >= 1 else ""
   _warn("paper_rona_epsilon: per-query classic Gaussian bound with sensitivity "

@@ -1,0 +1,190 @@
+"""Calibration: the noise multiplier or the number of steps that meets a target (ε, δ).
+
+Both searches go through `dp_accounting.mechanism_calibration.calibrate_dp_mechanism`, with
+`accounting.epsilon` as the accountant (so RR trees are composed correctly, see accounting.py).
+A cheap geometric bracket is found first; PLD at tiny noise can take tens of seconds, so the
+bracket keeps the expensive evaluations few.
+"""
+
+from typing import Callable
+
+from dp_accounting import dp_event
+from dp_accounting import mechanism_calibration
+from dp_accounting import privacy_accountant
+
+from dpkd_jax.privacy import accounting
+
+_MAX_DOUBLINGS = 40  # The geometric bracket search spans 2**±40 of its start.
+
+
+class _EventTreeAccountant(privacy_accountant.PrivacyAccountant):
+  """Lets `calibrate_dp_mechanism` evaluate its ledger with `accounting.epsilon`."""
+
+  def __init__(self, accountant: str, interval: float):
+    # Nominal relation: each event carries its own (module docstring).
+    super().__init__(accounting.NeighborRel.ADD_OR_REMOVE_ONE)
+    self._accountant, self._interval = accountant, interval
+
+  def _maybe_compose(self, event, count, do_compose):
+    del event, count, do_compose  # The base class keeps the ledger we read.
+    return None
+
+  def get_epsilon(self, target_delta: float) -> float:
+    return accounting.epsilon(self.ledger, delta=target_delta, accountant=self._accountant,
+                   value_discretization_interval=self._interval)
+
+
+def _bracket_noise(eps_of: Callable[[float], float], target: float,
+                   start: float) -> tuple[float, float]:
+  """Geometric search for lo < hi with eps_of(lo) > target >= eps_of(hi)."""
+  hi = start
+  if eps_of(hi) <= target:
+    lo = hi / 2
+    for _ in range(_MAX_DOUBLINGS):
+      if not eps_of(lo) <= target:  # `not <=` also treats NaN as too large.
+        return lo, hi
+      hi, lo = lo, lo / 2
+    raise ValueError(f"ε stays <= target_epsilon={target} down to noise "
+                     f"{hi}: the event does not depend on the noise parameter")
+  for _ in range(_MAX_DOUBLINGS):
+    lo, hi = hi, hi * 2
+    if eps_of(hi) <= target:
+      return lo, hi
+  raise ValueError(f"target_epsilon={target} is unreachable: even noise "
+                   f"{hi} gives ε={eps_of(hi)}")
+
+
+def calibrate_noise_multiplier(
+    make_event: Callable[[float], dp_event.DpEvent], *, target_epsilon: float,
+    delta: float, accountant: accounting.AccountantName = "pld",
+    value_discretization_interval: float = (
+        accounting.DEFAULT_VALUE_DISCRETIZATION_INTERVAL),
+    relative_tolerance: float = 1e-3) -> float:
+  """Smallest noise parameter whose run meets (target_epsilon, delta).
+
+  Brackets with cheap RDP (PLD at tiny noise is very slow), then refines with
+  `calibrate_dp_mechanism`, which guarantees ε(result) <= target_epsilon.
+
+  Args:
+    make_event: noise parameter -> whole-run event; ε must decrease with it.
+    target_epsilon: ε target (> 0).
+    delta: δ in (0, 1).
+    accountant: "pld" or "rdp".
+    value_discretization_interval: PLD grid step.
+    relative_tolerance: search tolerance relative to the bracket's upper end.
+
+  Returns:
+    The noise parameter.
+  """
+  target = accounting.check_float("target_epsilon", target_epsilon, positive=True)
+  delta = accounting.check_delta(delta)
+  accounting.check_accountant(accountant, value_discretization_interval)
+  accounting.check_float("relative_tolerance", relative_tolerance, positive=True)
+  lo, hi = _bracket_noise(
+      lambda s: accounting.epsilon(make_event(s), delta=delta, accountant="rdp"),
+      target, start=1.0)
+  if accountant == "pld":  # PLD ε <= RDP ε: RDP's upper end is a good start.
+    lo, hi = _bracket_noise(lambda s: accounting.epsilon(
+        make_event(s), delta=delta,
+        value_discretization_interval=value_discretization_interval),
+                            target, start=hi)
+  return float(mechanism_calibration.calibrate_dp_mechanism(
+      lambda: _EventTreeAccountant(accountant, value_discretization_interval),
+      make_event, target, delta,
+      bracket_interval=mechanism_calibration.ExplicitBracketInterval(lo, hi),
+      tol=relative_tolerance * hi))
+
+
+def calibrate_steps(
+    make_event: Callable[[int], dp_event.DpEvent], *, target_epsilon: float,
+    delta: float, max_steps: int, accountant: accounting.AccountantName = "pld",
+    value_discretization_interval: float = accounting.DEFAULT_VALUE_DISCRETIZATION_INTERVAL
+) -> int:
+  """Largest number of steps T <= max_steps with ε(T) <= target_epsilon.
+
+  Args:
+    make_event: steps -> whole-run event; ε must increase with steps.
+    target_epsilon: ε target (> 0).
+    delta: δ in (0, 1).
+    max_steps: upper limit (>= 1).
+    accountant: "pld" or "rdp".
+    value_discretization_interval: PLD grid step.
+
+  Returns:
+    T.
+  """
+  target = accounting.check_float("target_epsilon", target_epsilon, positive=True)
+  delta = accounting.check_delta(delta)
+  max_steps = accounting.check_int("max_steps", max_steps, minimum=1)
+  accounting.check_accountant(accountant, value_discretization_interval)
+
+  def fits(steps: int, which: str = accountant) -> bool:
+    return accounting.epsilon(make_event(steps), delta=delta, accountant=which,
+                   value_discretization_interval=(
+                       value_discretization_interval)) <= target
+
+  if not fits(1):
+    raise ValueError(f"target_epsilon={target} is unreachable: one step "
+                     "already exceeds it")
+  # Double with cheap RDP first (PLD at huge T, i.e. tiny noise per step, is
+  # very slow); ε_PLD <= ε_RDP, so the RDP answer is a lower end for PLD.
+  lo = 1
+  while 2 * lo <= max_steps and fits(2 * lo, "rdp"):
+    lo *= 2
+  if not fits(lo):
+    lo = 1
+  while lo < max_steps and fits(min(2 * lo, max_steps)):
+    lo = min(2 * lo, max_steps)
+  if lo == max_steps:
+    return max_steps
+  steps = int(mechanism_calibration.calibrate_dp_mechanism(
+      lambda: _EventTreeAccountant(accountant, value_discretization_interval),
+      make_event, target, delta, discrete=True,
+      bracket_interval=mechanism_calibration.ExplicitBracketInterval(
+          lo, min(2 * lo, max_steps))))
+  # calibrate_dp_mechanism is only within one step of the optimum: settle it.
+  while steps > 1 and not fits(steps):
+    steps -= 1
+  while steps < max_steps and fits(steps + 1):
+    steps += 1
+  return steps
+
+
+def calibrate_dpdfd_noise_multiplier(
+    *, target_epsilon: float, delta: float, batch_size: int, steps: int,
+    num_teachers: int = 1, accountant: accounting.AccountantName = "pld") -> float:
+  """σ of DPDFD's Algorithm 1 for (target_epsilon, delta) at fixed B, T >= 1.
+
+  Args:
+    target_epsilon, delta, accountant: as in `calibrate_noise_multiplier`.
+    batch_size, steps, num_teachers: as in `accounting.dpdfd_event`.
+
+  Returns:
+    σ (noise std σ·C per coordinate).
+  """
+  accounting.check_int("steps", steps, minimum=1)
+  return calibrate_noise_multiplier(
+      lambda sigma: accounting.dpdfd_event(noise_multiplier=sigma, batch_size=batch_size,
+                                steps=steps, num_teachers=num_teachers),
+      target_epsilon=target_epsilon, delta=delta, accountant=accountant)
+
+
+def calibrate_dpdfd_steps(
+    *, target_epsilon: float, delta: float, noise_multiplier: float,
+    batch_size: int, max_steps: int, num_teachers: int = 1,
+    accountant: accounting.AccountantName = "pld") -> int:
+  """Most DPDFD steps (<= max_steps) meeting (target_epsilon, delta) at σ.
+
+  Args:
+    target_epsilon, delta, max_steps, accountant: as in `calibrate_steps`.
+    noise_multiplier, batch_size, num_teachers: as in `accounting.dpdfd_event`.
+
+  Returns:
+    T.
+  """
+  return calibrate_steps(
+      lambda steps: accounting.dpdfd_event(noise_multiplier=noise_multiplier,
+                                batch_size=batch_size, steps=steps,
+                                num_teachers=num_teachers),
+      target_epsilon=target_epsilon, delta=delta, max_steps=max_steps,
+      accountant=accountant)
