@@ -79,11 +79,25 @@ def _resolve_step(manager: ocp.CheckpointManager, directory: str, step: int | No
   return step
 
 
+def _path_str(path: tuple[Any, ...]) -> str:
+  """'a/0/mu/w' for a key path; Orbax stores NamedTuples/tuples as dicts/lists, so compare
+  the bare names and indices rather than the container types."""
+  parts = []
+  for k in path:
+    for attr in ("key", "idx", "name"):
+      if hasattr(k, attr):
+        parts.append(str(getattr(k, attr)))
+        break
+    else:
+      parts.append(str(k))
+  return "/".join(parts)
+
+
 def _check_shapes(saved: PyTree, target: PyTree, directory: str) -> None:
   """Raises CheckpointMismatchError listing leaves whose path or shape differ."""
-  saved_leaves = {jax.tree_util.keystr(p): tuple(x.shape)
+  saved_leaves = {_path_str(p): tuple(x.shape)
                   for p, x in jax.tree_util.tree_flatten_with_path(saved)[0]}
-  target_leaves = {jax.tree_util.keystr(p): tuple(np.shape(x))
+  target_leaves = {_path_str(p): tuple(np.shape(x))
                    for p, x in jax.tree_util.tree_flatten_with_path(target)[0]}
   problems = []
   for path in sorted(set(saved_leaves) | set(target_leaves)):
