@@ -1,0 +1,53 @@
+"""dpkd_jax.privacy: jitted DP mechanisms, dp-accounting events, calibration, ledger, audit.
+
+Every privacy-relevant value of a method crosses exactly one mechanism of this package, and
+every ε comes from `accounting.epsilon` over the `DpEvent` of the noise actually executed
+(see docs/privacy.md). `paper_accounting` reproduces the papers' own figures, always with a
+`PaperAccountingWarning`, never as the default. This package imports only JAX, NumPy, SciPy,
+chex and dp_accounting, so it can be used on its own inside any JAX code.
+"""
+
+from dpkd_jax.privacy.accounting import (
+    delta_for_epsilon,
+    dpdfd_event,
+    dpsgd_event,
+    epsilon,
+    laplace_counts_event,
+    rona_event,
+    rona_num_queries,
+    srr_event,
+)
+from dpkd_jax.privacy.audit import AuditResult, audit_mechanism
+from dpkd_jax.privacy.calibration import (
+    calibrate_dpdfd_noise_multiplier,
+    calibrate_dpdfd_steps,
+    calibrate_noise_multiplier,
+    calibrate_steps,
+)
+from dpkd_jax.privacy.counts import (
+    collision_report,
+    collision_unbiased_counts,
+    laplace_counts,
+    ldp_flip_bits,
+    ldp_unbiased_counts,
+)
+from dpkd_jax.privacy.ledger import BudgetExceededError, PrivacyLedger
+from dpkd_jax.privacy.mechanisms import (
+    GaussianRelease,
+    clip_rows,
+    multi_teacher_output_gradients,
+    normalize_rows,
+    output_gradient_mechanism,
+    sanitize,
+)
+from dpkd_jax.privacy.paper_accounting import (
+    PaperAccountingWarning,
+    paper_dpdfd_epsilon,
+    paper_rona_epsilon,
+    paper_srr_label_epsilon,
+)
+from dpkd_jax.privacy.randomized_response import (
+    SelectiveRRResult,
+    randomized_response,
+    selective_randomized_response,
+)

@@ -19,7 +19,6 @@ Conventions (read them before adding a builder):
 """
 
 import math
-import operator
 from typing import Literal
 
 from dp_accounting import dp_event
@@ -28,6 +27,8 @@ from dp_accounting.pld import pld_privacy_accountant
 from dp_accounting.pld import privacy_loss_distribution
 from dp_accounting.rdp import rdp_privacy_accountant
 
+from dpkd_jax.privacy import validation
+
 AccountantName = Literal["pld", "rdp"]
 # 1e-3 is several times faster than dp_accounting's 1e-4 default and moves ε
 # by < 1e-2 in our regimes (docs/privacy.md); the estimate stays pessimistic.
@@ -35,40 +36,16 @@ DEFAULT_VALUE_DISCRETIZATION_INTERVAL = 1e-3
 NeighborRel = privacy_accountant.NeighboringRelation
 
 
-def check_int(name: str, value: int, *, minimum: int) -> int:
-  try:
-    if isinstance(value, bool):
-      raise TypeError
-    value = operator.index(value)
-  except TypeError:
-    raise ValueError(f"{name} must be an integer, got {value!r}") from None
-  if value < minimum:
-    raise ValueError(f"{name} must be >= {minimum}, got {value}")
-  return value
 
 
-def check_float(name: str, value: float, *, positive: bool) -> float:
-  try:
-    value = float(value)
-  except (TypeError, ValueError):
-    raise ValueError(f"{name} must be a number, got {value!r}") from None
-  if not math.isfinite(value) or value < 0 or (positive and value == 0):
-    bound = "> 0" if positive else ">= 0"
-    raise ValueError(f"{name} must be finite and {bound}, got {value!r}")
-  return value
 
 
-def check_delta(delta: float) -> float:
-  value = check_float("delta", delta, positive=True)
-  if value >= 1:
-    raise ValueError(f"delta must be in (0, 1), got {delta!r}")
-  return value
 
 
 def check_accountant(accountant: str, interval: float) -> None:
   if accountant not in ("pld", "rdp"):
     raise ValueError(f"accountant must be 'pld' or 'rdp', got {accountant!r}")
-  check_float("value_discretization_interval", interval, positive=True)
+  validation.check_float("value_discretization_interval", interval, positive=True)
 
 
 def _repeat(event: dp_event.DpEvent, count: int) -> dp_event.DpEvent:
@@ -102,10 +79,10 @@ def dpdfd_event(*, noise_multiplier: float, batch_size: int, steps: int,
   Returns:
     `SelfComposedDpEvent(GaussianDpEvent(σ / (2·sqrt(B))), T)` (NoOp if T = 0).
   """
-  sigma = check_float("noise_multiplier", noise_multiplier, positive=False)
-  batch_size = check_int("batch_size", batch_size, minimum=1)
-  steps = check_int("steps", steps, minimum=0)
-  check_int("num_teachers", num_teachers, minimum=1)
+  sigma = validation.check_float("noise_multiplier", noise_multiplier, positive=False)
+  batch_size = validation.check_int("batch_size", batch_size, minimum=1)
+  steps = validation.check_int("steps", steps, minimum=0)
+  validation.check_int("num_teachers", num_teachers, minimum=1)
   return _repeat(
       dp_event.GaussianDpEvent(sigma / (2.0 * math.sqrt(batch_size))), steps)
 
@@ -129,9 +106,9 @@ def srr_event(*, epsilon_per_query: float, num_queries: int,
   Returns:
     `SelfComposedDpEvent(RandomizedResponseDpEvent(p, k), n)` (NoOp if n = 0).
   """
-  eps = check_float("epsilon_per_query", epsilon_per_query, positive=True)
-  num_queries = check_int("num_queries", num_queries, minimum=0)
-  k = 2 if num_classes is None else check_int("num_classes", num_classes,
+  eps = validation.check_float("epsilon_per_query", epsilon_per_query, positive=True)
+  num_queries = validation.check_int("num_queries", num_queries, minimum=0)
+  k = 2 if num_classes is None else validation.check_int("num_classes", num_classes,
                                                minimum=2)
   # k / (e^ε + k − 1), written with e^-ε so that a large ε cannot overflow.
   noise_parameter = k * math.exp(-eps) / (1.0 + (k - 1) * math.exp(-eps))
@@ -154,8 +131,8 @@ def laplace_counts_event(*, epsilon_per_round: float,
   Returns:
     `SelfComposedDpEvent(LaplaceDpEvent(1/ε), R)` (NoOp if R = 0).
   """
-  eps = check_float("epsilon_per_round", epsilon_per_round, positive=True)
-  rounds = check_int("rounds", rounds, minimum=0)
+  eps = validation.check_float("epsilon_per_round", epsilon_per_round, positive=True)
+  rounds = validation.check_int("rounds", rounds, minimum=0)
   return _repeat(dp_event.LaplaceDpEvent(1.0 / eps), rounds)
 
 
@@ -174,8 +151,8 @@ def rona_event(*, noise_multiplier: float,
   Returns:
     `SelfComposedDpEvent(GaussianDpEvent(σ/2), T)` (NoOp if T = 0).
   """
-  sigma = check_float("noise_multiplier", noise_multiplier, positive=False)
-  num_queries = check_int("num_queries", num_queries, minimum=0)
+  sigma = validation.check_float("noise_multiplier", noise_multiplier, positive=False)
+  num_queries = validation.check_int("num_queries", num_queries, minimum=0)
   return _repeat(dp_event.GaussianDpEvent(sigma / 2.0), num_queries)
 
 
@@ -191,11 +168,11 @@ def rona_num_queries(*, hint_epochs: int, distillation_epochs: int,
   Returns:
     The number of sanitized releases.
   """
-  hint = check_int("hint_epochs", hint_epochs, minimum=0)
-  distill = check_int("distillation_epochs", distillation_epochs, minimum=0)
-  rounds = check_int("rounds", rounds, minimum=0)
-  samples = check_int("num_query_samples", num_query_samples, minimum=0)
-  batch_size = check_int("batch_size", batch_size, minimum=1)
+  hint = validation.check_int("hint_epochs", hint_epochs, minimum=0)
+  distill = validation.check_int("distillation_epochs", distillation_epochs, minimum=0)
+  rounds = validation.check_int("rounds", rounds, minimum=0)
+  samples = validation.check_int("num_query_samples", num_query_samples, minimum=0)
+  batch_size = validation.check_int("batch_size", batch_size, minimum=1)
   return (hint + rounds * distill) * -(-samples // batch_size)
 
 
@@ -213,10 +190,10 @@ def dpsgd_event(*, noise_multiplier: float, sampling_rate: float,
   Returns:
     `SelfComposedDpEvent(PoissonSampledDpEvent(q, GaussianDpEvent(z)), T)`.
   """
-  sigma = check_float("noise_multiplier", noise_multiplier, positive=False)
+  sigma = validation.check_float("noise_multiplier", noise_multiplier, positive=False)
   if not 0 < float(sampling_rate) <= 1:
     raise ValueError(f"sampling_rate must be in (0, 1], got {sampling_rate!r}")
-  steps = check_int("steps", steps, minimum=0)
+  steps = validation.check_int("steps", steps, minimum=0)
   return _repeat(dp_event.PoissonSampledDpEvent(
       float(sampling_rate), dp_event.GaussianDpEvent(sigma)), steps)
 
@@ -332,7 +309,7 @@ def epsilon(event: dp_event.DpEvent, *, delta: float,
     ε as a float.
   """
   return _evaluate(event, accountant, value_discretization_interval,
-                   delta=check_delta(delta))
+                   delta=validation.check_delta(delta))
 
 
 def delta_for_epsilon(event: dp_event.DpEvent, *, epsilon: float,
@@ -350,6 +327,6 @@ def delta_for_epsilon(event: dp_event.DpEvent, *, epsilon: float,
   Returns:
     δ as a float.
   """
-  eps = check_float("epsilon", epsilon, positive=False)
+  eps = validation.check_float("epsilon", epsilon, positive=False)
   return _evaluate(event, accountant, value_discretization_interval,
                    target_epsilon=eps)

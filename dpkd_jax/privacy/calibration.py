@@ -13,6 +13,7 @@ from dp_accounting import mechanism_calibration
 from dp_accounting import privacy_accountant
 
 from dpkd_jax.privacy import accounting
+from dpkd_jax.privacy import validation
 
 _MAX_DOUBLINGS = 40  # The geometric bracket search spans 2**±40 of its start.
 
@@ -76,10 +77,10 @@ def calibrate_noise_multiplier(
   Returns:
     The noise parameter.
   """
-  target = accounting.check_float("target_epsilon", target_epsilon, positive=True)
-  delta = accounting.check_delta(delta)
+  target = validation.check_float("target_epsilon", target_epsilon, positive=True)
+  delta = validation.check_delta(delta)
   accounting.check_accountant(accountant, value_discretization_interval)
-  accounting.check_float("relative_tolerance", relative_tolerance, positive=True)
+  validation.check_float("relative_tolerance", relative_tolerance, positive=True)
   lo, hi = _bracket_noise(
       lambda s: accounting.epsilon(make_event(s), delta=delta, accountant="rdp"),
       target, start=1.0)
@@ -113,9 +114,9 @@ def calibrate_steps(
   Returns:
     T.
   """
-  target = accounting.check_float("target_epsilon", target_epsilon, positive=True)
-  delta = accounting.check_delta(delta)
-  max_steps = accounting.check_int("max_steps", max_steps, minimum=1)
+  target = validation.check_float("target_epsilon", target_epsilon, positive=True)
+  delta = validation.check_delta(delta)
+  max_steps = validation.check_int("max_steps", max_steps, minimum=1)
   accounting.check_accountant(accountant, value_discretization_interval)
 
   def fits(steps: int, which: str = accountant) -> bool:
@@ -162,7 +163,7 @@ def calibrate_dpdfd_noise_multiplier(
   Returns:
     σ (noise std σ·C per coordinate).
   """
-  accounting.check_int("steps", steps, minimum=1)
+  validation.check_int("steps", steps, minimum=1)
   return calibrate_noise_multiplier(
       lambda sigma: accounting.dpdfd_event(noise_multiplier=sigma, batch_size=batch_size,
                                 steps=steps, num_teachers=num_teachers),

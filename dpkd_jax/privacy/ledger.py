@@ -14,8 +14,6 @@ accidents, not an adversary who rewrites the stored figure too.
 
 import dataclasses
 import json
-import math
-import operator
 import os
 import tempfile
 from typing import Any
@@ -23,6 +21,7 @@ from typing import Any
 from dp_accounting import dp_event
 
 from dpkd_jax.privacy import accounting
+from dpkd_jax.privacy import validation
 
 _FORMAT = "dpkd_jax.privacy_ledger"
 _VERSION = 1
@@ -123,15 +122,11 @@ class PrivacyLedger:
       delta: δ in (0, 1) at which ε is reported.
       accountant: "pld" or "rdp".
     """
-    if not (math.isfinite(target_epsilon) and target_epsilon > 0):
-      raise ValueError(
-          f"target_epsilon must be finite and > 0, got {target_epsilon!r}")
-    if not 0 < delta < 1:
-      raise ValueError(f"delta must be in (0, 1), got {delta!r}")
-    if accountant not in ("pld", "rdp"):
-      raise ValueError(f"accountant must be 'pld' or 'rdp', got {accountant!r}")
-    self._target_epsilon = float(target_epsilon)
-    self._delta = float(delta)
+    target_epsilon = validation.check_float("target_epsilon", target_epsilon, positive=True)
+    delta = validation.check_delta(delta)
+    accounting.check_accountant(accountant, accounting.DEFAULT_VALUE_DISCRETIZATION_INTERVAL)
+    self._target_epsilon = target_epsilon
+    self._delta = delta
     self._accountant = accountant
     self._entries: list[LedgerEntry] = []
     self._spent = 0.0
@@ -204,14 +199,7 @@ class PrivacyLedger:
       The spent ε after recording.
     """
     event_to_dict(event)
-    try:
-      if isinstance(step, bool):
-        raise TypeError
-      step = operator.index(step)
-    except TypeError:
-      raise ValueError(f"step must be an integer, got {step!r}") from None
-    if step < 0:
-      raise ValueError(f"step must be >= 0, got {step}")
+    step = validation.check_int("step", step, minimum=0)
     if self._entries and step < self._entries[-1].step:
       raise ValueError(f"step {step} is before the last recorded step "
                        f"{self._entries[-1].step}: the ledger is append-only")

@@ -8,8 +8,9 @@ tabulated by `benchmarks/privacy_figures.py` and discussed in docs/privacy.md.
 """
 
 import math
-import operator
 import warnings
+
+from dpkd_jax.privacy import validation
 
 
 class PaperAccountingWarning(UserWarning):
@@ -21,29 +22,10 @@ def _warn(message: str) -> None:
   warnings.warn(message, PaperAccountingWarning, stacklevel=3)
 
 
-def check_delta(delta: float) -> float:
-  if not 0 < float(delta) < 1:
-    raise ValueError(f"delta must be in (0, 1), got {delta!r}")
-  return float(delta)
 
 
-def _check_positive(name: str, value: float) -> float:
-  value = float(value)
-  if not math.isfinite(value) or value <= 0:
-    raise ValueError(f"{name} must be finite and > 0, got {value!r}")
-  return value
 
 
-def _check_steps(steps: int) -> int:
-  try:
-    if isinstance(steps, bool):
-      raise TypeError
-    steps = operator.index(steps)
-  except TypeError:
-    raise ValueError(f"steps must be an integer, got {steps!r}") from None
-  if steps < 0:
-    raise ValueError(f"steps must be >= 0, got {steps}")
-  return steps
 
 
 def paper_dpdfd_epsilon(*, noise_multiplier: float, l2_norm_bound: float,
@@ -77,10 +59,10 @@ def paper_dpdfd_epsilon(*, noise_multiplier: float, l2_norm_bound: float,
   Returns:
     The reconstructed paper ε.
   """
-  sigma = _check_positive("noise_multiplier", noise_multiplier)
-  bound = _check_positive("l2_norm_bound", l2_norm_bound)
-  steps = _check_steps(steps)
-  delta = check_delta(delta)
+  sigma = validation.check_float("noise_multiplier", noise_multiplier, positive=True)
+  bound = validation.check_float("l2_norm_bound", l2_norm_bound, positive=True)
+  steps = validation.check_int("steps", steps, minimum=0)
+  delta = validation.check_delta(delta)
   _warn("paper_dpdfd_epsilon is a reconstruction of DPDFD's Theorem 3 and is "
         "not a valid guarantee for the implemented mechanism (sensitivity "
         "2C·sqrt(B), noise std σC); use accounting.epsilon(dpdfd_event(...)).")
@@ -103,7 +85,7 @@ def paper_srr_label_epsilon(epsilon_per_query: float) -> float:
   Returns:
     ε per query.
   """
-  eps = _check_positive("epsilon_per_query", epsilon_per_query)
+  eps = validation.check_float("epsilon_per_query", epsilon_per_query, positive=True)
   _warn("paper_srr_label_epsilon is per-query label DP, not record-level DP "
         "of the private training set; use accounting.srr_event.")
   return eps
@@ -131,8 +113,8 @@ def paper_rona_epsilon(*, noise_multiplier: float, delta: float) -> float:
   Returns:
     The paper's per-query ε.
   """
-  sigma = _check_positive("noise_multiplier", noise_multiplier)
-  delta = check_delta(delta)
+  sigma = validation.check_float("noise_multiplier", noise_multiplier, positive=True)
+  delta = validation.check_delta(delta)
   eps = math.sqrt(2.0 * math.log(1.25 / delta)) / sigma
   premise = "; ε >= 1 violates its premise" if eps >= 1 else ""
   _warn("paper_rona_epsilon: per-query classic Gaussian bound with sensitivity "
