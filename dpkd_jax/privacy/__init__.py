@@ -46,8 +46,6 @@ from dpkd_jax.privacy.paper_accounting import (
     paper_rona_epsilon,
     paper_srr_label_epsilon,
 )
-from dpkd_jax.privacy.randomized_response import (
-    SelectiveRRResult,
-    randomized_response,
-    selective_randomized_response,
-)
+# `randomized_response` (the k-ary RR function) is not re-exported here: the name is the
+# submodule's, and shadowing it would break `from dpkd_jax.privacy import randomized_response`.
+from dpkd_jax.privacy.randomized_response import SelectiveRRResult, selective_randomized_response
