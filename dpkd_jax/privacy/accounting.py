@@ -36,12 +36,6 @@ DEFAULT_VALUE_DISCRETIZATION_INTERVAL = 1e-3
 NeighborRel = privacy_accountant.NeighboringRelation
 
 
-
-
-
-
-
-
 def check_accountant(accountant: str, interval: float) -> None:
   if accountant not in ("pld", "rdp"):
     raise ValueError(f"accountant must be 'pld' or 'rdp', got {accountant!r}")

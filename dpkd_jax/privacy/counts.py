@@ -44,10 +44,6 @@ import jax.numpy as jnp
 from dpkd_jax.privacy import validation
 
 
-
-
-
-
 def laplace_counts(
     key: jax.Array,
     counts: jax.Array,

@@ -53,12 +53,6 @@ class GaussianRelease(NamedTuple):
     return self.noise_stddev / self.l2_sensitivity
 
 
-
-
-
-
-
-
 def _zero_non_finite_rows(x: jax.Array) -> jax.Array:
   """(B, ...) -> (B, ...): rows with any NaN/inf replaced by zeros (others untouched)."""
   flat = x.reshape(x.shape[0], -1)  # (B, D)

@@ -22,12 +22,6 @@ def _warn(message: str) -> None:
   warnings.warn(message, PaperAccountingWarning, stacklevel=3)
 
 
-
-
-
-
-
-
 def paper_dpdfd_epsilon(*, noise_multiplier: float, l2_norm_bound: float,
                         steps: int, delta: float) -> float:
   """DPDFD (Liu et al., IJCAI 2023) Theorem 3 — RECONSTRUCTION.

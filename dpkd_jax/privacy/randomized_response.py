@@ -38,10 +38,6 @@ class SelectiveRRResult(NamedTuple):
   set_sizes: jax.Array
 
 
-
-
-
-
 def keep_probability(epsilon: float | jax.Array, set_size: int | jax.Array) -> jax.Array:
   """Probability that k-ary RR returns the true label: e^eps / (e^eps + k - 1).
 
