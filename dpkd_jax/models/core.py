@@ -23,7 +23,7 @@ class ClassifierOutput(NamedTuple):
   Attributes:
     logits: (B, num_classes) unnormalised class scores.
     features: (B, F) penultimate features (input of the last dense layer); DPDFD's
-      generator loss penalises their L2 norm.
+      generator loss uses their L2 norm (DAFL-style activation reward, see losses.feature_norm).
     hint: (B, ...) an intermediate "hint" activation (RONA's guided layer); its shape is
       model specific and documented on each model.
   """

@@ -1,0 +1,80 @@
+"""Name → constructor tables for the model zoo, so configs and flags can name models.
+
+An explicit dict keeps every model greppable and the set of valid names visible in one place.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping, Sequence
+
+import jax
+import numpy as np
+from flax import nnx
+
+from dpkd_jax.models import classifiers, generators, resnet
+
+CLASSIFIERS: dict[str, Callable[..., nnx.Module]] = {
+    "lenet5": classifiers.LeNet5,
+    "lenet5_half": classifiers.LeNet5Half,
+    "datalens_cnn": classifiers.DataLensCNN,
+    "small_cnn": classifiers.SmallCNN,
+    "vgg": classifiers.VGG,
+    "mobilenet": classifiers.MobileNet,
+    "resnet18": resnet.ResNet18,
+    "resnet34": resnet.ResNet34,
+    "wide_resnet": resnet.WideResNet,
+}
+
+GENERATORS: dict[str, Callable[..., nnx.Module]] = {
+    "dafl": generators.DAFLGenerator,
+}
+
+
+def _lookup(table: Mapping[str, Callable[..., nnx.Module]], kind: str,
+            name: str) -> Callable[..., nnx.Module]:
+  if name not in table:
+    raise ValueError(f"unknown {kind} {name!r}; choose one of {sorted(table)}")
+  return table[name]
+
+
+def create_classifier(name: str, *, num_classes: int, input_shape: Sequence[int],
+                      norm: str = "batch", seed: int | None = None,
+                      rngs: nnx.Rngs | None = None) -> nnx.Module:
+  """Builds the classifier registered as `name`.
+
+  Args:
+    name: a key of `CLASSIFIERS`.
+    num_classes: number of output classes.
+    input_shape: (H, W, C) of one input image.
+    norm: "batch", "group" or "none" (see `classifiers`).
+    seed: integer seed of the parameter initialisation; give exactly one of `seed` and `rngs`.
+    rngs: random streams for the initialisation, for callers that manage their own keys.
+
+  Returns:
+    The initialised `nnx.Module`; split it with `core.split` for jitted code.
+  """
+  constructor = _lookup(CLASSIFIERS, "classifier", name)
+  if (seed is None) == (rngs is None):
+    raise ValueError(f"give exactly one of seed and rngs, got seed={seed!r} and rngs={rngs!r}")
+  if rngs is None:
+    if isinstance(seed, bool) or not isinstance(seed, (int, np.integer)):
+      raise ValueError(f"seed must be an integer, got {seed!r}")
+    rngs = nnx.Rngs(jax.random.key(int(seed)))
+  return constructor(num_classes=num_classes, input_shape=input_shape, norm=norm, rngs=rngs)
+
+
+def create_generator(name: str, *, latent_dim: int, image_shape: Sequence[int],
+                     rngs: nnx.Rngs) -> nnx.Module:
+  """Builds the generator registered as `name`.
+
+  Args:
+    name: a key of `GENERATORS`.
+    latent_dim: size of the latent vector.
+    image_shape: (H, W, C) of the generated images.
+    rngs: random streams for the initialisation.
+
+  Returns:
+    The initialised `nnx.Module`.
+  """
+  constructor = _lookup(GENERATORS, "generator", name)
+  return constructor(latent_dim=latent_dim, image_shape=image_shape, rngs=rngs)
