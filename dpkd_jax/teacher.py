@@ -1,0 +1,274 @@
+"""Supervised (non-private) teacher training, checkpointing and loading.
+
+A teacher is trained on the private data (or one disjoint shard of it, for multi-teacher
+methods) and is the sensitive model that the DP methods convert. Its artefacts in `workdir`:
+  checkpoints/<step>/   Orbax: params, batch_stats, optimizer state, step
+  card.json             dataset, model, split, seed, test accuracy, parameter count, config
+  metrics.csv, tb/      training curves (CSV + TensorBoard)
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import time
+from typing import Any, NamedTuple
+
+import jax
+import jax.numpy as jnp
+import optax
+import tqdm
+from flax import nnx
+
+import dpkd_jax
+from dpkd_jax import data
+from dpkd_jax import models
+from dpkd_jax.models import core
+from dpkd_jax.train import checkpoint
+from dpkd_jax.train import evaluate as evaluate_lib
+from dpkd_jax.train import metrics as metrics_lib
+from dpkd_jax.train import sharding
+from dpkd_jax.train.state import TrainState
+
+_OPTIMIZERS = ("adam", "sgd")
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class TeacherConfig:
+  """What to train. Validated at construction so bad flags fail before any compute.
+
+  Attributes:
+    dataset: a name in `data.DATASETS`.
+    model: a name in `models.CLASSIFIERS`.
+    norm: "batch" (default for teachers), "group" or "none".
+    epochs: passes over the (shard of the) training split.
+    batch_size: examples per step (must divide by the number of devices).
+    optimizer: "adam" (AdamW) or "sgd" (Nesterov momentum 0.9); cosine-decayed learning rate.
+    learning_rate: peak learning rate.
+    weight_decay: decoupled weight decay.
+    augment: random crop + flip (dm-pix); None = on for 32×32 colour datasets only.
+    num_shards: split the training data into this many disjoint shards (multi-teacher).
+    shard: which shard to train on (0 <= shard < num_shards).
+    shard_seed: seed of the shard partition (all teachers of an ensemble must share it).
+    seed: model init / batch order / augmentation seed.
+    data_dir: directory of `<dataset>.npz` files (else $DPKD_DATA_DIR, else tfds).
+    download: let tensorflow-datasets download a dataset it has not prepared (needs internet).
+  """
+
+  dataset: str
+  model: str
+  norm: str = "batch"
+  epochs: int = 5
+  batch_size: int = 128
+  optimizer: str = "adam"
+  learning_rate: float = 1e-3
+  weight_decay: float = 1e-4
+  augment: bool | None = None
+  num_shards: int = 1
+  shard: int = 0
+  shard_seed: int = 0
+  seed: int = 0
+  data_dir: str | None = None
+  download: bool = False
+
+  def __post_init__(self):
+    if self.dataset not in data.DATASETS:
+      raise ValueError(f"unknown dataset {self.dataset!r}; known: {sorted(data.DATASETS)}")
+    if self.model not in models.CLASSIFIERS:
+      raise ValueError(f"unknown model {self.model!r}; known: {sorted(models.CLASSIFIERS)}")
+    if self.optimizer not in _OPTIMIZERS:
+      raise ValueError(f"unknown optimizer {self.optimizer!r}; known: {_OPTIMIZERS}")
+    for name in ("epochs", "batch_size", "num_shards"):
+      if getattr(self, name) < 1:
+        raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
+    if not 0 <= self.shard < self.num_shards:
+      raise ValueError(f"shard must be in [0, num_shards={self.num_shards}), got {self.shard}")
+    if not self.learning_rate > 0:
+      raise ValueError(f"learning_rate must be > 0, got {self.learning_rate}")
+    if self.weight_decay < 0:
+      raise ValueError(f"weight_decay must be >= 0, got {self.weight_decay}")
+
+  @property
+  def info(self) -> data.DatasetInfo:
+    return data.DATASETS[self.dataset]
+
+  @property
+  def use_augment(self) -> bool:
+    if self.augment is not None:
+      return self.augment
+    h, w, c = self.info.image_shape
+    return c == 3 and h >= 32
+
+
+class Teacher(NamedTuple):
+  """A loaded teacher: the functional model and its JSON card."""
+
+  parts: core.ModelParts
+  card: dict[str, Any]
+
+
+def make_optimizer(config: TeacherConfig, total_steps: int) -> optax.GradientTransformation:
+  schedule = optax.cosine_decay_schedule(config.learning_rate, max(total_steps, 1))
+  if config.optimizer == "adam":
+    return optax.adamw(schedule, weight_decay=config.weight_decay)
+  return optax.chain(optax.add_decayed_weights(config.weight_decay),
+                     optax.sgd(schedule, momentum=0.9, nesterov=True))
+
+
+def make_train_step(config: TeacherConfig):
+  """Returns `train_step(state, images_uint8, labels, key) -> (state, metrics)`, jitted, state donated."""
+  info, augment = config.info, config.use_augment
+
+  def train_step(state: TrainState, images_uint8: jax.Array, labels: jax.Array, key: jax.Array):
+    x = data.normalize(images_uint8, info)  # (B, H, W, C) float32
+    if augment:
+      x = data.augment(key, x)
+
+    def loss_fn(params):
+      out, new_stats = core.apply(state.graphdef, params, state.batch_stats, x, train=True)
+      loss = optax.softmax_cross_entropy_with_integer_labels(out.logits, labels).mean()
+      return loss, (out.logits, new_stats)
+
+    (loss, (logits, new_stats)), grads = jax.value_and_grad(loss_fn, has_aux=True)(state.params)
+    state = state.apply_gradients(grads, new_stats)
+    accuracy = jnp.mean(jnp.argmax(logits, -1) == labels)
+    return state, {"loss": loss, "accuracy": accuracy}
+
+  return jax.jit(train_step, donate_argnums=0)
+
+
+def init_model(config: TeacherConfig, key: jax.Array) -> core.ModelParts:
+  model = models.create_classifier(
+      config.model, num_classes=config.info.num_classes, input_shape=config.info.image_shape,
+      norm=config.norm, rngs=nnx.Rngs(key))
+  return core.split(model)
+
+
+def _training_split(config: TeacherConfig) -> data.ArrayDataset:
+  train = data.load(config.dataset, "train", data_dir=config.data_dir, download=config.download)
+  if config.num_shards == 1:
+    return train
+  shards = data.shard_indices(len(train), config.num_shards, seed=config.shard_seed)
+  return train.subset(shards[config.shard])
+
+
+def train_teacher(config: TeacherConfig, workdir: str, *, progress: bool = True,
+                  mesh: jax.sharding.Mesh | None = None) -> dict[str, Any]:
+  """Trains a teacher, evaluates it on the test split, writes checkpoint + card.
+
+  Resumes from the latest epoch checkpoint in `workdir` if one exists (same config required).
+
+  Args:
+    config: the validated configuration.
+    workdir: output directory (created).
+    progress: show a tqdm progress bar.
+    mesh: device mesh for data parallelism (default: all devices on a 'data' axis).
+
+  Returns:
+    The card (also written to `<workdir>/card.json`).
+  """
+  mesh = sharding.data_mesh() if mesh is None else mesh
+  sharding.check_divisible(config.batch_size, mesh)
+  train = _training_split(config)
+  test = data.load(config.dataset, "test", data_dir=config.data_dir, download=config.download)
+  if len(train) < config.batch_size:
+    raise ValueError(f"training split has {len(train)} examples < batch_size={config.batch_size}")
+  steps_per_epoch = len(train) // config.batch_size
+  total_steps = steps_per_epoch * config.epochs
+
+  # Named key streams, each used with fold_in(step or epoch): never reused.
+  init_key, order_key, augment_key = jax.random.split(jax.random.key(config.seed), 3)
+  state = TrainState.create(init_model(config, init_key), make_optimizer(config, total_steps))
+  config_json = dataclasses.asdict(config)
+  ckpt_dir = os.path.join(workdir, "checkpoints")
+  start_epoch = 0
+  if checkpoint.latest_step(ckpt_dir) is not None:
+    saved_meta = checkpoint.restore_metadata(ckpt_dir)
+    if saved_meta.get("config") != config_json:
+      raise ValueError(f"{workdir!r} holds a teacher trained with another config {saved_meta.get('config')};"
+                       " use a fresh workdir")
+    arrays, saved_meta = checkpoint.restore(ckpt_dir, state.arrays())
+    state = state.with_arrays(arrays)
+    start_epoch = saved_meta["epoch"]
+  state = sharding.replicate(state, mesh)
+  train_step = make_train_step(config)
+  writer = metrics_lib.MetricsWriter(workdir)
+
+  bar = tqdm.tqdm(total=total_steps, initial=start_epoch * steps_per_epoch, disable=not progress,
+                  desc=f"teacher {config.model}/{config.dataset}")
+  start_time = time.time()
+  for epoch in range(start_epoch, config.epochs):
+    batches = data.epoch_batches(jax.random.fold_in(order_key, epoch), len(train), config.batch_size)
+    for indices in batches:
+      step_key = jax.random.fold_in(augment_key, int(state.step))
+      images, labels = sharding.shard_batch((train.images[indices], train.labels[indices]), mesh)
+      state, step_metrics = train_step(state, images, labels, step_key)
+      bar.update(1)
+      if int(state.step) % 50 == 0:
+        step_metrics = jax.device_get(step_metrics)
+        writer.write(int(state.step), step_metrics, prefix="train/")
+        bar.set_postfix(loss=f"{step_metrics['loss']:.3f}", acc=f"{step_metrics['accuracy']:.3f}")
+    test_metrics = evaluate_lib.evaluate(state.parts, test)
+    writer.write(int(state.step), test_metrics, prefix="test/")
+    bar.set_postfix(epoch=epoch + 1, test_acc=f"{test_metrics['accuracy']:.4f}")
+    checkpoint.save(ckpt_dir, int(state.step), jax.device_get(state.arrays()),
+                    {"epoch": epoch + 1, "config": config_json})
+  bar.close()
+  writer.close()
+
+  final = evaluate_lib.evaluate(state.parts, test)
+  card = {
+      "dataset": config.dataset,
+      "model": config.model,
+      "norm": config.norm,
+      "num_classes": config.info.num_classes,
+      "input_shape": list(config.info.image_shape),
+      "split": {"num_shards": config.num_shards, "shard": config.shard, "shard_seed": config.shard_seed,
+                "num_train_examples": len(train)},
+      "seed": config.seed,
+      "test_accuracy": final["accuracy"],
+      "test_loss": final["loss"],
+      "param_count": models.count_params(state.params),
+      "steps": int(state.step),
+      "train_seconds_this_run": round(time.time() - start_time, 1),
+      "config": config_json,
+      "dpkd_jax_version": dpkd_jax.__version__,
+  }
+  if jax.process_index() == 0:
+    with open(os.path.join(workdir, "card.json"), "w") as f:
+      json.dump(card, f, indent=2)
+  return card
+
+
+def load_teacher(workdir: str, *, dataset: str | None = None, num_classes: int | None = None,
+                 input_shape: tuple[int, ...] | None = None) -> Teacher:
+  """Loads a teacher written by `train_teacher`, checking it fits what the caller expects.
+
+  Args:
+    workdir: the teacher's output directory (holds card.json and checkpoints/).
+    dataset / num_classes / input_shape: if given, must match the card, else
+      `checkpoint.CheckpointMismatchError` explains the mismatch before anything is restored.
+
+  Returns:
+    Teacher(parts, card) with eval-ready params and batch statistics.
+  """
+  card_path = os.path.join(workdir, "card.json")
+  if not os.path.exists(card_path):
+    raise FileNotFoundError(f"no teacher card at {card_path!r}: train one with "
+                            f"`python -m experiments.teacher --workdir={workdir} ...`")
+  with open(card_path) as f:
+    card = json.load(f)
+  expected = {"dataset": dataset, "num_classes": num_classes,
+              "input_shape": None if input_shape is None else list(input_shape)}
+  for key, want in expected.items():
+    if want is not None and card.get(key) != want:
+      raise checkpoint.CheckpointMismatchError(
+          f"teacher in {workdir!r} has {key}={card.get(key)!r} but {want!r} was requested")
+  config = TeacherConfig(**card["config"])
+  parts = init_model(config, jax.random.key(0))  # shapes only; values come from the checkpoint
+  # The checkpoint holds the whole train state; rebuild its template (same optimizer) and keep
+  # only the model arrays: the optimizer state is irrelevant for a read-only teacher.
+  template = TrainState.create(parts, make_optimizer(config, card["steps"])).arrays()
+  arrays, _ = checkpoint.restore(os.path.join(workdir, "checkpoints"), template)
+  return Teacher(core.ModelParts(parts.graphdef, arrays["params"], arrays["batch_stats"]), card)

@@ -1,0 +1,40 @@
+"""Batched evaluation: padding/masking gives the exact unpadded answer."""
+
+import numpy as np
+import pytest
+
+from dpkd_jax import data
+from dpkd_jax import models
+from dpkd_jax.models import core
+from dpkd_jax.train import evaluate
+
+
+@pytest.fixture(scope="module")
+def setup():
+  test = data.load("digits", "test")
+  model = models.create_classifier("lenet5", num_classes=10, input_shape=(28, 28, 1), seed=0)
+  return core.split(model), test
+
+
+def test_padding_does_not_change_accuracy(setup):
+  parts, test = setup
+  logits = evaluate.predict_logits(parts, test.images, test.info, batch_size=len(test))
+  expected = float(np.mean(np.argmax(logits, -1) == test.labels))
+  for batch_size in (len(test), 100, 64):  # 355 examples: 1, 4 and 6 (padded) batches
+    got = evaluate.evaluate(parts, test, batch_size=batch_size)
+    assert got["accuracy"] == pytest.approx(expected, abs=1e-9)
+    assert np.isfinite(got["loss"])
+
+
+def test_predict_logits_batching_is_exact(setup):
+  parts, test = setup
+  a = evaluate.predict_logits(parts, test.images, test.info, batch_size=len(test))
+  b = evaluate.predict_logits(parts, test.images, test.info, batch_size=50)
+  assert a.shape == (len(test), 10)
+  np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-5)
+
+
+def test_empty_dataset_raises(setup):
+  parts, test = setup
+  with pytest.raises(ValueError, match="empty"):
+    evaluate.evaluate(parts, test.subset(np.zeros(0, np.int64)))
