@@ -1,0 +1,321 @@
+"""DPDFD end to end: config, training loop, outputs, synthetic-data release.
+
+`train_dpdfd(config, workdir)` writes to `workdir`:
+  checkpoints/<step>/  Orbax: student + generator states, step; meta: config, privacy ledger, plan
+  results.json         test accuracy, sound ε (dp_accounting), paper ε (if any), δ, σ, steps, config
+  samples.png          grid of synthetic samples from the generator
+  metrics.csv, tb/     curves (only teacher-free, post-mechanism quantities)
+`sample(workdir, num)` releases a synthetic labelled dataset (post-processing, same ε).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+import os
+from typing import Any
+
+import jax
+import numpy as np
+import optax
+import tqdm
+from flax import nnx
+
+from dpkd_jax import data
+from dpkd_jax import models
+from dpkd_jax import teacher as teacher_lib
+from dpkd_jax.methods import dpdfd_privacy
+from dpkd_jax.methods import dpdfd_step
+from dpkd_jax.models import core
+from dpkd_jax.privacy import accounting
+from dpkd_jax.privacy import ledger as ledger_lib
+from dpkd_jax.train import checkpoint
+from dpkd_jax.train import evaluate
+from dpkd_jax.train import metrics as metrics_lib
+from dpkd_jax.train import sharding
+from dpkd_jax.train.state import TrainState
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class DPDFDConfig:
+  """A DPDFD run. Privacy fields first, then model/optimization, then bookkeeping.
+
+  Attributes:
+    noise_multiplier: sigma (noise std sigma*C per output coordinate), or None to calibrate.
+    target_epsilon: stop/calibrate at this ε (None: report only).
+    delta: δ.
+    accounting: "sound" (default) or "paper" (Theorem 3 reconstruction; warned, sound ε beside).
+    l2_norm_bound, stability, bound_method: C, e and "normalize"/"clip" of A_{C,sigma}.
+    dataset: the private dataset (its test split evaluates the student).
+    teacher_dirs: one workdir per teacher (`experiments.teacher`); n > 1 = disjoint-shard ensemble.
+    student_model, student_norm, generator_model, latent_dim: networks.
+    steps, batch_size: DPDFD iterations (upper bound when a target ε is given) and B.
+    gamma, student_loss, dkd_alpha, dkd_beta, temperature, entropy_weight, feature_weight:
+      see `dpdfd_step.StepConfig`.
+    student_lr, generator_lr: Adam learning rates (cosine-decayed over the steps).
+    seed, eval_every, data_dir: bookkeeping.
+  """
+
+  noise_multiplier: float | None = None
+  target_epsilon: float | None = None
+  delta: float = 1e-5
+  accounting: str = "sound"
+  l2_norm_bound: float = 1.0
+  stability: float = 1e-6
+  bound_method: str = "normalize"
+  dataset: str
+  teacher_dirs: tuple[str, ...]
+  student_model: str = "datalens_cnn"
+  student_norm: str = "batch"
+  generator_model: str = "dafl"
+  latent_dim: int = 100
+  steps: int = 2000
+  batch_size: int = 256
+  gamma: float = 1.0
+  student_loss: str = "ce"
+  dkd_alpha: float = 1.0
+  dkd_beta: float = 8.0
+  temperature: float = 4.0
+  entropy_weight: float = 1.0
+  feature_weight: float = 1.0
+  student_lr: float = 1e-3
+  generator_lr: float = 1e-3
+  seed: int = 0
+  eval_every: int = 200
+  data_dir: str | None = None
+
+  def __post_init__(self):
+    if self.dataset not in data.DATASETS:
+      raise ValueError(f"unknown dataset {self.dataset!r}; known: {sorted(data.DATASETS)}")
+    if not self.teacher_dirs:
+      raise ValueError("teacher_dirs must name at least one teacher workdir")
+    object.__setattr__(self, "teacher_dirs", tuple(self.teacher_dirs))
+    if self.student_model not in models.CLASSIFIERS:
+      raise ValueError(f"unknown student_model {self.student_model!r}; known: {sorted(models.CLASSIFIERS)}")
+    if self.generator_model not in models.GENERATORS:
+      raise ValueError(f"unknown generator_model {self.generator_model!r}; known: {sorted(models.GENERATORS)}")
+    for name in ("steps", "eval_every"):
+      if getattr(self, name) < 1:
+        raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
+    for name in ("student_lr", "generator_lr"):
+      if not getattr(self, name) > 0:
+        raise ValueError(f"{name} must be > 0, got {getattr(self, name)}")
+    self.step_config()  # validates sigma (if given), C, e, gamma, losses, B
+    # Validates the privacy flags (target/sigma/delta/accounting) without the costly calibration.
+    if self.accounting not in dpdfd_privacy.ACCOUNTINGS:
+      raise ValueError(f"accounting must be one of {dpdfd_privacy.ACCOUNTINGS}, got {self.accounting!r}")
+    if not 0 < self.delta < 1:
+      raise ValueError(f"delta must be in (0, 1), got {self.delta}")
+    if self.target_epsilon is None and self.noise_multiplier is None:
+      raise ValueError("give noise_multiplier, target_epsilon, or both")
+    if self.target_epsilon is not None:
+      if not self.target_epsilon > 0:
+        raise ValueError(f"target_epsilon must be > 0, got {self.target_epsilon}")
+      if self.noise_multiplier is not None and not self.noise_multiplier > 0:
+        raise ValueError(f"a target epsilon needs noise: noise_multiplier={self.noise_multiplier} must be > 0")
+
+  @property
+  def info(self) -> data.DatasetInfo:
+    return data.DATASETS[self.dataset]
+
+  def step_config(self, noise_multiplier: float | None = None) -> dpdfd_step.StepConfig:
+    sigma = self.noise_multiplier if noise_multiplier is None else noise_multiplier
+    return dpdfd_step.StepConfig(
+        noise_multiplier=1.0 if sigma is None else sigma, l2_norm_bound=self.l2_norm_bound,
+        stability=self.stability, bound_method=self.bound_method, gamma=self.gamma,
+        student_loss=self.student_loss, dkd_alpha=self.dkd_alpha, dkd_beta=self.dkd_beta,
+        temperature=self.temperature, entropy_weight=self.entropy_weight,
+        feature_weight=self.feature_weight, batch_size=self.batch_size, latent_dim=self.latent_dim)
+
+  def plan(self) -> dpdfd_privacy.PrivacyPlan:
+    return dpdfd_privacy.plan(
+        noise_multiplier=self.noise_multiplier, target_epsilon=self.target_epsilon,
+        delta=self.delta, steps=self.steps, batch_size=self.batch_size,
+        l2_norm_bound=self.l2_norm_bound, num_teachers=len(self.teacher_dirs),
+        accounting_mode=self.accounting)
+
+
+def load_teachers(config: DPDFDConfig) -> tuple[dpdfd_step.TeacherEnsemble, list[dict[str, Any]]]:
+  """Loads and checks every teacher against the dataset; all must share one architecture."""
+  info = config.info
+  loaded = [teacher_lib.load_teacher(d, dataset=config.dataset, num_classes=info.num_classes,
+                                     input_shape=info.image_shape) for d in config.teacher_dirs]
+  archs = {(t.card["model"], t.card["norm"]) for t in loaded}
+  if len(archs) > 1:
+    raise ValueError(f"all teachers must share one architecture, got {sorted(archs)}")
+  return dpdfd_step.TeacherEnsemble.stack([t.parts for t in loaded]), [t.card for t in loaded]
+
+
+def init_state(config: DPDFDConfig, key: jax.Array) -> dpdfd_step.DPDFDState:
+  s_key, g_key = jax.random.split(key)
+  info = config.info
+  student = models.create_classifier(config.student_model, num_classes=info.num_classes,
+                                     input_shape=info.image_shape, norm=config.student_norm,
+                                     rngs=nnx.Rngs(s_key))
+  generator = models.create_generator(config.generator_model, latent_dim=config.latent_dim,
+                                      image_shape=info.image_shape, rngs=nnx.Rngs(g_key))
+  adam = lambda lr: optax.adam(optax.cosine_decay_schedule(lr, config.steps))  # noqa: E731
+  return dpdfd_step.DPDFDState(TrainState.create(core.split(student), adam(config.student_lr)),
+                               TrainState.create(core.split(generator), adam(config.generator_lr)))
+
+
+def _config_json(config: DPDFDConfig) -> dict[str, Any]:
+  out = dataclasses.asdict(config)
+  out["teacher_dirs"] = list(config.teacher_dirs)
+  return out
+
+
+def generate(gen: TrainState, key: jax.Array, num: int, latent_dim: int,
+             *, batch_size: int = 500) -> np.ndarray:
+  """(num, H, W, C) normalized synthetic images from the generator (eval-mode BatchNorm)."""
+  fn = jax.jit(lambda p, s, z: core.apply(gen.graphdef, p, s, z, train=False)[0])
+  out = []
+  for i, start in enumerate(range(0, num, batch_size)):
+    z = jax.random.normal(jax.random.fold_in(key, i), (batch_size, latent_dim))
+    out.append(np.asarray(fn(gen.params, gen.batch_stats, z))[:num - start])
+  return np.concatenate(out)
+
+
+def save_sample_grid(images: np.ndarray, info: data.DatasetInfo, path: str, *, cols: int = 8) -> None:
+  """Writes a PNG grid of normalized images (rows of `cols`)."""
+  import matplotlib  # pylint: disable=g-import-not-at-top
+  matplotlib.use("Agg")
+  import matplotlib.pyplot as plt  # pylint: disable=g-import-not-at-top
+
+  pixels = np.asarray(data.denormalize(images, info))  # (N, H, W, C) in [0, 1]
+  n, h, w, c = pixels.shape
+  rows = math.ceil(n / cols)
+  grid = np.ones((rows * (h + 2), cols * (w + 2), c), np.float32)
+  for i in range(n):
+    r, q = divmod(i, cols)
+    grid[r * (h + 2) + 1:r * (h + 2) + 1 + h, q * (w + 2) + 1:q * (w + 2) + 1 + w] = pixels[i]
+  plt.imsave(path, grid[..., 0] if c == 1 else grid, cmap="gray" if c == 1 else None)
+
+
+def train_dpdfd(config: DPDFDConfig, workdir: str, *, progress: bool = True,
+                mesh: jax.sharding.Mesh | None = None) -> dict[str, Any]:
+  """Runs DPDFD (resuming from `workdir` if it holds a checkpoint of the same config).
+
+  Returns:
+    The results dict (also written to `<workdir>/results.json`).
+
+  Raises:
+    ValueError / CheckpointMismatchError: bad config or teachers, before any training.
+    BudgetExceededError: the ledger restored from `workdir` has no budget left for a step.
+  """
+  mesh = sharding.data_mesh() if mesh is None else mesh
+  sharding.check_divisible(config.batch_size, mesh)
+  ensemble, cards = load_teachers(config)
+  test = data.load(config.dataset, "test", data_dir=config.data_dir)
+  privacy_plan = config.plan()
+  nonprivate = privacy_plan.noise_multiplier == 0
+  step_config = config.step_config(privacy_plan.noise_multiplier)
+  event_of = lambda n: accounting.dpdfd_event(  # noqa: E731
+      noise_multiplier=privacy_plan.noise_multiplier, batch_size=config.batch_size, steps=n,
+      num_teachers=len(cards))
+
+  init_key, train_key = jax.random.split(jax.random.key(config.seed))
+  state = init_state(config, init_key)
+  # The ledger's budget: the target in sound mode; in paper mode (or without a target) the
+  # sound ε of the planned run, so that the ledger still refuses anything beyond the plan.
+  budget = (config.target_epsilon if config.accounting == "sound" and config.target_epsilon
+            else privacy_plan.sound_epsilon)
+  ledger = None if nonprivate else ledger_lib.PrivacyLedger(target_epsilon=budget, delta=config.delta)
+  ckpt_dir = os.path.join(workdir, "checkpoints")
+  start = 0
+  if checkpoint.latest_step(ckpt_dir) is not None:
+    meta = checkpoint.restore_metadata(ckpt_dir)
+    if meta.get("config") != _config_json(config):
+      raise ValueError(f"{workdir!r} holds a DPDFD run with another config; use a fresh workdir")
+    arrays, meta = checkpoint.restore(ckpt_dir, state.arrays())
+    state = state.with_arrays(arrays)
+    start = int(meta["step"])
+    if ledger is not None:
+      ledger = ledger_lib.PrivacyLedger.from_json(meta["ledger"])
+
+  state = sharding.replicate(state, mesh)
+  ensemble = sharding.replicate(ensemble, mesh)
+  train_step = dpdfd_step.make_train_step(step_config, ensemble.graphdef)
+  writer = metrics_lib.MetricsWriter(workdir)
+  bar = tqdm.tqdm(total=privacy_plan.steps, initial=start, disable=not progress,
+                  desc=f"DPDFD {config.dataset}")
+  accuracy = math.nan
+  step = start
+  while step < privacy_plan.steps:
+    chunk = min(config.eval_every - step % config.eval_every, privacy_plan.steps - step)
+    if ledger is not None:  # account before releasing: a crash never under-counts
+      ledger.check(event_of(chunk))
+      ledger.record(event_of(chunk), step=step, note=f"steps {step}..{step + chunk - 1}")
+    for _ in range(chunk):
+      state, step_metrics = train_step(state, ensemble.params, ensemble.batch_stats,
+                                       jax.random.fold_in(train_key, step))
+      step += 1
+      bar.update(1)
+    step_metrics = jax.device_get(step_metrics)
+    accuracy = evaluate.evaluate(state.student.parts, test)["accuracy"]
+    spent = math.inf if ledger is None else ledger.spent_epsilon()
+    writer.write(step, {**step_metrics, "epsilon": spent}, prefix="train/")
+    writer.write(step, {"accuracy": accuracy}, prefix="test/")
+    bar.set_postfix(loss=f"{step_metrics['student_loss']:.3f}", acc=f"{accuracy:.4f}", eps=f"{spent:.3g}")
+    checkpoint.save(ckpt_dir, step, jax.device_get(state.arrays()),
+                    {"config": _config_json(config), "step": step,
+                     "ledger": None if ledger is None else ledger.to_json(),
+                     "plan": dataclasses.asdict(privacy_plan)})
+  bar.close()
+  writer.close()
+  if start == step and step > 0:
+    accuracy = evaluate.evaluate(state.student.parts, test)["accuracy"]
+
+  save_sample_grid(generate(state.generator, jax.random.key(config.seed + 1), 64, config.latent_dim),
+                   config.info, os.path.join(workdir, "samples.png"))
+  results = {
+      "method": "dpdfd",
+      "test_accuracy": accuracy,
+      "epsilon": math.inf if ledger is None else ledger.spent_epsilon(),
+      "epsilon_accountant": "dp_accounting PLD, teacher not private (sensitivity 2C*sqrt(B))",
+      "paper_epsilon": privacy_plan.paper_epsilon,
+      "paper_epsilon_warning": "DPDFD Theorem 3 (reconstruction): NOT a valid guarantee",
+      "delta": config.delta,
+      "noise_multiplier": privacy_plan.noise_multiplier,
+      "steps": step,
+      "accounting_used_for_budget": config.accounting,
+      "num_teachers": len(cards),
+      "teacher_test_accuracy": [c["test_accuracy"] for c in cards],
+      "student_params": models.count_params(state.student.params),
+      "config": _config_json(config),
+  }
+  if jax.process_index() == 0:
+    with open(os.path.join(workdir, "results.json"), "w") as f:
+      json.dump(results, f, indent=2, default=float)
+  return results
+
+
+def load_run(workdir: str) -> tuple[DPDFDConfig, dpdfd_step.DPDFDState, dict[str, Any]]:
+  """Restores (config, state, metadata) of a DPDFD workdir (latest checkpoint)."""
+  ckpt_dir = os.path.join(workdir, "checkpoints")
+  meta = checkpoint.restore_metadata(ckpt_dir)
+  config = DPDFDConfig(**{**meta["config"], "teacher_dirs": tuple(meta["config"]["teacher_dirs"])})
+  template = init_state(config, jax.random.key(0))
+  arrays, meta = checkpoint.restore(ckpt_dir, template.arrays())
+  return config, template.with_arrays(arrays), meta
+
+
+def sample(workdir: str, num: int, *, seed: int, out_path: str | None = None) -> str:
+  """Releases `num` synthetic images labelled by the student as `<workdir>/synthetic.npz`.
+
+  Post-processing of the trained generator and student: the same (ε, δ) as the run.
+  Keys: x (num, H, W, C) uint8, y (num,) int32 student labels.
+  """
+  if num < 1:
+    raise ValueError(f"num must be >= 1, got {num}")
+  config, state, _ = load_run(workdir)
+  images = generate(state.generator, jax.random.key(seed), num, config.latent_dim)
+  logits = jax.jit(lambda x: core.apply(state.student.graphdef, state.student.params,
+                                        state.student.batch_stats, x, train=False)[0].logits)
+  labels = np.concatenate([np.argmax(np.asarray(logits(images[i:i + 500])), -1)
+                           for i in range(0, num, 500)]).astype(np.int32)
+  pixels = np.asarray(data.denormalize(images, config.info))
+  out_path = out_path or os.path.join(workdir, "synthetic.npz")
+  np.savez_compressed(out_path, x=np.round(pixels * 255).astype(np.uint8), y=labels)
+  return out_path

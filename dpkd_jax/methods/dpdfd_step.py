@@ -1,0 +1,242 @@
+"""DPDFD (Liu et al., IJCAI 2023, "Model Conversion via Differentially Private Data-Free
+Distillation"), Algorithm 1, as one pure jitted step.
+
+    z ~ N(0, I)                       (B, latent)
+    x = G(z)                          (B, H, W, C) synthetic batch
+    t = teacher(x), s = student(x)    (B, K) logits; n teachers give (n, B, K)
+    g_i = dL_T(t_i, s_i)/ds_i         (B, K) per-sample output gradients, L_T = DKD
+    g~ = A_{C,sigma}(g)               (B, K) normalized/clipped + Gaussian (the only release)
+    y_s = stop_gradient(s - gamma g~) (B, K) noisy target
+    student  <- grad L_S(student(x), y_s)                 x held constant
+    generator<- grad [L_S + L_G](student(G(z)))           student only, y_s constant
+
+Privacy argument (docs/privacy.md): the teacher touches the computation only through `g`, which
+leaves through the mechanism; the student and generator updates are post-processing of the
+noisy rows `g~` plus teacher-free computation on synthetic data. The code enforces both
+preconditions: the teacher's logits are `stop_gradient`ed (no gradient reaches the teacher and
+its parameters are a read-only argument), and `y_s` is a constant in both losses.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any, NamedTuple
+
+import flax.struct
+import jax
+import jax.numpy as jnp
+from flax import nnx
+
+from dpkd_jax import losses
+from dpkd_jax.models import core
+from dpkd_jax.privacy import mechanisms
+from dpkd_jax.train.state import TrainState
+
+PyTree = Any
+STUDENT_LOSSES = ("ce", "mse")
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class StepConfig:
+  """The hyper-parameters one step needs (static under jit).
+
+  Attributes:
+    noise_multiplier: sigma of Algorithm 1: noise std sigma*C per coordinate of each row.
+    l2_norm_bound: C, the per-row norm bound.
+    stability: e in C g/(||g|| + e).
+    bound_method: "normalize" (paper) or "clip".
+    gamma: step size of the noisy target y_s = s - gamma g~.
+    student_loss: "ce" (paper: cross-entropy of the student against softmax(y_s)) or "mse"
+      (0.5||s - y_s||^2, whose gradient w.r.t. s is exactly gamma g~).
+    dkd_alpha, dkd_beta, temperature: decoupled-KD weights and temperature of L_T.
+    entropy_weight: alpha of L_G (information entropy of the batch-mean prediction).
+    feature_weight: beta of L_G (student penultimate-feature term).
+    batch_size: B, synthetic samples per step.
+    latent_dim: generator input size.
+  """
+
+  noise_multiplier: float
+  l2_norm_bound: float = 1.0
+  stability: float = 1e-6
+  bound_method: str = "normalize"
+  gamma: float = 1.0
+  student_loss: str = "ce"
+  dkd_alpha: float = 1.0
+  dkd_beta: float = 8.0
+  temperature: float = 4.0
+  entropy_weight: float = 1.0
+  feature_weight: float = 1.0
+  batch_size: int = 256
+  latent_dim: int = 100
+
+  def __post_init__(self):
+    if self.student_loss not in STUDENT_LOSSES:
+      raise ValueError(f"student_loss must be one of {STUDENT_LOSSES}, got {self.student_loss!r}")
+    if self.bound_method not in mechanisms.ROW_BOUNDERS:
+      raise ValueError(f"bound_method must be one of {sorted(mechanisms.ROW_BOUNDERS)},"
+                       f" got {self.bound_method!r}")
+    if not self.l2_norm_bound > 0:
+      raise ValueError(f"l2_norm_bound (C) must be > 0, got {self.l2_norm_bound}")
+    if self.noise_multiplier < 0:
+      raise ValueError(f"noise_multiplier (sigma) must be >= 0, got {self.noise_multiplier}")
+    if self.stability < 0:
+      raise ValueError(f"stability (e) must be >= 0, got {self.stability}")
+    if not self.gamma > 0:
+      raise ValueError(f"gamma must be > 0, got {self.gamma}")
+    if not self.temperature > 0:
+      raise ValueError(f"temperature must be > 0, got {self.temperature}")
+    for name in ("batch_size", "latent_dim"):
+      if getattr(self, name) < 1:
+        raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
+
+
+@flax.struct.dataclass
+class DPDFDState:
+  """Student and generator train states (the teacher is never part of the state)."""
+
+  student: TrainState
+  generator: TrainState
+
+  @property
+  def step(self) -> jax.Array:
+    return self.student.step
+
+  def arrays(self) -> dict[str, PyTree]:
+    return {"student": self.student.arrays(), "generator": self.generator.arrays()}
+
+  def with_arrays(self, arrays: dict[str, PyTree]) -> "DPDFDState":
+    return DPDFDState(self.student.with_arrays(arrays["student"]),
+                      self.generator.with_arrays(arrays["generator"]))
+
+
+class TeacherEnsemble(NamedTuple):
+  """n teachers of one architecture, parameters stacked on a leading axis of size n."""
+
+  graphdef: nnx.GraphDef
+  params: PyTree  # leaves (n, ...)
+  batch_stats: PyTree  # leaves (n, ...)
+
+  @classmethod
+  def stack(cls, parts: list[core.ModelParts]) -> "TeacherEnsemble":
+    if not parts:
+      raise ValueError("need at least one teacher")
+    stack = lambda *xs: jnp.stack(xs)  # noqa: E731
+    return cls(parts[0].graphdef, jax.tree.map(stack, *[p.params for p in parts]),
+               jax.tree.map(stack, *[p.batch_stats for p in parts]))
+
+  @property
+  def size(self) -> int:
+    return jax.tree.leaves(self.params)[0].shape[0]
+
+
+def teacher_logits(graphdef: nnx.GraphDef, params: PyTree, batch_stats: PyTree,
+                   x: jax.Array) -> jax.Array:
+  """(n, B, K) eval-mode logits of every teacher, with no gradient path to the teachers."""
+  def one(p, s):
+    out, _ = core.apply(graphdef, p, s, x, train=False)
+    return out.logits
+  return jax.lax.stop_gradient(jax.vmap(one)(params, batch_stats))
+
+
+def per_sample_output_grads(config: StepConfig, student_logits: jax.Array,
+                            t_logits: jax.Array) -> jax.Array:
+  """g[j, i] = dL_T(t_ji, s_i)/ds_i for every teacher j and sample i: (n, B, K).
+
+  L_T is decoupled KD with the teacher's argmax as the label. vmap over rows gives the
+  gradient of each sample's own loss w.r.t. its own output: no per-example parameter
+  gradients are needed.
+  """
+  def row_loss(s, t):
+    label = jnp.argmax(t)
+    return losses.dkd(s[None], t[None], label[None], alpha=config.dkd_alpha,
+                      beta=config.dkd_beta, temperature=config.temperature)[0]
+
+  row_grad = jax.vmap(jax.grad(row_loss), in_axes=(0, 0))  # over samples
+  return jax.vmap(row_grad, in_axes=(None, 0))(student_logits, t_logits)  # over teachers
+
+
+def private_output_gradients(config: StepConfig, key: jax.Array,
+                             grads: jax.Array) -> mechanisms.GaussianRelease:
+  """A_{C,sigma} on (n, B, K) grads: one teacher uses Algorithm 1 directly, n > 1 the
+  multi-teacher aggregate (normalized rows summed over teachers, one draw per row)."""
+  kwargs = dict(l2_norm_bound=config.l2_norm_bound, noise_multiplier=config.noise_multiplier,
+                stability=config.stability, method=config.bound_method)
+  if grads.shape[0] == 1:
+    return mechanisms.output_gradient_mechanism(key, grads[0], **kwargs)
+  return mechanisms.multi_teacher_output_gradients(key, grads, **kwargs)
+
+
+def student_loss(config: StepConfig, logits: jax.Array, target: jax.Array) -> jax.Array:
+  """L_S: mean over the batch of CE(logits, softmax(target)) or 0.5||logits - target||^2."""
+  if config.student_loss == "ce":
+    return losses.soft_cross_entropy(logits, jax.nn.softmax(target)).mean()
+  return 0.5 * jnp.sum(jnp.square(logits - target), axis=-1).mean()
+
+
+def generator_loss_terms(config: StepConfig, out: core.ClassifierOutput) -> dict[str, jax.Array]:
+  """L_G terms on the student's output for generated data (teacher-free)."""
+  return {
+      "one_hot": losses.argmax_cross_entropy(out.logits),
+      "entropy": config.entropy_weight * losses.information_entropy(out.logits),
+      "feature": config.feature_weight * losses.feature_norm(out.features),
+  }
+
+
+def build_train_step(config: StepConfig, teacher_graphdef: nnx.GraphDef):
+  """Returns the pure, un-jitted `train_step(state, teacher_params, teacher_batch_stats, key)
+  -> (state, metrics)`. Teacher params/batch stats are read-only arguments with a leading
+  teacher axis (see `TeacherEnsemble`)."""
+
+  def train_step(state: DPDFDState, teacher_params: PyTree, teacher_batch_stats: PyTree,
+                 key: jax.Array):
+    z_key, noise_key = jax.random.split(key)
+    z = jax.random.normal(z_key, (config.batch_size, config.latent_dim))
+    gen, stu = state.generator, state.student
+
+    # 1-3. Synthetic batch, teacher and student outputs, per-sample output gradients.
+    x, gen_stats = core.apply(gen.graphdef, gen.params, gen.batch_stats, z, train=True)
+    x = jax.lax.stop_gradient(x)
+    t_logits = teacher_logits(teacher_graphdef, teacher_params, teacher_batch_stats, x)
+    s_out, _ = core.apply(stu.graphdef, stu.params, stu.batch_stats, x, train=True)
+    grads = per_sample_output_grads(config, s_out.logits, t_logits)
+
+    # 4. The only private release: bounded rows + Gaussian noise.
+    release = private_output_gradients(config, noise_key, grads)
+    target = jax.lax.stop_gradient(s_out.logits - config.gamma * release.noisy)
+
+    # 5a. Student update on (x, y_s).
+    def s_loss_fn(params):
+      out, new_stats = core.apply(stu.graphdef, params, stu.batch_stats, x, train=True)
+      return student_loss(config, out.logits, target), (out, new_stats)
+
+    (s_loss, (s_out, s_stats)), s_grads = jax.value_and_grad(s_loss_fn, has_aux=True)(stu.params)
+    stu = stu.apply_gradients(s_grads, s_stats)
+
+    # 5b. Generator update through the (updated, frozen) student; y_s stays a constant.
+    def g_loss_fn(params):
+      x_g, new_stats = core.apply(gen.graphdef, params, gen.batch_stats, z, train=True)
+      out, _ = core.apply(stu.graphdef, stu.params, stu.batch_stats, x_g, train=True)
+      terms = generator_loss_terms(config, out)
+      terms["student"] = student_loss(config, out.logits, target)
+      return sum(terms.values()), (terms, new_stats)
+
+    (g_loss, (terms, _)), g_grads = jax.value_and_grad(g_loss_fn, has_aux=True)(gen.params)
+    # Generator BN statistics come from the forward pass that made x (one update per step).
+    gen = gen.apply_gradients(g_grads, gen_stats)
+
+    # Metrics are outputs too: only post-mechanism, teacher-free quantities are reported
+    # (no teacher agreement, no raw gradient norms), so logs never leak beyond the release.
+    metrics = {
+        "student_loss": s_loss,
+        "generator_loss": g_loss,
+        **{f"lg_{k}": v for k, v in terms.items()},
+        "noise_std": release.noise_stddev,
+    }
+    return DPDFDState(stu, gen), metrics
+
+  return train_step
+
+
+def make_train_step(config: StepConfig, teacher_graphdef: nnx.GraphDef):
+  """`build_train_step` jitted with the state donated (its buffers are reused in place)."""
+  return jax.jit(build_train_step(config, teacher_graphdef), donate_argnums=0)
