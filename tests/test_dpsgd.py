@@ -19,6 +19,7 @@ import pytest
 
 from dpkd_jax import data
 from dpkd_jax.methods import dpsgd
+from dpkd_jax.methods import dpsgd_step
 from dpkd_jax.models import core
 from dpkd_jax.privacy import accounting
 from dpkd_jax.privacy import ledger as ledger_lib
@@ -81,18 +82,18 @@ def noisy_step_8_devices():
   one trace.
   """
   config = _config()
-  original = dpsgd.train_step_fn
+  original = dpsgd_step.train_step_fn
   with pytest.MonkeyPatch.context() as mp:
-    mp.setattr(dpsgd, "train_step_fn",
+    mp.setattr(dpsgd_step, "train_step_fn",
                lambda *a, **k: chex.assert_max_traces(original(*a, **k), n=1))
     chex.clear_trace_counter()
-    step = dpsgd.make_train_step(config, sharding.data_mesh(), noise_multiplier=1.0)
+    step = dpsgd_step.make_train_step(config, sharding.data_mesh(), noise_multiplier=1.0)
   return config, step
 
 
 def test_no_noise_huge_clip_is_sgd_on_summed_gradient_over_expected_batch(parts, batch):
   config = _config(noise_multiplier=0.0, l2_clip_norm=1e6)
-  step = dpsgd.make_train_step(config, sharding.data_mesh(), noise_multiplier=0.0)
+  step = dpsgd_step.make_train_step(config, sharding.data_mesh(), noise_multiplier=0.0)
   new_state, metrics = step(*_inputs(parts, config, batch), _key(1))
   images, labels, mask = batch
 
@@ -128,7 +129,7 @@ def per_example(parts):
   return jax.tree.map(lambda g: g * scale.reshape((-1,) + (1,) * (g.ndim - 1)), grads)
 
 
-_clip = jax.jit(dpsgd.clip_per_example_gradients)  # C traced: one compile for every C
+_clip = jax.jit(dpsgd_step.clip_per_example_gradients)  # C traced: one compile for every C
 
 
 @pytest.mark.parametrize("clip_norm", [0.1, 8.0, 1e4])
@@ -179,7 +180,7 @@ def test_eight_devices_equal_one_device(parts, batch, noisy_step_8_devices):
   config, step8 = noisy_step_8_devices
   new8, metrics8 = step8(*_inputs(parts, config, batch), _key(3))
   mesh1 = sharding.data_mesh(jax.devices()[:1])
-  step1 = dpsgd.make_train_step(config, mesh1, noise_multiplier=1.0)
+  step1 = dpsgd_step.make_train_step(config, mesh1, noise_multiplier=1.0)
   new1, metrics1 = step1(*_inputs(parts, config, batch, mesh1), _key(3, mesh1))
   chex.assert_trees_all_close(jax.device_get(new8.params), jax.device_get(new1.params),
                               atol=1e-5)
@@ -197,7 +198,7 @@ def test_trace_guard_catches_a_retrace(parts, batch):
   """
   config = _config()
   step = jax.jit(chex.assert_max_traces(
-      dpsgd.train_step_fn(config, sharding.data_mesh(), noise_multiplier=1.0), n=1))
+      dpsgd_step.train_step_fn(config, sharding.data_mesh(), noise_multiplier=1.0), n=1))
   state, *rows = _inputs(parts, config, batch)
   step.trace(state, *rows, _key(0))
   with pytest.raises(AssertionError, match="traced > 1 times"):
@@ -211,7 +212,7 @@ def runs(tmp_path_factory, noisy_step_8_devices):
   They use the trace-guarded step of `noisy_step_8_devices`: the loop must not retrace.
   """
   config, guarded_step = noisy_step_8_devices
-  assert dpsgd.make_train_step(config, sharding.data_mesh(), noise_multiplier=1.0) is guarded_step
+  assert dpsgd_step.make_train_step(config, sharding.data_mesh(), noise_multiplier=1.0) is guarded_step
   dirs = {name: str(tmp_path_factory.mktemp(name)) for name in ("a", "b")}
   one_go = dpsgd.train_dpsgd(config, dirs["a"], progress=False)
   first_half = dpsgd.train_dpsgd(config, dirs["b"], stop_at_step=2, progress=False)
