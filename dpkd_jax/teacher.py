@@ -47,7 +47,9 @@ class TeacherConfig:
     optimizer: "adam" (AdamW) or "sgd" (Nesterov momentum 0.9); cosine-decayed learning rate.
     learning_rate: peak learning rate.
     weight_decay: decoupled weight decay.
-    augment: random crop + flip (dm-pix); None = on for 32×32 colour datasets only.
+    augment: random crop (pad 4 at 32×32 with reflection, pad 2 below with black borders)
+      plus, for flip-invariant datasets, random horizontal flips (dm-pix); None = on for
+      32×32 colour datasets only.
     num_shards: split the training data into this many disjoint shards (multi-teacher).
     shard: which shard to train on (0 <= shard < num_shards).
     shard_seed: seed of the shard partition (all teachers of an ensemble must share it).
@@ -119,11 +121,14 @@ def make_optimizer(config: TeacherConfig, total_steps: int) -> optax.GradientTra
 def make_train_step(config: TeacherConfig):
   """Returns `train_step(state, images_uint8, labels, key) -> (state, metrics)`, jitted, state donated."""
   info, augment = config.info, config.use_augment
+  height = info.image_shape[0]
+  pad, pad_mode = (4, "reflect") if height >= 32 else (2, "constant")
 
   def train_step(state: TrainState, images_uint8: jax.Array, labels: jax.Array, key: jax.Array):
+    if augment:  # on uint8 pixels, so "constant" padding is black, not the mean
+      images_uint8 = data.augment(key, images_uint8, pad=pad, flip=info.flip_invariant,
+                                  pad_mode=pad_mode)
     x = data.normalize(images_uint8, info)  # (B, H, W, C) float32
-    if augment:
-      x = data.augment(key, x)
 
     def loss_fn(params):
       out, new_stats = core.apply(state.graphdef, params, state.batch_stats, x, train=True)

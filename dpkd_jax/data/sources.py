@@ -53,6 +53,8 @@ class DatasetInfo:
     mean: (C,) per-channel mean of pixels / 255 over the train split.
     std: (C,) per-channel standard deviation of pixels / 255 over the train split.
     class_names: `num_classes` human-readable class names, index = label.
+    flip_invariant: a left-right mirrored image keeps its label (clothes, objects), so random
+      horizontal flips are a valid augmentation; False for digits and house numbers.
   """
 
   name: str
@@ -61,6 +63,7 @@ class DatasetInfo:
   mean: tuple[float, ...]
   std: tuple[float, ...]
   class_names: tuple[str, ...]
+  flip_invariant: bool = False
 
   def __post_init__(self):
     for field in ("image_shape", "mean", "std", "class_names"):
@@ -105,17 +108,19 @@ DATASETS: dict[str, DatasetInfo] = {
         DatasetInfo(name="fashion_mnist", image_shape=(28, 28, 1), num_classes=10,
                     mean=(0.2860,), std=(0.3530,),
                     class_names=("T-shirt/top", "Trouser", "Pullover", "Dress", "Coat",
-                                 "Sandal", "Shirt", "Sneaker", "Bag", "Ankle boot")),
+                                 "Sandal", "Shirt", "Sneaker", "Bag", "Ankle boot"),
+                    flip_invariant=True),
         DatasetInfo(name="cifar10", image_shape=(32, 32, 3), num_classes=10,
                     mean=(0.4914, 0.4822, 0.4465), std=(0.2470, 0.2435, 0.2616),
                     class_names=("airplane", "automobile", "bird", "cat", "deer", "dog",
-                                 "frog", "horse", "ship", "truck")),
+                                 "frog", "horse", "ship", "truck"),
+                    flip_invariant=True),
         DatasetInfo(name="svhn_cropped", image_shape=(32, 32, 3), num_classes=10,
                     mean=(0.4377, 0.4438, 0.4728), std=(0.1980, 0.2010, 0.1970),
                     class_names=_DIGIT_NAMES),
         DatasetInfo(name="cifar100", image_shape=(32, 32, 3), num_classes=100,
                     mean=(0.5071, 0.4865, 0.4409), std=(0.2673, 0.2564, 0.2762),
-                    class_names=_CIFAR100_NAMES),
+                    class_names=_CIFAR100_NAMES, flip_invariant=True),
     )
 }
 

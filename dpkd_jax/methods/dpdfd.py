@@ -49,7 +49,8 @@ class DPDFDConfig:
     l2_norm_bound, stability, bound_method: C, e and "normalize"/"clip" of A_{C,sigma}.
     dataset: the private dataset (its test split evaluates the student).
     teacher_dirs: one workdir per teacher (`experiments.teacher`); n > 1 = disjoint-shard ensemble.
-    student_model, student_norm, generator_model, latent_dim: networks.
+    student_model, student_norm, generator_model, generator_channels, latent_dim: networks
+      (`generator_channels` is DAFL's width, 128 in the paper; 64 quarters the CPU cost).
     steps, batch_size: DPDFD iterations (upper bound when a target ε is given) and B.
     gamma, student_loss, dkd_alpha, dkd_beta, temperature, entropy_weight, feature_weight:
       see `dpdfd_step.StepConfig`.
@@ -69,6 +70,7 @@ class DPDFDConfig:
   student_model: str = "datalens_cnn"
   student_norm: str = "batch"
   generator_model: str = "dafl"
+  generator_channels: int = 128
   latent_dim: int = 100
   steps: int = 2000
   batch_size: int = 256
@@ -95,7 +97,7 @@ class DPDFDConfig:
       raise ValueError(f"unknown student_model {self.student_model!r}; known: {sorted(models.CLASSIFIERS)}")
     if self.generator_model not in models.GENERATORS:
       raise ValueError(f"unknown generator_model {self.generator_model!r}; known: {sorted(models.GENERATORS)}")
-    for name in ("steps", "eval_every"):
+    for name in ("steps", "eval_every", "generator_channels"):
       if getattr(self, name) < 1:
         raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
     for name in ("student_lr", "generator_lr"):
@@ -154,7 +156,8 @@ def init_state(config: DPDFDConfig, key: jax.Array) -> dpdfd_step.DPDFDState:
                                      input_shape=info.image_shape, norm=config.student_norm,
                                      rngs=nnx.Rngs(s_key))
   generator = models.create_generator(config.generator_model, latent_dim=config.latent_dim,
-                                      image_shape=info.image_shape, rngs=nnx.Rngs(g_key))
+                                      image_shape=info.image_shape, rngs=nnx.Rngs(g_key),
+                                      base_channels=config.generator_channels)
   adam = lambda lr: optax.adam(optax.cosine_decay_schedule(lr, config.steps))  # noqa: E731
   return dpdfd_step.DPDFDState(TrainState.create(core.split(student), adam(config.student_lr)),
                                TrainState.create(core.split(generator), adam(config.generator_lr)))

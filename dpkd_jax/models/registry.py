@@ -64,7 +64,7 @@ def create_classifier(name: str, *, num_classes: int, input_shape: Sequence[int]
 
 
 def create_generator(name: str, *, latent_dim: int, image_shape: Sequence[int],
-                     rngs: nnx.Rngs) -> nnx.Module:
+                     rngs: nnx.Rngs, **kwargs) -> nnx.Module:
   """Builds the generator registered as `name`.
 
   Args:
@@ -72,9 +72,10 @@ def create_generator(name: str, *, latent_dim: int, image_shape: Sequence[int],
     latent_dim: size of the latent vector.
     image_shape: (H, W, C) of the generated images.
     rngs: random streams for the initialisation.
+    **kwargs: architecture options of that generator (e.g. `base_channels` for "dafl").
 
   Returns:
     The initialised `nnx.Module`.
   """
   constructor = _lookup(GENERATORS, "generator", name)
-  return constructor(latent_dim=latent_dim, image_shape=image_shape, rngs=rngs)
+  return constructor(latent_dim=latent_dim, image_shape=image_shape, rngs=rngs, **kwargs)

@@ -1,0 +1,34 @@
+"""The CLIs reject bad flags with a clear message (exit code 2) before any compute."""
+
+import pytest
+
+from experiments import dpdfd as dpdfd_cli
+from experiments import dpsgd as dpsgd_cli
+from experiments import teacher as teacher_cli
+
+
+@pytest.mark.parametrize("main,argv,match", [
+    (teacher_cli.main, ["--dataset=imagenet"], "unknown dataset 'imagenet'"),
+    (teacher_cli.main, ["--model=gpt"], "unknown model 'gpt'"),
+    (teacher_cli.main, ["--num_shards=2", "--shard=5"], "shard must be in"),
+    (dpdfd_cli.main, ["--dataset=digits", "--noise_multiplier=1"], "--teacher_dirs"),
+    (dpdfd_cli.main, ["--dataset=digits", "--teacher_dirs=x", "--noise_multiplier=0",
+                      "--target_epsilon=1"], "needs noise"),
+    (dpdfd_cli.main, ["--dataset=digits", "--teacher_dirs=x", "--noise_multiplier=1",
+                      "--l2_norm_bound=0"], "l2_norm_bound"),
+    (dpdfd_cli.main, ["--dataset=digits", "--teacher_dirs=x", "--noise_multiplier=1",
+                      "--delta=2"], "delta"),
+    (dpsgd_cli.main, ["--dataset=digits", "--model=lenet5", "--norm=batch", "--steps=1",
+                      "--noise_multiplier=1"], "BatchNorm"),
+])
+def test_bad_flags_exit_with_message(main, argv, match, capsys):
+  with pytest.raises(SystemExit) as exit_info:
+    main(argv)
+  assert exit_info.value.code == 2
+  assert match in capsys.readouterr().err
+
+
+def test_dpdfd_missing_teacher_dir_is_clear(tmp_path):
+  with pytest.raises(FileNotFoundError, match="no teacher card"):
+    dpdfd_cli.main(["--dataset=digits", f"--teacher_dirs={tmp_path}/none", "--noise_multiplier=1",
+                    f"--workdir={tmp_path}/run", "--no_progress"])
