@@ -232,3 +232,22 @@ def test_sample_release(finished_run, tmp_path):
   with np.load(path) as d:
     assert d["x"].shape == (37, 28, 28, 1) and d["x"].dtype == np.uint8
     assert d["y"].shape == (37,) and d["y"].min() >= 0 and d["y"].max() < 10
+
+
+def test_multi_teacher_ensemble_step(teacher_dir):
+  config = _config(teacher_dir, teacher_dirs=(teacher_dir, teacher_dir, teacher_dir))
+  ensemble, cards = dpdfd.load_teachers(config)
+  assert ensemble.size == 3 and len(cards) == 3
+  step_cfg = config.step_config()
+  # Three identical teachers: the aggregate's noiseless part equals one teacher's bounded rows,
+  # and the noise on the mean is sigma*C/n.
+  grads = jnp.stack([jax.random.normal(jax.random.key(5), (16, 10))] * 3)
+  release = dpdfd_step.private_output_gradients(step_cfg, jax.random.key(6), grads)
+  assert float(release.noise_stddev) == pytest.approx(10.0 / 3)
+  assert float(release.accounting_noise_multiplier) == pytest.approx(10.0 / (2 * 4))
+  step = dpdfd_step.make_train_step(step_cfg, ensemble.graphdef)
+  state, metrics = step(dpdfd.init_state(config, jax.random.key(0)), ensemble.params,
+                        ensemble.batch_stats, jax.random.key(1))
+  assert np.isfinite(float(metrics["student_loss"]))
+  # Accounting: one record sits in one shard -> the same event as a single teacher.
+  assert config.plan().sound_epsilon == pytest.approx(_config(teacher_dir).plan().sound_epsilon)
