@@ -202,7 +202,7 @@ def train_teacher(config: TeacherConfig, workdir: str, *, progress: bool = True,
 
   bar = tqdm.tqdm(total=total_steps, initial=start_epoch * steps_per_epoch, disable=not progress,
                   desc=f"teacher {config.model}/{config.dataset}")
-  start_time = time.time()
+  start_time, start_cpu = time.time(), time.process_time()
   for epoch in range(start_epoch, config.epochs):
     batches = data.epoch_batches(jax.random.fold_in(order_key, epoch), len(train), config.batch_size)
     for indices in batches:
@@ -237,6 +237,9 @@ def train_teacher(config: TeacherConfig, workdir: str, *, progress: bool = True,
       "param_count": models.count_params(state.params),
       "steps": int(state.step),
       "train_seconds_this_run": round(time.time() - start_time, 1),
+      # CPU seconds of this process, all threads (XLA uses every core): the machine-load-
+      # independent cost figure, beside the wall time above.
+      "train_cpu_seconds_this_run": round(time.process_time() - start_cpu, 1),
       "config": config_json,
       "dpkd_jax_version": dpkd_jax.__version__,
   }
