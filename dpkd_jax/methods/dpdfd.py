@@ -270,7 +270,10 @@ def train_dpdfd(config: DPDFDConfig, workdir: str, *, progress: bool = True,
   if start == step and step > 0:
     accuracy = evaluate.evaluate(state.student.parts, test)["accuracy"]
 
-  save_sample_grid(generate(state.generator, jax.random.key(config.seed + 1), 64, config.latent_dim),
+  # A stream of its own (init_key is otherwise only split inside init_state): key(seed + 1)
+  # would be the root key of the run with the next seed.
+  grid_key = jax.random.fold_in(init_key, 1)
+  save_sample_grid(generate(state.generator, grid_key, 64, config.latent_dim),
                    config.info, os.path.join(workdir, "samples.png"))
   results = {
       "method": "dpdfd",
