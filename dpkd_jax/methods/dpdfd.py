@@ -258,7 +258,9 @@ def train_dpdfd(config: DPDFDConfig, workdir: str, *, progress: bool = True,
     step_metrics = jax.device_get(step_metrics)
     accuracy = evaluate.evaluate(state.student.parts, test)["accuracy"]
     spent = math.inf if ledger is None else ledger.spent_epsilon()
-    writer.write(step, {**step_metrics, "epsilon": spent}, prefix="train/")
+    # A non-private run (sigma = 0) has no finite epsilon to plot; results.json says inf.
+    privacy_metrics = {"epsilon": spent} if math.isfinite(spent) else {}
+    writer.write(step, {**step_metrics, **privacy_metrics}, prefix="train/")
     writer.write(step, {"accuracy": accuracy}, prefix="test/")
     bar.set_postfix(loss=f"{step_metrics['student_loss']:.3f}", acc=f"{accuracy:.4f}", eps=f"{spent:.3g}")
     checkpoint.save(ckpt_dir, step, jax.device_get(state.arrays()),
