@@ -97,25 +97,16 @@ class DPDFDConfig:
       raise ValueError(f"unknown student_model {self.student_model!r}; known: {sorted(models.CLASSIFIERS)}")
     if self.generator_model not in models.GENERATORS:
       raise ValueError(f"unknown generator_model {self.generator_model!r}; known: {sorted(models.GENERATORS)}")
-    for name in ("steps", "eval_every", "generator_channels"):
+    for name in ("eval_every", "generator_channels"):  # steps: check_request below
       if getattr(self, name) < 1:
         raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
     for name in ("student_lr", "generator_lr"):
       if not getattr(self, name) > 0:
         raise ValueError(f"{name} must be > 0, got {getattr(self, name)}")
     self.step_config()  # validates sigma (if given), C, e, gamma, losses, B
-    # Validates the privacy flags (target/sigma/delta/accounting) without the costly calibration.
-    if self.accounting not in dpdfd_privacy.ACCOUNTINGS:
-      raise ValueError(f"accounting must be one of {dpdfd_privacy.ACCOUNTINGS}, got {self.accounting!r}")
-    if not 0 < self.delta < 1:
-      raise ValueError(f"delta must be in (0, 1), got {self.delta}")
-    if self.target_epsilon is None and self.noise_multiplier is None:
-      raise ValueError("give noise_multiplier, target_epsilon, or both")
-    if self.target_epsilon is not None:
-      if not self.target_epsilon > 0:
-        raise ValueError(f"target_epsilon must be > 0, got {self.target_epsilon}")
-      if self.noise_multiplier is not None and not self.noise_multiplier > 0:
-        raise ValueError(f"a target epsilon needs noise: noise_multiplier={self.noise_multiplier} must be > 0")
+    dpdfd_privacy.check_request(  # the plan's own checks, without its costly calibration
+        noise_multiplier=self.noise_multiplier, target_epsilon=self.target_epsilon,
+        delta=self.delta, steps=self.steps, accounting_mode=self.accounting)
 
   @property
   def info(self) -> data.DatasetInfo:

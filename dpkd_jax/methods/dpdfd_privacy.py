@@ -62,6 +62,26 @@ def _paper_rho(target_epsilon: float, delta: float) -> float:
   return (math.sqrt(log_inv_delta + target_epsilon) - math.sqrt(log_inv_delta)) ** 2
 
 
+def check_request(*, noise_multiplier: float | None, target_epsilon: float | None, delta: float,
+                  steps: int, accounting_mode: str) -> None:
+  """Raises ValueError for inconsistent privacy flags; cheap (no calibration), so configs call
+  it at construction and `plan` calls it before calibrating."""
+  if accounting_mode not in ACCOUNTINGS:
+    raise ValueError(f"accounting must be one of {ACCOUNTINGS}, got {accounting_mode!r}")
+  if steps < 1:
+    raise ValueError(f"steps must be >= 1, got {steps}")
+  if not 0 < delta < 1:
+    raise ValueError(f"delta must be in (0, 1), got {delta}")
+  if target_epsilon is None and noise_multiplier is None:
+    raise ValueError("give noise_multiplier, target_epsilon, or both")
+  if target_epsilon is not None and not target_epsilon > 0:
+    raise ValueError(f"target_epsilon must be > 0, got {target_epsilon}")
+  if noise_multiplier is not None and noise_multiplier < 0:
+    raise ValueError(f"noise_multiplier must be >= 0, got {noise_multiplier}")
+  if target_epsilon is not None and noise_multiplier is not None and noise_multiplier <= 0:
+    raise ValueError(f"a target epsilon needs noise: noise_multiplier={noise_multiplier} must be > 0")
+
+
 def plan(*, noise_multiplier: float | None, target_epsilon: float | None, delta: float,
          steps: int, batch_size: int, l2_norm_bound: float, num_teachers: int = 1,
          accounting_mode: str = "sound") -> PrivacyPlan:
@@ -71,21 +91,8 @@ def plan(*, noise_multiplier: float | None, target_epsilon: float | None, delta:
     ValueError: inconsistent or impossible requests (sigma <= 0 with a target ε, a target that
       not even one step fits, unknown accounting mode, ...).
   """
-  if accounting_mode not in ACCOUNTINGS:
-    raise ValueError(f"accounting must be one of {ACCOUNTINGS}, got {accounting_mode!r}")
-  if steps < 1:
-    raise ValueError(f"steps must be >= 1, got {steps}")
-  if not 0 < delta < 1:
-    raise ValueError(f"delta must be in (0, 1), got {delta}")
-  if target_epsilon is None and noise_multiplier is None:
-    raise ValueError("give --noise_multiplier, --target_epsilon, or both")
-  if target_epsilon is not None and not target_epsilon > 0:
-    raise ValueError(f"target_epsilon must be > 0, got {target_epsilon}")
-  if noise_multiplier is not None and noise_multiplier < 0:
-    raise ValueError(f"noise_multiplier must be >= 0, got {noise_multiplier}")
-  if target_epsilon is not None and noise_multiplier is not None and noise_multiplier <= 0:
-    raise ValueError(f"a target epsilon needs noise: noise_multiplier={noise_multiplier} must be > 0")
-
+  check_request(noise_multiplier=noise_multiplier, target_epsilon=target_epsilon, delta=delta,
+                steps=steps, accounting_mode=accounting_mode)
   def sound(sigma, t):
     return accounting.epsilon(accounting.dpdfd_event(
         noise_multiplier=sigma, batch_size=batch_size, steps=t, num_teachers=num_teachers),
