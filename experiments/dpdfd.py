@@ -17,6 +17,7 @@ from dpkd_jax.methods import dpdfd
 
 _FIELDS = {f.name: f for f in dataclasses.fields(dpdfd.DPDFDConfig)}
 _OPTIONAL_FLOATS = ("noise_multiplier", "target_epsilon")
+_SEED_HELP = "reproducible run (its noise is then public); default: a secret seed from OS entropy"
 
 
 def _add_config_flags(p: argparse.ArgumentParser) -> None:
@@ -26,6 +27,8 @@ def _add_config_flags(p: argparse.ArgumentParser) -> None:
                      help="comma-separated teacher workdirs (default: train one, see --train_teacher)")
     elif name in _OPTIONAL_FLOATS:
       p.add_argument(f"--{name}", type=float, default=None)
+    elif name == "seed":
+      p.add_argument("--seed", type=int, default=None, help=_SEED_HELP)
     elif name == "data_dir":
       p.add_argument("--data_dir", default=None, help="directory of <dataset>.npz (else $DPKD_DATA_DIR/tfds)")
     elif field.default is dataclasses.MISSING:

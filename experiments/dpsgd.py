@@ -36,7 +36,8 @@ def parse_config(argv: list[str]) -> tuple[dpsgd.DPSGDConfig, argparse.Namespace
   p.add_argument("--optimizer", default=defaults["optimizer"], help="sgd or adam")
   p.add_argument("--learning_rate", type=float, default=defaults["learning_rate"])
   p.add_argument("--momentum", type=float, default=defaults["momentum"])
-  p.add_argument("--seed", type=int, default=0)
+  p.add_argument("--seed", type=int, default=None,
+                 help="reproducible run (noise then public); default: secret seed from OS entropy")
   p.add_argument("--data_dir", default=None, help="directory of <dataset>.npz files")
   p.add_argument("--download", action=argparse.BooleanOptionalAction, default=True,
                  help="let tensorflow-datasets download a dataset it lacks (needs internet)")

@@ -192,13 +192,18 @@ def test_results_report_sound_epsilon_of_executed_noise(finished_run):
   assert results["paper_epsilon"] is not None and results["paper_epsilon"] < results["epsilon"]
   assert results["steps"] == 4
   assert os.path.getsize(os.path.join(workdir, "samples.png")) > 0
+  # No seed given: a secret root seed, never printed, kept only in the checkpoint.
+  assert results["seed"].startswith("os-entropy") and results["config"]["seed"] is None
+  value, secret = checkpoint.restore_metadata(os.path.join(workdir, "checkpoints"))["root_seed"]
+  assert secret and str(value) not in json.dumps(results)
 
 
 def test_resume_is_bit_identical(teacher_dir, finished_run, tmp_path):
   workdir, full = finished_run
   config = _config(teacher_dir)
   # Simulate an interruption after step 2: a fresh workdir holding only the step-2 checkpoint
-  # (arrays + ledger + plan) of the finished 4-step run, then resume.
+  # (arrays + ledger + plan + secret root seed) of the finished 4-step run, then resume: equal
+  # results show the resumed run continued the original's (never printed) key streams.
   template = dpdfd.init_state(config, jax.random.key(0)).arrays()
   arrays, meta = checkpoint.restore(os.path.join(workdir, "checkpoints"), template, step=2)
   resumed_dir = str(tmp_path / "resumed")

@@ -36,7 +36,7 @@ def _config(**kw):
   # Momentum 0.9 everywhere (its first step is plain SGD), so that `runs` can reuse the step
   # compiled for `noisy_step_8_devices` and exercise optimizer state in the checkpoint.
   base = dict(dataset="digits", model="lenet5_half", expected_batch_size=16, l2_clip_norm=2.0,
-              noise_multiplier=1.0, steps=4, learning_rate=0.5, momentum=0.9)
+              noise_multiplier=1.0, steps=4, learning_rate=0.5, momentum=0.9, seed=0)
   base.update(kw)
   return dpsgd.DPSGDConfig(**base)
 
@@ -207,17 +207,19 @@ def test_trace_guard_catches_a_retrace(parts, batch):
 
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory, noisy_step_8_devices):
-  """Run `a`: 4 steps in one go; run `b`: stopped at step 2, then resumed to 4.
+  """Run `a`: 4 steps in one go; run `b`: stopped at step 2, then resumed to 4; run `c`: as
+  `a` without a seed (a secret one from OS entropy).
 
   They use the trace-guarded step of `noisy_step_8_devices`: the loop must not retrace.
   """
   config, guarded_step = noisy_step_8_devices
   assert dpsgd_step.make_train_step(config, sharding.data_mesh(), noise_multiplier=1.0) is guarded_step
-  dirs = {name: str(tmp_path_factory.mktemp(name)) for name in ("a", "b")}
+  dirs = {name: str(tmp_path_factory.mktemp(name)) for name in ("a", "b", "c")}
   one_go = dpsgd.train_dpsgd(config, dirs["a"], progress=False)
   first_half = dpsgd.train_dpsgd(config, dirs["b"], stop_at_step=2, progress=False)
   resumed = dpsgd.train_dpsgd(config, dirs["b"], resume=True, progress=False)
-  return config, dirs, one_go, first_half, resumed
+  secret = dpsgd.train_dpsgd(dataclasses.replace(config, seed=None), dirs["c"], progress=False)
+  return config, dirs, one_go, first_half, resumed, secret
 
 
 def _restore_params(config, workdir):
@@ -229,7 +231,7 @@ def _restore_params(config, workdir):
 
 
 def test_resume_is_bit_identical(runs):
-  config, dirs, one_go, first_half, resumed = runs
+  config, dirs, one_go, first_half, resumed, _ = runs
   assert first_half["steps"] == 2 and not first_half["finished"]
   assert resumed["steps"] == one_go["steps"] == 4 and resumed["finished"]
   arrays_a, meta_a = _restore_params(config, dirs["a"])
@@ -245,7 +247,7 @@ def test_resume_is_bit_identical(runs):
 
 
 def test_results_epsilon_is_the_accountants(runs):
-  config, dirs, one_go, _, _ = runs
+  config, dirs, one_go, _, _, _ = runs
   q = 16 / DIGITS_TRAIN
   expected = accounting.epsilon(
       accounting.dpsgd_event(noise_multiplier=1.0, sampling_rate=q, steps=4), delta=config.delta)
@@ -262,8 +264,18 @@ def test_results_epsilon_is_the_accountants(runs):
   assert 0.0 <= one_go["test_accuracy"] <= 1.0
 
 
+def test_default_seed_is_secret_and_fresh(runs):
+  config, dirs, one_go, _, _, secret = runs
+  assert one_go["seed"] == 0
+  assert secret["seed"].startswith("os-entropy") and secret["config"]["seed"] is None
+  arrays_a, _ = _restore_params(config, dirs["a"])
+  arrays_c, _ = _restore_params(config, dirs["c"])
+  # Another root key (not key(0)): the stored key data and so the noise differ.
+  assert not np.array_equal(arrays_a["rng"], arrays_c["rng"])
+
+
 def test_existing_checkpoint_needs_resume_and_same_config(runs):
-  config, dirs, _, _, _ = runs
+  config, dirs, _, _, _, _ = runs
   with pytest.raises(ValueError, match="already holds"):
     dpsgd.train_dpsgd(config, dirs["a"], progress=False)
   other = dataclasses.replace(config, seed=1)

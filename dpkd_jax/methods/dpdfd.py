@@ -30,6 +30,7 @@ from dpkd_jax.methods import dpdfd_step
 from dpkd_jax.models import core
 from dpkd_jax.privacy import accounting
 from dpkd_jax.privacy import ledger as ledger_lib
+from dpkd_jax.privacy import seeds
 from dpkd_jax.train import checkpoint
 from dpkd_jax.train import evaluate
 from dpkd_jax.train import metrics as metrics_lib
@@ -55,7 +56,10 @@ class DPDFDConfig:
     gamma, student_loss, dkd_alpha, dkd_beta, temperature, entropy_weight, feature_weight:
       see `dpdfd_step.StepConfig`.
     student_lr, generator_lr: Adam learning rates (cosine-decayed over the steps).
-    seed, eval_every, data_dir: bookkeeping.
+    seed: root seed of init, latents and noise; None (default) draws a secret one from OS
+      entropy, stored only in the checkpoint (`privacy.seeds`); an integer makes the noise
+      reproducible by anyone who knows it (research runs).
+    eval_every, data_dir: bookkeeping.
   """
 
   noise_multiplier: float | None = None
@@ -83,7 +87,7 @@ class DPDFDConfig:
   feature_weight: float = 1.0
   student_lr: float = 1e-3
   generator_lr: float = 1e-3
-  seed: int = 0
+  seed: int | None = None
   eval_every: int = 200
   data_dir: str | None = None
 
@@ -97,6 +101,8 @@ class DPDFDConfig:
       raise ValueError(f"unknown student_model {self.student_model!r}; known: {sorted(models.CLASSIFIERS)}")
     if self.generator_model not in models.GENERATORS:
       raise ValueError(f"unknown generator_model {self.generator_model!r}; known: {sorted(models.GENERATORS)}")
+    if self.seed is not None and (isinstance(self.seed, bool) or self.seed < 0):
+      raise ValueError(f"seed must be a non-negative integer or None, got {self.seed!r}")
     for name in ("eval_every", "generator_channels"):  # steps: check_request below
       if getattr(self, name) < 1:
         raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
@@ -209,19 +215,23 @@ def train_dpdfd(config: DPDFDConfig, workdir: str, *, progress: bool = True,
       noise_multiplier=privacy_plan.noise_multiplier, batch_size=config.batch_size, steps=n,
       num_teachers=len(cards))
 
-  init_key, train_key = jax.random.split(jax.random.key(config.seed))
+  ckpt_dir = os.path.join(workdir, "checkpoints")
+  resuming = checkpoint.latest_step(ckpt_dir) is not None
+  saved = checkpoint.restore_metadata(ckpt_dir) if resuming else {}
+  if resuming and saved.get("config") != _config_json(config):
+    raise ValueError(f"{workdir!r} holds a DPDFD run with another config; use a fresh workdir")
+  # The root seed is secret unless the user chose it; a resumed run continues with its own.
+  root_seed = (seeds.ResolvedSeed(*saved["root_seed"]) if "root_seed" in saved
+               else seeds.resolve_seed(config.seed))
+  init_key, train_key = jax.random.split(jax.random.key(root_seed.value))
   state = init_state(config, init_key)
   # The ledger's budget: the target in sound mode; in paper mode (or without a target) the
   # sound ε of the planned run, so that the ledger still refuses anything beyond the plan.
   budget = (config.target_epsilon if config.accounting == "sound" and config.target_epsilon
             else privacy_plan.sound_epsilon)
   ledger = None if nonprivate else ledger_lib.PrivacyLedger(target_epsilon=budget, delta=config.delta)
-  ckpt_dir = os.path.join(workdir, "checkpoints")
   start = 0
-  if checkpoint.latest_step(ckpt_dir) is not None:
-    meta = checkpoint.restore_metadata(ckpt_dir)
-    if meta.get("config") != _config_json(config):
-      raise ValueError(f"{workdir!r} holds a DPDFD run with another config; use a fresh workdir")
+  if resuming:
     arrays, meta = checkpoint.restore(ckpt_dir, state.arrays())
     state = state.with_arrays(arrays)
     start = int(meta["step"])
@@ -257,7 +267,8 @@ def train_dpdfd(config: DPDFDConfig, workdir: str, *, progress: bool = True,
     checkpoint.save(ckpt_dir, step, jax.device_get(state.arrays()),
                     {"config": _config_json(config), "step": step,
                      "ledger": None if ledger is None else ledger.to_json(),
-                     "plan": dataclasses.asdict(privacy_plan)})
+                     "plan": dataclasses.asdict(privacy_plan),
+                     "root_seed": list(root_seed)})
   bar.close()
   writer.close()
   if start == step and step > 0:
@@ -279,6 +290,7 @@ def train_dpdfd(config: DPDFDConfig, workdir: str, *, progress: bool = True,
       "noise_multiplier": privacy_plan.noise_multiplier,
       "steps": step,
       "accounting_used_for_budget": config.accounting,
+      "seed": root_seed.public_description(),
       "num_teachers": len(cards),
       "teacher_test_accuracy": [c["test_accuracy"] for c in cards],
       "student_params": models.count_params(state.student.params),

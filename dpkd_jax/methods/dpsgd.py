@@ -7,7 +7,9 @@ size); an optax update. Privacy (add/remove-one record, docs/privacy.md): the cl
 by <= C, so T steps are `accounting.dpsgd_event(noise_multiplier=z, sampling_rate=q, steps=T)`
 (N public, as in Opacus/jax_privacy). Padding rows of the fixed-size batch weigh 0; an
 oversized sample raises, never truncates; a non-finite per-example gradient becomes zero. The
-noise derives from `seed`: seed and checkpoints are as secret as the data. Only the parameters
+noise derives from the run's root seed: without `seed` it is drawn from OS entropy and kept
+only in the checkpoint (`privacy.seeds`), which is then as secret as the data; an explicit
+`seed` makes the noise reproducible by anyone who knows it (research runs only). Only the parameters
 are released; training metrics come from private batches (monitoring only).
 
 The step itself (per-example gradients, clipping, the sharded clipped sum and the single noise
@@ -40,6 +42,7 @@ from dpkd_jax.models import core
 from dpkd_jax.privacy import accounting
 from dpkd_jax.privacy import calibration
 from dpkd_jax.privacy import ledger as ledger_lib
+from dpkd_jax.privacy import seeds
 from dpkd_jax.privacy import validation
 from dpkd_jax.train import checkpoint
 from dpkd_jax.train import evaluate as evaluate_lib
@@ -69,7 +72,8 @@ class DPSGDConfig:
     delta: δ of every reported ε.
     steps: T, or epochs: expected passes over the data (T = ceil(epochs / q)); give one.
     optimizer: "sgd" (with `momentum` in [0, 1)) or "adam", constant `learning_rate`.
-    seed: model init, Poisson sampling and noise seed.
+    seed: root of model init, Poisson sampling and noise; None (default) draws a secret one
+      from OS entropy (`privacy.seeds.resolve_seed`); an integer makes the noise public.
     data_dir, download: as for `data.load`.
   """
 
@@ -87,7 +91,7 @@ class DPSGDConfig:
   optimizer: str = "sgd"
   learning_rate: float = 0.5
   momentum: float = 0.0
-  seed: int = 0
+  seed: int | None = None
   data_dir: str | None = None
   download: bool = False
 
@@ -115,7 +119,8 @@ class DPSGDConfig:
     validation.check_delta(self.delta)
     if not 0.0 <= self.momentum < 1.0:
       raise ValueError(f"momentum must be in [0, 1), got {self.momentum!r}")
-    validation.check_int("seed", self.seed, minimum=0)
+    if self.seed is not None:
+      validation.check_int("seed", self.seed, minimum=0)
 
   @property
   def info(self) -> data.DatasetInfo:
@@ -228,7 +233,8 @@ def train_dpsgd(config: DPSGDConfig, workdir: str, *, resume: bool = False,
   test = data.load(config.dataset, "test", data_dir=config.data_dir, download=config.download)
   plan = make_plan(config, num_examples=len(train), num_devices=mesh.shape[sharding.DATA_AXIS])
 
-  root_key = jax.random.key(config.seed)
+  root_seed = seeds.resolve_seed(config.seed)  # a resumed run restores its key below
+  root_key = jax.random.key(root_seed.value)
   state = TrainState.create(init_model(config, jax.random.split(root_key, 3)[0]),
                             make_optimizer(config))
   ledger = ledger_lib.PrivacyLedger(target_epsilon=plan.target_epsilon, delta=config.delta)
@@ -299,6 +305,7 @@ def train_dpsgd(config: DPSGDConfig, workdir: str, *, resume: bool = False,
       "steps": step, "planned_steps": plan.steps, "finished": step == plan.steps,
       "expected_batch_size": config.expected_batch_size, "l2_clip_norm": config.l2_clip_norm,
       "param_count": models.count_params(state.params),
+      "seed": root_seed.public_description(),  # secret iff config.seed is None, resumed or not
       "train_seconds_this_run": round(time.time() - start_time, 1),
       "config": config_json, "ledger": json.loads(ledger.to_json()),
       "dpkd_jax_version": dpkd_jax.__version__,

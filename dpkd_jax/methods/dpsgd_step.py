@@ -8,6 +8,7 @@ once, after, from a replicated key.
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 from typing import TYPE_CHECKING, Any, Callable
 
@@ -136,11 +137,16 @@ def train_step_fn(config: DPSGDConfig, mesh: Mesh, *, noise_multiplier: float) -
   return train_step
 
 
-@functools.cache
 def make_train_step(config: DPSGDConfig, mesh: Mesh, *, noise_multiplier: float) -> Callable:
   """`train_step_fn` jitted: `state` donated, outputs replicated on `mesh` (the layout of the
-  input state, so the loop compiles once). Cached per (config, mesh, z): repeated runs in one
-  process (resume, sweeps, tests) reuse the compiled step instead of recompiling it."""
+  input state, so the loop compiles once). Cached per (config, mesh, z), the seed left out
+  (keys are step inputs): repeated runs in one process (resume, sweeps, tests) reuse the
+  compiled step instead of recompiling it."""
+  return _make_train_step(dataclasses.replace(config, seed=None), mesh, noise_multiplier)
+
+
+@functools.cache
+def _make_train_step(config: DPSGDConfig, mesh: Mesh, noise_multiplier: float) -> Callable:
   replicated = sharding.replicated(mesh)
   return jax.jit(train_step_fn(config, mesh, noise_multiplier=noise_multiplier),
                  donate_argnums=0, out_shardings=(replicated, replicated))
