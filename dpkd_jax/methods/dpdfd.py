@@ -79,12 +79,12 @@ class DPDFDConfig:
   steps: int = 2000
   batch_size: int = 256
   gamma: float = 1.0
-  student_loss: str = "ce"
+  student_loss: str = "mse"
   dkd_alpha: float = 1.0
   dkd_beta: float = 8.0
   temperature: float = 4.0
-  entropy_weight: float = 1.0
-  feature_weight: float = 1.0
+  entropy_weight: float = 5.0
+  feature_weight: float = 0.1
   student_lr: float = 1e-3
   generator_lr: float = 1e-3
   seed: int | None = None

@@ -46,11 +46,16 @@ class StepConfig:
     stability: e in C g/(||g|| + e).
     bound_method: "normalize" (paper) or "clip".
     gamma: step size of the noisy target y_s = s - gamma g~.
-    student_loss: "ce" (paper: cross-entropy of the student against softmax(y_s)) or "mse"
-      (0.5||s - y_s||^2, whose gradient w.r.t. s is exactly gamma g~).
+    student_loss: "mse" (default: 0.5||s - y_s||^2, whose gradient w.r.t. s is exactly
+      gamma g~) or "ce" (the paper's: cross-entropy against softmax(y_s)). Measured on MNIST
+      (docs/RESULTS.md): ce stalls at chance (0.103 after 400 steps) because once the
+      generator makes the student confident, softmax barely moves under a shift of norm
+      gamma*C and its gradient vanishes; mse reached 0.493 in the same run.
     dkd_alpha, dkd_beta, temperature: decoupled-KD weights and temperature of L_T.
-    entropy_weight: alpha of L_G (information entropy of the batch-mean prediction).
-    feature_weight: beta of L_G (student penultimate-feature term).
+    entropy_weight: alpha of L_G (information entropy of the batch-mean prediction); 5
+      by default: with the paper's alpha = beta = 1 the generator collapsed to ~2 classes
+      on digits (docs/RESULTS.md).
+    feature_weight: beta of L_G (student penultimate-feature term), 0.1 by default.
     batch_size: B, synthetic samples per step.
     latent_dim: generator input size.
   """
@@ -60,12 +65,12 @@ class StepConfig:
   stability: float = 1e-6
   bound_method: str = "normalize"
   gamma: float = 1.0
-  student_loss: str = "ce"
+  student_loss: str = "mse"
   dkd_alpha: float = 1.0
   dkd_beta: float = 8.0
   temperature: float = 4.0
-  entropy_weight: float = 1.0
-  feature_weight: float = 1.0
+  entropy_weight: float = 5.0
+  feature_weight: float = 0.1
   batch_size: int = 256
   latent_dim: int = 100
 

@@ -1,0 +1,85 @@
+"""Tests for dpkd_jax.methods.dpdfd_direct (paper Table 4's direct mode; not DP)."""
+
+import json
+import math
+import os
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+import pytest
+from flax import nnx
+
+from dpkd_jax import data
+from dpkd_jax import models
+from dpkd_jax.methods import dpdfd_direct
+from dpkd_jax.models import core
+from dpkd_jax.privacy import paper_accounting
+from dpkd_jax.train.state import TrainState
+
+
+def _config(**kw):
+  base = dict(dataset="digits", model="lenet5_half", noise_multiplier=0.0, expected_batch_size=16,
+              max_batch_size=24, steps=3, eval_every=3, seed=0, learning_rate=1e-2)
+  base.update(kw)
+  return dpdfd_direct.DirectConfig(**base)
+
+
+def _state(config):
+  info = data.DATASETS[config.dataset]
+  model = models.create_classifier(config.model, num_classes=info.num_classes,
+                                   input_shape=info.image_shape, norm=config.norm,
+                                   rngs=nnx.Rngs(0))
+  return TrainState.create(core.split(model), optax.sgd(config.learning_rate))
+
+
+def test_sigma_zero_mse_step_is_sgd_on_normalized_output_gradients():
+  """σ = 0, MSE: the update is SGD with d loss/d s_i = γ C g_i/||g_i|| on real rows only."""
+  config = _config()
+  train = data.load("digits", "train")
+  images = data.normalize(train.images[:24], data.DATASETS["digits"])
+  labels = jnp.asarray(train.labels[:24])
+  mask = jnp.arange(24) < 16  # 8 padded rows must not count
+  state = _state(config)
+  params0 = state.params
+  new_state, _ = jax.jit(dpdfd_direct.build_direct_step(config.step_config()))(
+      state, images, labels, mask, jax.random.key(0))
+
+  def reference_loss(params):
+    out, _ = core.apply(state.graphdef, params, state.batch_stats, images[:16], train=True)
+    s = out.logits
+    g = jax.nn.softmax(s) - jax.nn.one_hot(labels[:16], 10)
+    g = g / (jnp.linalg.norm(g, axis=-1, keepdims=True) + 1e-6)
+    return jnp.mean(jnp.sum(jax.lax.stop_gradient(g) * s, axis=-1))  # d/ds = g / 16 per row
+
+  grads = jax.grad(reference_loss)(params0)
+  expected = jax.tree.map(lambda p, g: p - config.learning_rate * g, params0, grads)
+  for a, b in zip(jax.tree.leaves(new_state.params), jax.tree.leaves(expected)):
+    np.testing.assert_allclose(a, b, atol=2e-6, rtol=1e-4)
+
+
+def test_end_to_end_reports_not_dp(tmp_path):
+  config = _config(noise_multiplier=5.0)
+  with pytest.warns(paper_accounting.PaperAccountingWarning, match="not DP"):
+    results = dpdfd_direct.train_direct(config, str(tmp_path), progress=False)
+  assert math.isinf(results["epsilon"]) and "Jacobian" in results["epsilon_reason"]
+  assert results["paper_epsilon"] is not None and results["paper_epsilon"] > 0
+  assert 0.0 <= results["test_accuracy"] <= 1.0
+  with open(os.path.join(tmp_path, "results.json")) as f:
+    saved = json.load(f)
+  assert saved["epsilon"] == math.inf and saved["seed"] == 0
+
+
+@pytest.mark.parametrize("kwargs, match", [
+    (dict(noise_multiplier=-1.0), "noise_multiplier"),
+    (dict(l2_norm_bound=0.0), "l2_norm_bound"),
+    (dict(norm="batch"), "norm"),
+    (dict(dataset="nope"), "unknown dataset"),
+    (dict(max_batch_size=8), "max_batch_size"),
+    (dict(delta=1.0), "delta"),
+    (dict(student_loss="l1"), "student_loss"),
+])
+def test_bad_config_raises(kwargs, match):
+  with pytest.raises(ValueError, match=match):
+    _config(**kwargs)
