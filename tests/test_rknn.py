@@ -1,0 +1,180 @@
+"""Reverse k-NN labelling end to end on the embedded digits, configs, splits, CLI.
+
+Tiny runs: private = 1,442 digits training images, public = 177 test images, evaluation =
+178; s = 10 queries, PCA, a LeNet-5/2 student for 1 epoch. Accuracies are not asserted
+(1 epoch), only the bookkeeping: results, ledger, checkpoint, privacy accounting.
+"""
+
+import dataclasses
+import json
+import os
+
+import numpy as np
+import pytest
+
+from dpkd_jax import data
+from dpkd_jax.methods import rknn
+from dpkd_jax.methods import rknn_student
+from dpkd_jax.methods import rknn_votes
+from dpkd_jax.privacy import ledger as ledger_lib
+from dpkd_jax.representations import pca
+from dpkd_jax.train import checkpoint
+from experiments import rknn as rknn_cli
+
+TINY_STUDENT = rknn_student.StudentConfig(model="lenet5_half", epochs=1, batch_size=32)
+
+
+def _config(**kw):
+  base = dict(dataset="digits", num_queries=10, k=1, epsilon=2.0, kmeans_restarts=1,
+              kmeans_iterations=10, student=TINY_STUDENT, seed=0)
+  base.update(kw)
+  return rknn.RKNNConfig(**base)
+
+
+@pytest.mark.parametrize("kw,match", [
+    (dict(k=0), "k must be >= 1"),
+    (dict(k=11), "k=11 exceeds num_queries=10"),
+    (dict(epsilon=0.0), "epsilon must be"),
+    (dict(epsilon=-1.0), "epsilon must be"),
+    (dict(num_queries=1), "num_queries must be >= 2"),
+    (dict(representation="hog"), "unknown representation 'hog'"),
+    (dict(dataset="imagenet"), "unknown dataset 'imagenet'"),
+    (dict(mode="shuffle"), "mode must be one of"),
+    (dict(rounds=0), "rounds must be >= 1"),
+    (dict(representation="simclr", representation_config=pca.PCAConfig()), "needs a"),
+    (dict(num_public=5), "num_public must be >= 10"),
+    (dict(rounds=2, num_public=40, uncertain_fraction=0.1), "fewer than num_queries"),
+    (dict(seed=-1), "seed must be >= 0"),
+])
+def test_config_errors(kw, match):
+  with pytest.raises(ValueError, match=match):
+    _config(**kw)
+
+
+def test_student_config_errors():
+  with pytest.raises(ValueError, match="unknown student model"):
+    rknn_student.StudentConfig(model="alexnet")
+  with pytest.raises(ValueError, match="label_smoothing"):
+    rknn_student.StudentConfig(label_smoothing=1.0)
+
+
+def test_config_defaults_and_budget_split():
+  config = _config(rounds=4, epsilon=1.0, seed=None)
+  assert isinstance(config.representation_config, pca.PCAConfig)
+  assert config.epsilon_per_round == 0.25 and config.seed is None
+  event = rknn.round_event(config)  # one Laplace(b / Delta_1 = 1 / 0.25) round
+  assert event.count == 1 and event.event.noise_multiplier == 4.0
+
+
+def test_public_evaluation_split_is_a_seeded_partition():
+  public, evaluation = rknn.public_evaluation_split(10_000, 5_000, seed=0)
+  assert len(public) == len(evaluation) == 5_000
+  np.testing.assert_array_equal(np.sort(np.concatenate([public, evaluation])),
+                                np.arange(10_000))
+  again, _ = rknn.public_evaluation_split(10_000, 5_000, seed=0)
+  other, _ = rknn.public_evaluation_split(10_000, 5_000, seed=1)
+  np.testing.assert_array_equal(public, again)
+  assert not np.array_equal(public, other)
+  with pytest.raises(ValueError, match="num_public=355"):
+    rknn.public_evaluation_split(355, 355, seed=0)
+
+
+class _StopAfterQueries(Exception):
+  pass
+
+
+def test_representation_and_queries_do_not_depend_on_private_data(monkeypatch):
+  """The representation is fitted on public images only: altering every private record leaves
+  the fitted representation and the k-means queries unchanged (the run is stopped there)."""
+  fitted, queries = [], []
+  real_fit, real_kmeans = rknn.representations.fit, rknn_votes.kmeans
+
+  def spy_fit(kind, images, key, config, **kw):
+    fitted.append(np.array(images))
+    return real_fit(kind, images, key, config, **kw)
+
+  def spy_kmeans(*args, **kw):
+    queries.append(np.asarray(real_kmeans(*args, **kw).centres))
+    raise _StopAfterQueries
+
+  monkeypatch.setattr(rknn.representations, "fit", spy_fit)
+  monkeypatch.setattr(rknn.rknn_votes, "kmeans", spy_kmeans)
+  real_load = data.load
+  for flip_private in (False, True):
+    def load(name, split, **kw):
+      dataset = real_load(name, split, **kw)
+      if split == "train" and flip_private:  # a completely different private set
+        return data.ArrayDataset(images=255 - dataset.images,
+                                 labels=(dataset.labels + 1) % 10, info=dataset.info)
+      return dataset
+    monkeypatch.setattr(rknn.data, "load", load)
+    with pytest.raises(_StopAfterQueries):
+      rknn.train_rknn(_config(), f"/nonexistent/{flip_private}", progress=False)
+  test = real_load("digits", "test")
+  public, _ = rknn.public_evaluation_split(len(test), len(test) // 2, seed=0)
+  np.testing.assert_array_equal(fitted[0], test.images[public])  # only public images
+  np.testing.assert_array_equal(fitted[1], fitted[0])
+  np.testing.assert_array_equal(queries[1], queries[0])
+
+
+def test_end_to_end_two_rounds_with_secret_seed(tmp_path):
+  workdir = str(tmp_path / "run")
+  config = _config(rounds=2, epsilon=1.0, uncertain_fraction=0.5, seed=None)
+  results = rknn.train_rknn(config, workdir, progress=False)
+  with open(os.path.join(workdir, "results.json")) as f:
+    on_disk = json.load(f)
+  assert on_disk["student_accuracy"] == results["student_accuracy"]
+  for name in ("label_accuracy", "student_accuracy"):  # Acc_pl, Acc_pc
+    assert 0.0 <= results[name] <= 1.0
+  assert (results["num_private"], results["num_public"], results["num_evaluation"]) == (
+      1442, 177, 178)
+  assert [r["num_queried_public"] for r in results["per_round"]] == [177, 89]
+  assert results["representation"]["kind"] == "pca"
+  assert results["seed"].startswith("os-entropy")  # the secret seed is never written
+  # Two rounds of pure 0.5-DP Laplace: ε = 1 (δ = 0); PLD at δ = 1e-5 cannot exceed it.
+  assert results["epsilon"] == 1.0 and results["delta"] == 0.0
+  assert results["epsilon_per_round"] == 0.5
+  assert 0.9 < results["ledger_epsilon"] <= 1.0 + 1e-9
+  ledger = ledger_lib.PrivacyLedger.load(os.path.join(workdir, "privacy_ledger.json"))
+  assert len(ledger.entries) == 2 and ledger.spent_epsilon() == results["ledger_epsilon"]
+  assert checkpoint.latest_step(os.path.join(workdir, "checkpoints")) == 2
+  meta = checkpoint.restore_metadata(os.path.join(workdir, "checkpoints"))
+  assert meta["config"] == on_disk["config"] and meta["round"] == 2
+  with pytest.raises(ValueError, match="already holds"):
+    rknn.train_rknn(config, workdir, progress=False)
+
+
+def test_cli_local_mode_run(tmp_path, capsys):
+  workdir = str(tmp_path / "local")
+  rknn_cli.main(["--dataset=digits", "--mode=local", "--epsilon=8", "--num_queries=10",
+                 "--student_model=lenet5_half", "--epochs=1", "--batch_size=32", "--seed=3",
+                 f"--workdir={workdir}", "--no_progress"])
+  assert "Acc_pl" in capsys.readouterr().out
+  with open(os.path.join(workdir, "results.json")) as f:
+    results = json.load(f)
+  assert results["mode"] == "local" and results["seed"] == 3
+  assert "per record" in results["privacy_unit"]
+  # Local mode is accounted as pure 8-DP per round (binary RR dominating pair).
+  assert results["epsilon"] == 8.0 and 7.5 < results["ledger_epsilon"] <= 8.0 + 1e-3
+  assert results["config"]["student"]["model"] == "lenet5_half"
+
+
+@pytest.mark.parametrize("argv,match", [
+    (["--k=0"], "k must be >= 1"),
+    (["--epsilon=0"], "epsilon must be"),
+    (["--representation=hog"], "unknown representation"),
+    (["--num_queries=1"], "num_queries must be >= 2"),
+])
+def test_cli_bad_flags_exit_with_message(argv, match, capsys):
+  with pytest.raises(SystemExit):
+    rknn_cli.main(argv)
+  assert match in capsys.readouterr().err
+
+
+def test_cli_representation_overrides():
+  config, args = rknn_cli.parse_config(["--representation=simclr", "--simclr_steps=7",
+                                        "--pca_components=3"])
+  assert config.representation_config.steps == 7  # pca flag ignored for simclr
+  assert args.workdir == os.path.join("runs", "rknn", "digits_simclr_central_s40_k1_eps0.1")
+  config, _ = rknn_cli.parse_config(["--pca_components=12"])
+  assert dataclasses.asdict(config)["representation_config"]["num_components"] == 12
