@@ -44,7 +44,8 @@ def _direct(argv: list[str]) -> None:
   p = argparse.ArgumentParser(prog="python -m experiments.dpdfd --mode=direct")
   for f in dataclasses.fields(dpdfd_direct.DirectConfig):
     default = None if f.default is dataclasses.MISSING else f.default
-    kind = {"seed": int, "noise_multiplier": float}.get(f.name, str if default is None else type(default))
+    kind = {"seed": int, "max_batch_size": int, "noise_multiplier": float}.get(
+        f.name, str if default is None else type(default))
     p.add_argument(f"--{f.name}", required=f.default is dataclasses.MISSING, default=default,
                    type=kind)
   p.add_argument("--workdir", default=None)

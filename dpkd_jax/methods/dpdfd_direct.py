@@ -56,7 +56,8 @@ class DirectConfig:
     l2_norm_bound, stability, bound_method, gamma, student_loss: see `dpdfd_step.StepConfig`.
     delta: δ of the paper-formula figure.
     dataset, model, norm: private data and the model trained on it.
-    expected_batch_size: q N of the Poisson sampling; max_batch_size: padded rows.
+    expected_batch_size: q N of the Poisson sampling; max_batch_size: padded rows (None:
+      the smallest size whose overflow probability is <= 1e-9 per step).
     steps, learning_rate: Adam steps and rate.
     seed: None (default) for a secret seed from OS entropy; an integer for a reproducible run.
     eval_every, data_dir: bookkeeping.
@@ -73,7 +74,7 @@ class DirectConfig:
   model: str = "small_cnn"
   norm: str = "group"
   expected_batch_size: int = 256
-  max_batch_size: int = 320
+  max_batch_size: int | None = None
   steps: int = 1000
   learning_rate: float = 1e-3
   seed: int | None = None
@@ -89,7 +90,9 @@ class DirectConfig:
       raise ValueError(f"norm must be 'group' or 'none' (BatchNorm would mix padded rows), "
                        f"got {self.norm!r}")
     validation.check_int("expected_batch_size", self.expected_batch_size, minimum=1)
-    validation.check_int("max_batch_size", self.max_batch_size, minimum=self.expected_batch_size)
+    if self.max_batch_size is not None:
+      validation.check_int("max_batch_size", self.max_batch_size,
+                           minimum=self.expected_batch_size)
     validation.check_int("steps", self.steps, minimum=1)
     validation.check_int("eval_every", self.eval_every, minimum=1)
     validation.check_float("learning_rate", self.learning_rate, positive=True)
@@ -102,7 +105,7 @@ class DirectConfig:
     return dpdfd_step.StepConfig(
         noise_multiplier=self.noise_multiplier, l2_norm_bound=self.l2_norm_bound,
         stability=self.stability, bound_method=self.bound_method, gamma=self.gamma,
-        student_loss=self.student_loss, batch_size=self.max_batch_size)
+        student_loss=self.student_loss)
 
 
 def build_direct_step(config: dpdfd_step.StepConfig):
@@ -166,6 +169,7 @@ def train_direct(config: DirectConfig, workdir: str, *, progress: bool = True) -
   if q > 1:
     raise ValueError(f"expected_batch_size {config.expected_batch_size} exceeds the "
                      f"{len(train)} private records")
+  max_batch_size = config.max_batch_size or data.suggested_max_batch_size(len(train), q)
   root_seed = seeds.resolve_seed(config.seed)
   init_key, sample_key, noise_key = jax.random.split(jax.random.key(root_seed.value), 3)
   model = models.create_classifier(config.model, num_classes=info.num_classes,
@@ -177,7 +181,7 @@ def train_direct(config: DirectConfig, workdir: str, *, progress: bool = True) -
   accuracy = math.nan
   for step in tqdm.trange(config.steps, disable=not progress, desc=f"direct {config.dataset}"):
     indices, mask = data.poisson_batch(jax.random.fold_in(sample_key, step), len(train), q,
-                                       max_batch_size=config.max_batch_size)
+                                       max_batch_size=max_batch_size)
     images = data.normalize(train.images[indices], info)
     state, step_metrics = step_fn(state, images, train.labels[indices], mask,
                                   jax.random.fold_in(noise_key, step))
@@ -197,6 +201,7 @@ def train_direct(config: DirectConfig, workdir: str, *, progress: bool = True) -
       "noise_multiplier": config.noise_multiplier,
       "l2_norm_bound": config.l2_norm_bound,
       "sampling_rate": q,
+      "max_batch_size": max_batch_size,
       "steps": config.steps,
       "seed": root_seed.public_description(),
       "config": dataclasses.asdict(config),
