@@ -14,6 +14,7 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
+from dpkd_jax.models import fast_conv
 from dpkd_jax.models.classifiers import validate_image_shape
 
 # PyTorch's default BatchNorm momentum 0.1, as in DAFL's reference code.
@@ -66,13 +67,18 @@ class DAFLGenerator(nnx.Module):
     self.init_shape = (height // 4, width // 4, base_channels)
     self.project = nnx.Linear(latent_dim, int(np.prod(self.init_shape)), rngs=rngs)
     self.project_norm = nnx.BatchNorm(base_channels, momentum=_MOMENTUM, rngs=rngs)
-    self.conv1 = nnx.Conv(base_channels, base_channels, (3, 3), rngs=rngs)
+    # fast_conv: XLA's convolution with a fast CPU kernel gradient (same parameters).
+    conv = fast_conv.conv_general_dilated
+    self.conv1 = nnx.Conv(base_channels, base_channels, (3, 3), rngs=rngs,
+                          conv_general_dilated=conv)
     self.norm1 = nnx.BatchNorm(base_channels, momentum=_MOMENTUM, epsilon=_DAFL_CONV_EPSILON,
                                rngs=rngs)
-    self.conv2 = nnx.Conv(base_channels, base_channels // 2, (3, 3), rngs=rngs)
+    self.conv2 = nnx.Conv(base_channels, base_channels // 2, (3, 3), rngs=rngs,
+                          conv_general_dilated=conv)
     self.norm2 = nnx.BatchNorm(base_channels // 2, momentum=_MOMENTUM,
                                epsilon=_DAFL_CONV_EPSILON, rngs=rngs)
-    self.conv_out = nnx.Conv(base_channels // 2, channels, (3, 3), rngs=rngs)
+    self.conv_out = nnx.Conv(base_channels // 2, channels, (3, 3), rngs=rngs,
+                             conv_general_dilated=conv)
     self.output_norm = nnx.BatchNorm(channels, momentum=_MOMENTUM, use_scale=False,
                                      use_bias=False, rngs=rngs)
 

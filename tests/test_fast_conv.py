@@ -1,0 +1,270 @@
+"""Tests of `dpkd_jax.models.fast_conv`: same values and gradients as `lax.conv_general_dilated`.
+
+Tolerance: the fast kernel gradient sums the same products in another order, so results agree
+to float32 rounding; every comparison allows max |fast − lax| ≤ 1e-5 · max |lax| for single
+convolutions (seen: ≤ 1e-6) and 1e-4 for whole models, where rounding differences propagate
+through normalisation layers.
+"""
+
+import chex
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from flax import nnx
+from jax import lax
+from jax.sharding import Mesh, PartitionSpec as P
+
+from dpkd_jax.models import classifiers, core, fast_conv, generators, registry
+# Shared with the classifier and generator tests: deterministic parameters, nothing compiled.
+from test_classifiers import fill_surrogate
+
+NHWC = ("NHWC", "HWIO", "NHWC")
+CONV_TOLERANCE = 1e-5
+MODEL_TOLERANCE = 1e-4
+
+
+def assert_close(actual, expected, tolerance=CONV_TOLERANCE):
+  """max |actual − expected| ≤ tolerance · max |expected|, leaf by leaf."""
+  chex.assert_trees_all_equal_shapes_and_dtypes(actual, expected)
+  for a, e in zip(jax.tree.leaves(actual), jax.tree.leaves(expected)):
+    scale = float(jnp.max(jnp.abs(e)))
+    error = float(jnp.max(jnp.abs(a - e)))
+    assert error <= tolerance * scale, f"max error {error:.2e} vs scale {scale:.2e}"
+
+
+def normal(shape, seed):
+  """Standard normal float32 test data from NumPy's generator with a fixed seed.
+
+  Made on the host: jax.random would compile a threefry kernel for every shape, which costs
+  seconds per test on XLA CPU.
+  """
+  return jnp.asarray(np.random.default_rng(seed).standard_normal(shape, dtype=np.float32))
+
+
+def random_conv_inputs(batch, height, width, kernel_shape, seed=0):
+  """Input (B, H, W, C) and kernel `kernel_shape`."""
+  return normal((batch, height, width, kernel_shape[2]), seed), normal(kernel_shape, seed + 1)
+
+
+def value_and_grads(conv, x, w, target, **conv_kwargs):
+  """Output and the gradients of a non-linear scalar loss w.r.t. input and kernel."""
+  def loss(x, w):
+    y = conv(x, w, **conv_kwargs)
+    return jnp.sum(jnp.tanh(y) * target), y
+  (_, y), grads = jax.value_and_grad(loss, argnums=(0, 1), has_aux=True)(x, w)
+  return y, grads
+
+
+# (kernel (kh, kw, C, O), strides, padding, input (H, W)): both operand orders (C < O slices x,
+# C ≥ O slices dy), stacked (< 16 channels) and per-tap GEMMs, a stride larger than the kernel,
+# phases with unequal tap counts, string and explicit padding including a crop.
+CASES = [
+    ((3, 3, 3, 5), (1, 1), "SAME", (7, 6)),
+    ((3, 3, 5, 2), (2, 2), "SAME", (7, 6)),
+    ((1, 1, 4, 3), (2, 2), "VALID", (6, 6)),
+    ((5, 5, 2, 3), (1, 1), ((2, 1), (0, 2)), (6, 7)),
+    ((2, 3, 3, 2), (3, 1), ((-1, 1), (2, 0)), (7, 6)),
+    ((4, 4, 3, 4), (2, 2), "SAME", (6, 6)),
+    ((3, 3, 17, 18), (1, 1), "SAME", (5, 5)),
+    ((3, 3, 18, 17), (2, 1), "SAME_LOWER", (6, 5)),
+]
+
+
+@pytest.mark.parametrize("kernel_shape,strides,padding,input_hw", CASES)
+def test_values_and_gradients_match_lax(kernel_shape, strides, padding, input_hw):
+  x, w = random_conv_inputs(3, *input_hw, kernel_shape)
+  kwargs = dict(window_strides=strides, padding=padding, dimension_numbers=NHWC)
+  target = normal(lax.conv_general_dilated(x, w, **kwargs).shape, seed=2)
+
+  @jax.jit
+  def both(x, w, target):
+    return (value_and_grads(lax.conv_general_dilated, x, w, target, **kwargs),
+            value_and_grads(fast_conv.conv_general_dilated, x, w, target, **kwargs))
+
+  (y_lax, grads_lax), (y_fast, grads_fast) = both(x, w, target)
+  chex.assert_trees_all_equal(y_fast, y_lax)  # the forward pass is XLA's own
+  assert_close(grads_fast, grads_lax)
+
+
+def test_kernel_grad_in_chunks_matches_xla():
+  # Walks the batch of 4 with lax.scan, one example a step (other tests' batches fit in one
+  # chunk), with a stride, so the scan carries one accumulator per phase.
+  x, w = random_conv_inputs(4, 6, 5, (3, 3, 6, 4))
+  spec = fast_conv._supported_spec(x, w, (2, 1), "SAME", None, None, NHWC, 1, 1, None, None,
+                                   None)
+  dy = normal(fast_conv._xla_conv(x, w, spec).shape, seed=2)  # (4, 3, 5, 4)
+
+  @jax.jit
+  def both(x, w, dy):
+    return (fast_conv._cpu_kernel_grad(x, dy, w.shape, spec, examples_per_chunk=1),
+            fast_conv._xla_kernel_grad(x, dy, w, spec))
+
+  actual, expected = both(x, w, dy)
+  assert_close(actual, expected)
+
+
+def test_kernel_grad_rejects_chunks_that_do_not_divide_the_batch():
+  x, w = random_conv_inputs(4, 5, 5, (3, 3, 2, 2))
+  spec = fast_conv._supported_spec(x, w, (1, 1), "SAME", None, None, NHWC, 1, 1, None, None,
+                                   None)
+  with pytest.raises(ValueError, match="examples_per_chunk=3"):
+    fast_conv._cpu_kernel_grad(x, jnp.zeros((4, 5, 5, 2)), w.shape, spec, examples_per_chunk=3)
+
+
+def per_example_grads(conv, w, x, target):
+  """DP-SGD's form: vmap over examples of the kernel gradient of one example's loss."""
+  def loss(w, x, t):
+    y = conv(x[None], w, (1, 1), "SAME", dimension_numbers=NHWC)
+    return jnp.sum(jnp.tanh(y) * t[None])
+  return jax.vmap(jax.grad(loss), in_axes=(None, 0, 0))(w, x, target)
+
+
+def test_per_example_grads_inside_shard_map():
+  # As DP-SGD takes them, jitted: vmap(grad) over the examples of each of the 8 fake CPU
+  # devices, the kernel replicated and cast to 'varying' so its gradients stay per device.
+  mesh = Mesh(np.asarray(jax.devices()), ("data",))
+  x, w = random_conv_inputs(2 * mesh.size, 5, 5, (3, 3, 3, 4))
+  target = normal((x.shape[0], 5, 5, 4), seed=2)
+
+  def sharded(conv):
+    def device_grads(w, x, target):
+      return per_example_grads(conv, lax.pcast(w, "data", to="varying"), x, target)
+    return jax.jit(jax.shard_map(device_grads, mesh=mesh,
+                                 in_specs=(P(), P("data"), P("data")), out_specs=P("data")))
+
+  assert_close(sharded(fast_conv.conv_general_dilated)(w, x, target),
+               sharded(lax.conv_general_dilated)(w, x, target))
+
+
+def test_gradient_of_gradient_matches_lax():
+  # Reverse over reverse (e.g. a gradient penalty) differentiates the custom backward pass.
+  x, w = random_conv_inputs(2, 5, 5, (3, 3, 3, 2))
+
+  def penalty(conv, w):
+    def output_sum(x):
+      return jnp.sum(jnp.tanh(conv(x, w, (1, 1), "SAME", dimension_numbers=NHWC)))
+    return jnp.sum(jax.grad(output_sum)(x) ** 2)
+
+  grad_grad = jax.jit(jax.grad(penalty, argnums=1), static_argnums=0)
+  assert_close(grad_grad(fast_conv.conv_general_dilated, w),
+               grad_grad(lax.conv_general_dilated, w))
+
+
+def test_cpu_path_only_on_cpu():
+  # Lowered (not run) for each platform: CPU computes dW with dot_general, CUDA with one more
+  # XLA convolution and no dot_general.
+  x, w = random_conv_inputs(2, 6, 6, (3, 3, 3, 4))
+  grad = jax.jit(jax.grad(lambda w: jnp.sum(fast_conv.conv_general_dilated(
+      x, w, (1, 1), "SAME", dimension_numbers=NHWC) ** 2)))
+  cpu = jax.export.export(grad, platforms=["cpu"])(w).mlir_module()
+  cuda = jax.export.export(grad, platforms=["cuda"])(w).mlir_module()
+  assert "dot_general" in cpu and "dot_general" not in cuda
+  assert cuda.count("stablehlo.convolution") == cpu.count("stablehlo.convolution") + 1
+
+
+def test_single_input_channel_keeps_xla_kernel_grad():
+  x, w = random_conv_inputs(2, 6, 6, (3, 3, 1, 4))
+  grad = jax.jit(jax.grad(lambda w: jnp.sum(fast_conv.conv_general_dilated(
+      x, w, (1, 1), "SAME", dimension_numbers=NHWC) ** 2)))
+  assert "dot_general" not in jax.export.export(grad, platforms=["cpu"])(w).mlir_module()
+
+
+# Each case differs from the supported x (2, 6, 6, 4) NHWC * w (3, 3, 4, 4) HWIO, stride 1,
+# SAME in one argument; fast_conv must hand it to lax unchanged.
+FALLBACKS = {
+    "rhs_dilation": dict(rhs_dilation=(2, 2)),
+    "lhs_dilation": dict(lhs_dilation=(2, 1), padding=((1, 1), (1, 1))),
+    "feature_groups": dict(feature_group_count=2),
+    "NCHW": dict(dimension_numbers=("NCHW", "OIHW", "NCHW")),
+    "preferred_element_type": dict(preferred_element_type=jnp.float32),
+    "integers": dict(),
+    "1-D": dict(window_strides=(1,), dimension_numbers=("NWC", "WIO", "NWC")),
+}
+
+
+@pytest.mark.parametrize("name", sorted(FALLBACKS))
+def test_unsupported_cases_fall_back_to_lax(name):
+  x, w = random_conv_inputs(2, 6, 6, (3, 3, 4, 4))
+  if name == "feature_groups":
+    w = w[:, :, :2]
+  elif name == "NCHW":
+    x, w = x.transpose(0, 3, 1, 2), w.transpose(3, 2, 0, 1)
+  elif name == "integers":
+    x, w = x.astype(jnp.int32), w.astype(jnp.int32)
+  elif name == "1-D":
+    x, w = x[:, 0], w[0]
+  kwargs = dict(window_strides=(1, 1), padding="SAME", dimension_numbers=NHWC)
+  kwargs.update(FALLBACKS[name])
+  fast = jax.make_jaxpr(lambda x, w: fast_conv.conv_general_dilated(x, w, **kwargs))(x, w)
+  plain = jax.make_jaxpr(lambda x, w: lax.conv_general_dilated(x, w, **kwargs))(x, w)
+  assert str(fast) == str(plain)  # the very same computation: plain lax
+
+
+def test_supported_case_uses_the_custom_vjp():
+  x, w = random_conv_inputs(2, 6, 6, (3, 3, 4, 4))
+  jaxpr = jax.make_jaxpr(lambda x, w: fast_conv.conv_general_dilated(
+      x, w, (1, 1), "SAME", dimension_numbers=NHWC))(x, w)
+  assert "custom_vjp" in str(jaxpr)
+
+
+def all_convs(model):
+  return [m for _, m in nnx.iter_modules(model) if isinstance(m, nnx.Conv)]
+
+
+@pytest.mark.parametrize("name", sorted(registry.CLASSIFIERS))
+def test_every_classifier_conv_uses_fast_conv(name):
+  model = nnx.eval_shape(lambda: registry.create_classifier(
+      name, num_classes=10, input_shape=(32, 32, 3), norm="group",
+      rngs=nnx.Rngs(jax.random.key(0))))
+  convs = all_convs(model)
+  assert convs
+  assert all(c.conv_general_dilated is fast_conv.conv_general_dilated for c in convs)
+
+
+def test_generator_convs_use_fast_conv():
+  model = nnx.eval_shape(lambda: generators.DAFLGenerator(
+      image_shape=(8, 8, 1), rngs=nnx.Rngs(jax.random.key(0)), base_channels=8))
+  convs = all_convs(model)
+  assert len(convs) == 3
+  assert all(c.conv_general_dilated is fast_conv.conv_general_dilated for c in convs)
+
+
+def twin_parts(build):
+  """(fast, plain) splits of the same abstract model with the same deterministic parameters;
+  the plain twin's convolutions are switched back to `lax.conv_general_dilated`."""
+  fast, plain = nnx.eval_shape(build), nnx.eval_shape(build)
+  for conv in all_convs(plain):
+    conv.conv_general_dilated = lax.conv_general_dilated
+  return fill_surrogate(core.split(fast)), fill_surrogate(core.split(plain))
+
+
+MODELS = {
+    # SAME 3×3 convs and max-pooling, GroupNorm (a DP-SGD teacher).
+    "small_cnn": (lambda: classifiers.SmallCNN(num_classes=3, input_shape=(8, 8, 2), norm="group",
+                                               rngs=nnx.Rngs(jax.random.key(0))), (4, 8, 8, 2)),
+    # The DPDFD generator: BatchNorm in training mode, upsampling, 3 output channels.
+    "dafl_generator": (lambda: generators.DAFLGenerator(
+        latent_dim=6, image_shape=(8, 8, 3), rngs=nnx.Rngs(jax.random.key(0)), base_channels=8),
+                       (4, 6)),
+}
+
+
+@pytest.mark.parametrize("name", sorted(MODELS))
+def test_model_loss_gradients_match_plain_convs(name):
+  build, input_shape = MODELS[name]
+  fast, plain = twin_parts(build)
+  chex.assert_trees_all_equal(fast.params, plain.params)
+  inputs = normal(input_shape, seed=3)
+
+  def loss_grads(parts, params):
+    def loss(params):
+      out, _ = core.apply(parts.graphdef, params, parts.batch_stats, inputs, train=True)
+      out = out if isinstance(out, jax.Array) else out.logits
+      return jnp.mean(jnp.sin(3.0 * out))
+    return jax.grad(loss)(params)
+
+  grads_fast, grads_plain = jax.jit(lambda pf, pp: (loss_grads(fast, pf), loss_grads(plain, pp)))(
+      fast.params, plain.params)
+  assert_close(grads_fast, grads_plain, MODEL_TOLERANCE)
+  assert all(np.any(np.asarray(g) != 0) for g in jax.tree.leaves(grads_fast))
