@@ -1,0 +1,239 @@
+"""One stage of DP-DFD with selective randomized response.
+
+    z ~ N(0, I)                        (N, latent)     public randomness
+    D_t = G(z)                         (N, H, W, C)    synthetic queries (eval-mode generator)
+    p_s = softmax(student(D_t))        (N, K)          public prior (a function of past releases)
+    y = argmax teacher(D_t)            (N,)            PRIVATE: asked once per query
+    y~ = SRR(y; p_s, tau, eps)         (N,)            the only release
+    student   <- E epochs of KL(one_hot(y~) || softmax(student(D_t)))   reuses y~
+    generator <- E_g epochs of CE(student(G(z)), y~)                      reuses y~
+
+The teacher is reached only through `teacher_label_fn`, called exactly once per stage on all N
+queries, and its labels only feed `selective_randomized_response`: everything after the release
+is post-processing of y~ and public quantities. Metrics are released quantities only (losses on
+y~, candidate-set sizes), never teacher agreement.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable
+from typing import Any, NamedTuple
+
+import flax.struct
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+
+from dpkd_jax import data
+from dpkd_jax.models import core
+from dpkd_jax.privacy import randomized_response
+from dpkd_jax.train import sharding
+from dpkd_jax.train.state import TrainState
+
+PyTree = Any
+# (N, H, W, C) synthetic queries -> (N,) int32 teacher labels.
+TeacherLabelFn = Callable[[jax.Array], jax.Array]
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class StageConfig:
+  """What one stage does.
+
+  Attributes:
+    samples: N, synthetic queries per stage (a multiple of `batch_size`).
+    batch_size: B, for generation, labelling, student and generator updates.
+    latent_dim: generator input size.
+    epsilon: ε per query (inf: teacher labels in the candidate set pass unchanged).
+    threshold: tau of the candidate set.
+    uniform_prior: use the uniform prior 1/K instead of the student's (for the first stage,
+      whose student has seen no label: its prior would be an arbitrary function of its
+      random weights; with tau <= 1/K every class is then a candidate, plain K-ary RR).
+    student_epochs: E, passes of the student over (D_t, y~).
+    generator_epochs: E_g, passes of the generator fine-tuning over (z, y~); 0 disables it.
+  """
+
+  samples: int
+  batch_size: int
+  latent_dim: int
+  epsilon: float
+  threshold: float
+  student_epochs: int
+  generator_epochs: int
+  uniform_prior: bool = False
+
+  def __post_init__(self):
+    for name, minimum in (("samples", 1), ("batch_size", 1), ("latent_dim", 1),
+                          ("student_epochs", 1), ("generator_epochs", 0)):
+      if getattr(self, name) < minimum:
+        raise ValueError(f"{name} must be >= {minimum}, got {getattr(self, name)}")
+    if self.samples % self.batch_size:
+      raise ValueError(f"samples_per_stage={self.samples} must be a multiple of"
+                       f" batch_size={self.batch_size}")
+    if not self.epsilon > 0:
+      raise ValueError(f"epsilon must be > 0, got {self.epsilon}")
+    if not 0.0 <= self.threshold <= 1.0:
+      raise ValueError(f"threshold must be in [0, 1], got {self.threshold}")
+
+
+@flax.struct.dataclass
+class SRRState:
+  """Student and generator train states (the teacher is never part of the state)."""
+
+  student: TrainState
+  generator: TrainState
+
+  def arrays(self) -> dict[str, PyTree]:
+    return {"student": self.student.arrays(), "generator": self.generator.arrays()}
+
+  def with_arrays(self, arrays: dict[str, PyTree]) -> "SRRState":
+    return SRRState(self.student.with_arrays(arrays["student"]),
+                    self.generator.with_arrays(arrays["generator"]))
+
+
+class StageResult(NamedTuple):
+  """A finished stage: the new state, the release and teacher-free metrics."""
+
+  state: SRRState
+  noisy_labels: np.ndarray  # (N,) int32, the released labels
+  set_sizes: np.ndarray  # (N,) int32, public candidate-set sizes
+  metrics: dict[str, float]
+
+
+def student_kl_loss(logits: jax.Array, labels: jax.Array) -> jax.Array:
+  """Mean over the batch of KL(one_hot(labels) || softmax(logits)).
+
+  Args:
+    logits: (B, K) student logits.
+    labels: (B,) released labels.
+
+  Returns:
+    Scalar loss (equal to the cross-entropy, as a one-hot target has zero entropy).
+  """
+  target = jax.nn.one_hot(labels, logits.shape[-1])  # (B, K)
+  return jnp.mean(optax.losses.kl_divergence(jax.nn.log_softmax(logits), target))
+
+
+def student_step(student: TrainState, x: jax.Array, labels: jax.Array):
+  """One student update on KL(one_hot(labels) || softmax(student(x))): (student, metrics)."""
+
+  def loss_fn(params):
+    out, new_stats = core.apply(student.graphdef, params, student.batch_stats, x, train=True)
+    return student_kl_loss(out.logits, labels), new_stats
+
+  (loss, new_stats), grads = jax.value_and_grad(loss_fn, has_aux=True)(student.params)
+  return student.apply_gradients(grads, new_stats), {"student_loss": loss}
+
+
+# Module level: the static graphdef/tx of the state key the compilation cache across runs.
+jitted_student_step = jax.jit(student_step, donate_argnums=0)
+
+
+def _eval_fn(output: Callable[[Any], jax.Array]):
+  """Jitted `(graphdef static, params, batch_stats, x) -> output(model(x))`, eval mode."""
+  def fn(graphdef, params, batch_stats, x):
+    return output(core.apply(graphdef, params, batch_stats, x, train=False)[0])
+  return jax.jit(fn, static_argnums=0)
+
+
+_generate = _eval_fn(lambda images: images)  # (B, latent) -> (B, H, W, C)
+_probabilities = _eval_fn(lambda out: jax.nn.softmax(out.logits))  # (B, H, W, C) -> (B, K)
+_argmax_labels = _eval_fn(lambda out: jnp.argmax(out.logits, -1).astype(jnp.int32))
+_selective_rr = jax.jit(randomized_response.selective_randomized_response,
+                        static_argnames=("epsilon", "threshold"))
+
+
+def _batched(fn: Callable[..., jax.Array], parts: core.ModelParts, inputs: jax.Array,
+             batch_size: int, mesh: jax.sharding.Mesh) -> jax.Array:
+  """fn(parts, batch) over `inputs` in batches of `batch_size` (N divisible by it)."""
+  outs = [fn(parts.graphdef, parts.params, parts.batch_stats,
+             sharding.shard_batch(inputs[i:i + batch_size], mesh))
+          for i in range(0, inputs.shape[0], batch_size)]
+  return jnp.concatenate(outs)
+
+
+def generate_images(generator: core.ModelParts, z: jax.Array, batch_size: int,
+                    mesh: jax.sharding.Mesh) -> jax.Array:
+  """(N, latent) -> (N, H, W, C) eval-mode generator outputs, in batches (N divisible)."""
+  return _batched(_generate, generator, z, batch_size, mesh)
+
+
+def make_teacher_label_fn(teacher: core.ModelParts, batch_size: int,
+                          mesh: jax.sharding.Mesh) -> TeacherLabelFn:
+  """The teacher's eval-mode argmax labels on all queries, in batches: (N, ...) -> (N,)."""
+  return lambda x: _batched(_argmax_labels, teacher, x, batch_size, mesh)
+
+
+def private_labels(teacher_label_fn: TeacherLabelFn, key: jax.Array, queries: jax.Array,
+                   prior: jax.Array, *, epsilon: float,
+                   threshold: float) -> randomized_response.SelectiveRRResult:
+  """Asks the teacher once per query and releases only the selective-RR labels.
+
+  Args:
+    teacher_label_fn: the teacher's argmax on (N, H, W, C) queries.
+    key: the RR key (used once).
+    queries: (N, H, W, C) synthetic queries.
+    prior: (N, K) public prior (student probabilities).
+    epsilon, threshold: ε per query and tau.
+
+  Returns:
+    The SRR release (noisy labels, candidate masks, set sizes); the true labels stay here.
+  """
+  true_labels = teacher_label_fn(queries)  # (N,) private
+  return _selective_rr(key, true_labels, prior, epsilon=epsilon, threshold=threshold)
+
+
+def run_stage(state: SRRState, key: jax.Array, config: StageConfig,
+              teacher_label_fn: TeacherLabelFn, *, generator_step,
+              mesh: jax.sharding.Mesh) -> StageResult:
+  """Runs one stage (module docstring); `generator_step` is
+  `srr_generator.make_finetune_step(student graphdef)`.
+
+  Args:
+    state: student and generator.
+    key: this stage's key (split into latents, RR, student order, generator order).
+    config: the stage's sizes, privacy and epochs.
+    teacher_label_fn: the only path to the teacher; called once.
+    generator_step: the jitted generator fine-tuning step.
+    mesh: devices; batches are split over its 'data' axis.
+
+  Returns:
+    StageResult(state, released labels, set sizes, metrics).
+  """
+  z_key, rr_key, student_key, generator_key = jax.random.split(key, 4)
+  n, b = config.samples, config.batch_size
+  z = jax.random.normal(z_key, (n, config.latent_dim))  # (N, latent)
+  queries = generate_images(state.generator.parts, z, b, mesh)  # (N, H, W, C)
+  prior = _batched(_probabilities, state.student.parts, queries, b, mesh)  # (N, K)
+  if config.uniform_prior:
+    prior = jnp.full_like(prior, 1.0 / prior.shape[-1])
+  release = private_labels(teacher_label_fn, rr_key, queries, prior, epsilon=config.epsilon,
+                           threshold=config.threshold)
+  noisy = release.noisy_labels  # (N,), reused by every epoch below
+
+  student = state.student
+  student_losses = []
+  for epoch in range(config.student_epochs):
+    for idx in data.epoch_batches(jax.random.fold_in(student_key, epoch), n, b):
+      batch = sharding.shard_batch((queries[idx], noisy[idx]), mesh)
+      student, step_metrics = jitted_student_step(student, *batch)
+      student_losses.append(step_metrics["student_loss"])
+  generator = state.generator
+  generator_losses = []
+  for epoch in range(config.generator_epochs):
+    for idx in data.epoch_batches(jax.random.fold_in(generator_key, epoch), n, b):
+      batch = sharding.shard_batch((z[idx], noisy[idx]), mesh)
+      generator, step_metrics = generator_step(generator, student.params, student.batch_stats,
+                                               *batch)
+      generator_losses.append(step_metrics["generator_loss"])
+
+  metrics = {
+      "student_loss": float(np.mean(jax.device_get(student_losses[-(n // b):]))),
+      "mean_candidate_set_size": float(jnp.mean(release.set_sizes)),
+  }
+  if generator_losses:
+    metrics["generator_loss"] = float(np.mean(jax.device_get(generator_losses[-(n // b):])))
+  return StageResult(SRRState(student, generator), np.asarray(noisy),
+                     np.asarray(release.set_sizes), metrics)
+
