@@ -1,0 +1,180 @@
+"""RONA end to end on the embedded digits (tiny epochs, 8 fake devices), plan, config errors.
+
+One full run trains both teachers (LeNet-5-Half, 1 epoch) and a LeNet-5-Half student (one
+architecture keeps XLA's initialiser compilations to one set; compact students are covered by
+test_rona_step.py) through
+one hint epoch, one self-learning epoch, one selection and one distillation epoch, with query
+batches S = 32 of |x_q| = 64 samples: T = (1 + 1·1)·2 = 4 queries. A second run reuses its
+teachers, is interrupted after two epochs of the schedule and resumed: it must end exactly
+where the uninterrupted run ended. Tolerances: ε recomputed from the same events is equal to
+1e-9 (relative); the resumed run replays identical computations (loss equal to 1e-7).
+"""
+
+import dataclasses
+import json
+import math
+import os
+
+import pytest
+
+from dpkd_jax.methods import rona
+from dpkd_jax.methods import rona_privacy
+from dpkd_jax.privacy import accounting
+from dpkd_jax.privacy import ledger as ledger_lib
+from experiments import rona as rona_cli
+
+SIGMA = 2.0
+
+
+def _config(**kw):
+  base = dict(noise_multiplier=SIGMA, dataset="digits", teacher_model="lenet5_half",
+              student_model="lenet5_half",
+              teacher_epochs=1, teacher_batch_size=64, hint_epochs=1, rounds=1,
+              self_learning_epochs=1, distillation_epochs=1, num_query_samples=64,
+              batch_size=32, self_learning_batch_size=64, seed=0)
+  base.update(kw)
+  return rona.RONAConfig(**base)
+
+
+@pytest.fixture(scope="module")
+def full_run(tmp_path_factory):
+  workdir = str(tmp_path_factory.mktemp("rona_full"))
+  return workdir, rona.train_rona(_config(), workdir, progress=False, latency_seconds=0.0)
+
+
+def test_results_ledger_and_query_count(full_run):
+  workdir, results = full_run
+  with open(os.path.join(workdir, "results.json")) as f:
+    assert json.load(f) == json.loads(json.dumps(results, default=float))
+  expected_queries = accounting.rona_num_queries(hint_epochs=1, distillation_epochs=1, rounds=1,
+                                                 num_query_samples=64, batch_size=32)
+  assert expected_queries == 4
+  assert results["num_queries"] == results["num_queries_executed"] == expected_queries
+  assert results["finished"] and results["units_done"] == results["units_planned"] == 4
+  ledger = ledger_lib.PrivacyLedger.load(os.path.join(workdir, "privacy_ledger.json"))
+  assert [e.note for e in ledger.entries] == ["hint round 0 epoch 0", "distill round 0 epoch 0"]
+  sound = accounting.epsilon(accounting.rona_event(noise_multiplier=SIGMA, num_queries=4),
+                             delta=1e-5)
+  assert results["epsilon"] == pytest.approx(sound, rel=1e-9)
+  assert ledger.spent_epsilon() == pytest.approx(sound, rel=1e-9)
+  assert results["paper_epsilon_per_query"] == pytest.approx(
+      math.sqrt(2 * math.log(1.25e5)) / SIGMA)
+  assert "ours is 2B" in results["paper_epsilon_warning"]
+  assert results["seed"] == 0 and results["num_public"] + results["num_sensitive"] == 1442
+  report = results["compression"]
+  assert report["student"]["params"] == report["teacher"]["params"] == 15_749
+  assert report["student"]["latency_ms_per_image_batch256"] > 0
+  assert 0 <= results["test_accuracy"] <= 1
+  with open(os.path.join(workdir, "aux_teacher", "card.json")) as f:
+    assert json.load(f)["public_split"] == rona.public_split_card(_config(), 577)
+
+
+def test_interrupted_run_resumes_to_the_same_end(full_run, tmp_path):
+  workdir, results = full_run
+  config = _config(teacher_dir=os.path.join(workdir, "teacher"),
+                   aux_teacher_dir=os.path.join(workdir, "aux_teacher"))
+  resumed_dir = str(tmp_path / "resumed")
+  partial = rona.train_rona(config, resumed_dir, stop_after_units=2, progress=False,
+                            latency_seconds=0.0)
+  assert not partial["finished"] and partial["units_done"] == 2
+  assert partial["num_queries_executed"] == 2
+  with pytest.raises(ValueError, match="already holds a RONA checkpoint"):
+    rona.train_rona(config, resumed_dir, progress=False)
+  with pytest.raises(ValueError, match="another config"):
+    rona.train_rona(dataclasses.replace(config, noise_multiplier=3.0), resumed_dir,
+                    resume=True, progress=False)
+  final = rona.train_rona(config, resumed_dir, resume=True, progress=False, latency_seconds=0.0)
+  assert final["finished"] and final["num_queries_executed"] == 4
+  assert final["test_loss"] == pytest.approx(results["test_loss"], abs=1e-7)
+  assert final["epsilon"] == pytest.approx(results["epsilon"], rel=1e-9)
+  assert final["final_l2_bounds"] == pytest.approx(results["final_l2_bounds"], rel=1e-6)
+
+
+def test_aux_teacher_of_another_split_is_refused(full_run, tmp_path):
+  workdir, _ = full_run
+  config = _config(split_seed=1, teacher_dir=os.path.join(workdir, "teacher"),
+                   aux_teacher_dir=os.path.join(workdir, "aux_teacher"))
+  with pytest.raises(ValueError, match="public_split"):
+    rona.train_rona(config, str(tmp_path / "run"), progress=False)
+
+
+def test_schedule_and_query_count():
+  config = _config(hint_epochs=2, rounds=2, self_learning_epochs=1, distillation_epochs=2,
+                   num_query_samples=100, batch_size=32)
+  assert rona.schedule(config) == [
+      ("hint", 0, 0), ("hint", 0, 1),
+      ("self", 0, 0), ("select", 0, 0), ("distill", 0, 0), ("distill", 0, 1),
+      ("self", 1, 0), ("select", 1, 0), ("distill", 1, 0), ("distill", 1, 1)]
+  private_epochs = sum(phase in ("hint", "distill") for phase, _, _ in rona.schedule(config))
+  assert config.num_queries() == private_epochs * 4 == accounting.rona_num_queries(
+      hint_epochs=2, distillation_epochs=2, rounds=2, num_query_samples=100, batch_size=32)
+
+
+def test_target_epsilon_calibrates_sigma():
+  plan = rona_privacy.make_plan(_config(noise_multiplier=None, target_epsilon=5.0,
+                                num_query_samples=640))
+  assert plan.num_queries == 40
+  assert 4.95 <= plan.planned_epsilon <= 5.0
+  assert plan.planned_epsilon == pytest.approx(accounting.epsilon(accounting.rona_event(
+      noise_multiplier=plan.noise_multiplier, num_queries=40), delta=1e-5))
+
+
+def test_non_private_plan_reports_infinite_epsilon_and_no_paper_figure():
+  plan = rona_privacy.make_plan(_config(noise_multiplier=0.0, bound_mode="none"))
+  assert plan.planned_epsilon == math.inf and plan.paper_epsilon_per_query is None
+
+
+@pytest.mark.parametrize("kwargs,match", [
+    (dict(noise_multiplier=None), "exactly one of noise_multiplier and target_epsilon"),
+    (dict(target_epsilon=3.0), "exactly one of noise_multiplier and target_epsilon"),
+    (dict(noise_multiplier=-1.0), "noise_multiplier must be"),
+    (dict(bound_mode="none"), "needs noise_multiplier=0"),
+    (dict(bound_mode="fixed", hint_l2_bound=1.0), "l2_bound exactly"),
+    (dict(distill_l2_bound=1.0), "l2_bound exactly"),
+    (dict(bound_mode="fixed", hint_l2_bound=1.0, distill_l2_bound=1.0, aux_teacher_dir="x"),
+     "only used by the adaptive bound"),
+    (dict(delta=1.5), "delta"),
+    (dict(dataset="imagenet"), "unknown dataset 'imagenet'"),
+    (dict(student_model="gpt"), "unknown student_model 'gpt'"),
+    (dict(teacher_model="compact_5k"), "unknown teacher_model"),
+    (dict(query_selection="entropy"), "unknown query_selection"),
+    (dict(student_norm="layer"), "student_norm"),
+    (dict(public_fraction=1.0), "public_fraction"),
+    (dict(num_query_samples=0), "num_query_samples must be >= 1"),
+    (dict(rounds=-1), "rounds must be >= 0"),
+    (dict(temperature=0.0), "temperature must be"),
+    (dict(seed=-3), "seed must be >= 0"),
+])
+def test_config_errors(kwargs, match):
+  with pytest.raises(ValueError, match=match):
+    _config(**kwargs)
+
+
+def test_target_epsilon_without_queries_is_refused():
+  with pytest.raises(ValueError, match="target_epsilon needs queries"):
+    rona_privacy.make_plan(_config(noise_multiplier=None, target_epsilon=1.0, hint_epochs=0,
+                                   rounds=0))
+
+
+@pytest.mark.parametrize("argv,match", [
+    (["--dataset=digits"], "exactly one of noise_multiplier"),
+    (["--dataset=digits", "--noise_multiplier=1", "--bound_mode=none"], "noise_multiplier=0"),
+    (["--dataset=digits", "--target_epsilon=1", "--query_selection=x"], "unknown query_selection"),
+])
+def test_cli_rejects_bad_flags(argv, match, capsys):
+  with pytest.raises(SystemExit) as exit_info:
+    rona_cli.main(argv)
+  assert exit_info.value.code == 2
+  assert match in capsys.readouterr().err
+
+
+def test_cli_flags_reach_the_config():
+  config, args = rona_cli.parse_config(["--dataset=digits", "--target_epsilon=7.68",
+                                        "--public_fraction=0.8", "--student_model=compact_10k",
+                                        "--bound_mode=fixed", "--hint_l2_bound=5",
+                                        "--distill_l2_bound=0.5", "--seed=3"])
+  assert config == rona.RONAConfig(dataset="digits", target_epsilon=7.68, public_fraction=0.8,
+                                   student_model="compact_10k", bound_mode="fixed",
+                                   hint_l2_bound=5.0, distill_l2_bound=0.5, seed=3,
+                                   download=True)
+  assert args.workdir == os.path.join("runs", "rona", "digits_compact_10k")
