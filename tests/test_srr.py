@@ -215,15 +215,21 @@ def test_pretrained_generator_is_reused_only_by_its_own_kind_of_run(teacher_dir,
   assert os.path.getsize(os.path.join(gen_dir, "samples.png")) > 0
   config = _config(teacher_dir, pretrained_generator_dir=gen_dir, seed=2)
   _, template = srr.init_models(config, jax.random.key(0))
-  loaded = srr_generator.load_pretrained(gen_dir, template, identity=config.generator_identity())
+  loaded = srr_generator.load_pretrained(gen_dir, template, config=config.pretrain_config(),
+                                         identity=config.generator_identity())
   chex.assert_trees_all_equal(loaded.params, pretrained.params)
   results = srr.train_srr(config, str(tmp_path / "run"), progress=False)
   assert results["record_level_epsilon"] == math.inf
   assert not os.path.exists(tmp_path / "run" / "generator_pretrain")
   other = _config(teacher_dir, latent_dim=16)  # another architecture: refused
-  _, template = srr.init_models(other, jax.random.key(0))
+  _, other_template = srr.init_models(other, jax.random.key(0))
   with pytest.raises(ValueError, match="pretrained for"):
-    srr_generator.load_pretrained(gen_dir, template, identity=other.generator_identity())
+    srr_generator.load_pretrained(gen_dir, other_template, config=other.pretrain_config(),
+                                  identity=other.generator_identity())
+  ablated = _config(teacher_dir, generator_terms=("ce", "bn"))  # another pretraining: refused
+  with pytest.raises(ValueError, match="pretrained with"):
+    srr_generator.load_pretrained(gen_dir, template, config=ablated.pretrain_config(),
+                                  identity=ablated.generator_identity())
 
 
 @pytest.mark.parametrize("kwargs,match", [

@@ -93,8 +93,9 @@ class SRRConfig:
     student_model, student_norm, generator_model, generator_channels, latent_dim: networks.
     pretrain_steps, pretrain_batch_size, pretrain_lr: generator pretraining ("teacher").
     generator_terms, entropy_weight, bn_weight: pretraining terms (ablation) and alpha, beta.
-    pretrained_generator_dir: reuse a generator pretrained for the same dataset, teacher and
-      architecture (`<other run>/generator_pretrain`, or a `pretrain(...)` workdir).
+    pretrained_generator_dir: reuse a generator pretrained for the same dataset, teacher,
+      architecture and pretraining fields (`<other run>/generator_pretrain`, or a
+      `pretrain(...)` workdir), instead of pretraining again.
     stages, samples_per_stage, batch_size: S, N and B.
     student_epochs, generator_epochs: passes over each stage's labels (0: no fine-tuning).
     student_lr, generator_lr: Adam (student cosine-decayed over all its steps).
@@ -231,7 +232,7 @@ def _generator_prior(config: SRRConfig, generator: core.ModelParts, teacher: cor
   identity = config.generator_identity()
   if config.pretrained_generator_dir is not None:
     return srr_generator.load_pretrained(config.pretrained_generator_dir, generator,
-                                         identity=identity)
+                                         config=config.pretrain_config(), identity=identity)
   return srr_generator.pretrain_generator(
       config.pretrain_config(), generator, teacher, os.path.join(workdir, "generator_pretrain"),
       key, identity=identity, progress=progress, mesh=mesh)

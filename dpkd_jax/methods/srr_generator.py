@@ -109,7 +109,17 @@ class BatchNormInputStats(NamedTuple):
 
 
 def _recording_hook(layer: nnx.BatchNorm, records: list):
-  """A `promote_dtype` for `layer` that appends its input's statistics to `records`."""
+  """A `promote_dtype` for `layer` that appends its input's statistics to `records`.
+
+  Args:
+    layer: a BatchNorm of a freshly merged teacher.
+    records: receives (batch mean, biased batch var, running mean, running var), each (C,),
+      once per call of the layer, in call order.
+
+  Returns:
+    The hook: `nnx.BatchNorm.__call__` passes it `(x, running_mean, running_var, scale, bias)`
+    before normalising; it records and then defers to the layer's own `promote_dtype`.
+  """
   original = layer.promote_dtype
   if not isinstance(layer.axis, int):
     raise ValueError(f"BatchNorm with feature axes {layer.axis!r} is not supported")
@@ -293,23 +303,28 @@ def pretrain_generator(config: PretrainConfig, generator: core.ModelParts,
   return jax.device_get(state.parts)
 
 
-def load_pretrained(workdir: str, template: core.ModelParts, *,
+def load_pretrained(workdir: str, template: core.ModelParts, *, config: PretrainConfig,
                     identity: dict[str, Any]) -> core.ModelParts:
-  """The finished generator of `pretrain_generator(..., workdir)` for a run of `identity`.
+  """The finished generator of `pretrain_generator(config, ..., workdir, identity=identity)`.
+
+  Both must match, so that a run reusing the generator reports its true pretraining.
 
   Raises:
     FileNotFoundError: no checkpoint in `workdir`.
-    ValueError: it was pretrained for another dataset/teacher/architecture, or is unfinished.
+    ValueError: it was pretrained for another dataset/teacher/architecture or with another
+      config, or is unfinished.
   """
   ckpt_dir = os.path.join(workdir, "checkpoints")
   meta = checkpoint.restore_metadata(ckpt_dir)
   if meta.get("identity") != identity:
     raise ValueError(f"the generator in {workdir!r} was pretrained for {meta.get('identity')},"
                      f" not for {identity}")
-  if meta["step"] < meta["config"]["steps"]:
+  if meta.get("config") != _config_json(config):
+    raise ValueError(f"the generator in {workdir!r} was pretrained with {meta.get('config')},"
+                     f" this run asks for {_config_json(config)}")
+  if meta["step"] < config.steps:
     raise ValueError(f"the generator in {workdir!r} is unfinished ({meta['step']} of"
-                     f" {meta['config']['steps']} steps)")
-  config = PretrainConfig(**meta["config"])
+                     f" {config.steps} steps)")
   arrays, _ = checkpoint.restore(ckpt_dir, TrainState.create(template, _optimizer(config)).arrays())
   return core.ModelParts(template.graphdef, arrays["params"], arrays["batch_stats"])
 
