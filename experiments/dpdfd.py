@@ -16,6 +16,7 @@ import sys
 from dpkd_jax import teacher
 from dpkd_jax.methods import dpdfd
 from dpkd_jax.methods import dpdfd_direct
+from dpkd_jax.train import distributed
 
 _FIELDS = {f.name: f for f in dataclasses.fields(dpdfd.DPDFDConfig)}
 _OPTIONAL_FLOATS = ("noise_multiplier", "target_epsilon")
@@ -62,6 +63,7 @@ def _direct(argv: list[str]) -> None:
 
 
 def main(argv: list[str] | None = None) -> None:
+  distributed.initialize_from_env()  # no-op unless launched across hosts (docs/DISTRIBUTED.md)
   argv = sys.argv[1:] if argv is None else argv
   if "--mode=direct" in argv:
     return _direct([x for x in argv if x != "--mode=direct"])

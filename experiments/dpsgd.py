@@ -14,6 +14,7 @@ import os
 import sys
 
 from dpkd_jax.methods import dpsgd
+from dpkd_jax.train import distributed
 
 
 def parse_config(argv: list[str]) -> tuple[dpsgd.DPSGDConfig, argparse.Namespace]:
@@ -63,6 +64,7 @@ def parse_config(argv: list[str]) -> tuple[dpsgd.DPSGDConfig, argparse.Namespace
 
 
 def main(argv: list[str] | None = None) -> None:
+  distributed.initialize_from_env()  # no-op unless launched across hosts (docs/DISTRIBUTED.md)
   config, args = parse_config(sys.argv[1:] if argv is None else argv)
   results = dpsgd.train_dpsgd(config, args.workdir, resume=args.resume,
                               stop_at_step=args.stop_at_step, progress=not args.no_progress)

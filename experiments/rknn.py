@@ -17,6 +17,7 @@ import sys
 from dpkd_jax import representations
 from dpkd_jax.methods import rknn
 from dpkd_jax.methods import rknn_student
+from dpkd_jax.train import distributed
 
 
 def parse_config(argv: list[str]) -> tuple[rknn.RKNNConfig, argparse.Namespace]:
@@ -78,6 +79,7 @@ def parse_config(argv: list[str]) -> tuple[rknn.RKNNConfig, argparse.Namespace]:
 
 
 def main(argv: list[str] | None = None) -> None:
+  distributed.initialize_from_env()  # no-op unless launched across hosts (docs/DISTRIBUTED.md)
   config, args = parse_config(sys.argv[1:] if argv is None else argv)
   results = rknn.train_rknn(config, args.workdir, progress=not args.no_progress)
   print(f"rknn {config.mode} on {config.dataset} ({config.representation}, s={config.num_queries},"

@@ -15,6 +15,7 @@ import os
 import sys
 
 from dpkd_jax.methods import rona
+from dpkd_jax.train import distributed
 
 _FIELDS = {f.name: f for f in dataclasses.fields(rona.RONAConfig)}
 # Fields whose default is None: their flag type cannot be read off the default.
@@ -53,6 +54,7 @@ def parse_config(argv: list[str]) -> tuple[rona.RONAConfig, argparse.Namespace]:
 
 
 def main(argv: list[str] | None = None) -> None:
+  distributed.initialize_from_env()  # no-op unless launched across hosts (docs/DISTRIBUTED.md)
   config, args = parse_config(sys.argv[1:] if argv is None else argv)
   results = rona.train_rona(config, args.workdir, resume=args.resume,
                             stop_after_units=args.stop_after_units,

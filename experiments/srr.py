@@ -20,6 +20,7 @@ import os
 import sys
 
 from dpkd_jax.methods import srr
+from dpkd_jax.train import distributed
 
 _FIELDS = {f.name: f for f in dataclasses.fields(srr.SRRConfig)}
 _OPTIONAL = {"epsilon": float, "target_epsilon": float, "threshold": float, "seed": int,
@@ -73,6 +74,7 @@ def parse_config(argv: list[str], *, pretrain_only: bool = False,
 
 
 def main(argv: list[str] | None = None) -> None:
+  distributed.initialize_from_env()  # no-op unless launched across hosts (docs/DISTRIBUTED.md)
   argv = sys.argv[1:] if argv is None else argv
   if argv[:1] == ["pretrain"]:
     config, args = parse_config(argv[1:], pretrain_only=True)

@@ -13,6 +13,7 @@ import os
 import sys
 
 from dpkd_jax import teacher
+from dpkd_jax.train import distributed
 
 
 def parse_config(argv: list[str]) -> tuple[teacher.TeacherConfig, argparse.Namespace]:
@@ -56,6 +57,7 @@ def parse_config(argv: list[str]) -> tuple[teacher.TeacherConfig, argparse.Names
 
 
 def main(argv: list[str] | None = None) -> None:
+  distributed.initialize_from_env()  # no-op unless launched across hosts (docs/DISTRIBUTED.md)
   config, args = parse_config(sys.argv[1:] if argv is None else argv)
   shards = range(config.num_shards) if args.all_shards else [config.shard]
   for shard in shards:

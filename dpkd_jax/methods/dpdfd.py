@@ -32,6 +32,7 @@ from dpkd_jax.privacy import accounting
 from dpkd_jax.privacy import ledger as ledger_lib
 from dpkd_jax.privacy import seeds
 from dpkd_jax.train import checkpoint
+from dpkd_jax.train import distributed
 from dpkd_jax.train import evaluate
 from dpkd_jax.train import metrics as metrics_lib
 from dpkd_jax.train import sharding
@@ -170,15 +171,19 @@ def generate(gen: TrainState, key: jax.Array, num: int, latent_dim: int,
              *, batch_size: int = 500) -> np.ndarray:
   """(num, H, W, C) normalized synthetic images from the generator (eval-mode BatchNorm)."""
   fn = jax.jit(lambda p, s, z: core.apply(gen.graphdef, p, s, z, train=False)[0])
+  # Host copies: each process evaluates locally (multi-host: the trained params are global).
+  params, batch_stats = distributed.to_host((gen.params, gen.batch_stats))
   out = []
   for i, start in enumerate(range(0, num, batch_size)):
     z = jax.random.normal(jax.random.fold_in(key, i), (batch_size, latent_dim))
-    out.append(np.asarray(fn(gen.params, gen.batch_stats, z))[:num - start])
+    out.append(np.asarray(fn(params, batch_stats, z))[:num - start])
   return np.concatenate(out)
 
 
 def save_sample_grid(images: np.ndarray, info: data.DatasetInfo, path: str, *, cols: int = 8) -> None:
-  """Writes a PNG grid of normalized images (rows of `cols`)."""
+  """Writes a PNG grid of normalized images (rows of `cols`); process 0 only."""
+  if not distributed.is_coordinator():
+    return
   import matplotlib  # pylint: disable=g-import-not-at-top
   matplotlib.use("Agg")
   import matplotlib.pyplot as plt  # pylint: disable=g-import-not-at-top
@@ -240,6 +245,7 @@ def train_dpdfd(config: DPDFDConfig, workdir: str, *, progress: bool = True,
 
   state = sharding.replicate(state, mesh)
   ensemble = sharding.replicate(ensemble, mesh)
+  replicated_train_key = sharding.replicate(train_key, mesh)  # one key for all hosts
   train_step = dpdfd_step.make_train_step(step_config, ensemble.graphdef)
   writer = metrics_lib.MetricsWriter(workdir)
   bar = tqdm.tqdm(total=privacy_plan.steps, initial=start, disable=not progress,
@@ -253,7 +259,7 @@ def train_dpdfd(config: DPDFDConfig, workdir: str, *, progress: bool = True,
       ledger.record(event_of(chunk), step=step, note=f"steps {step}..{step + chunk - 1}")
     for _ in range(chunk):
       state, step_metrics = train_step(state, ensemble.params, ensemble.batch_stats,
-                                       jax.random.fold_in(train_key, step))
+                                       jax.random.fold_in(replicated_train_key, step))
       step += 1
       bar.update(1)
     step_metrics = jax.device_get(step_metrics)
@@ -328,5 +334,6 @@ def sample(workdir: str, num: int, *, seed: int, out_path: str | None = None) ->
                            for i in range(0, num, 500)]).astype(np.int32)
   pixels = np.asarray(data.denormalize(images, config.info))
   out_path = out_path or os.path.join(workdir, "synthetic.npz")
-  np.savez_compressed(out_path, x=np.round(pixels * 255).astype(np.uint8), y=labels)
+  if distributed.is_coordinator():
+    np.savez_compressed(out_path, x=np.round(pixels * 255).astype(np.uint8), y=labels)
   return out_path

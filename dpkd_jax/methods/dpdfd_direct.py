@@ -39,6 +39,7 @@ from dpkd_jax.privacy import mechanisms
 from dpkd_jax.privacy import paper_accounting
 from dpkd_jax.privacy import seeds
 from dpkd_jax.privacy import validation
+from dpkd_jax.train import distributed
 from dpkd_jax.train import evaluate
 from dpkd_jax.train import metrics as metrics_lib
 from dpkd_jax.train.state import TrainState
@@ -206,6 +207,7 @@ def train_direct(config: DirectConfig, workdir: str, *, progress: bool = True) -
       "seed": root_seed.public_description(),
       "config": dataclasses.asdict(config),
   }
-  with open(os.path.join(workdir, "results.json"), "w") as f:
-    json.dump(results, f, indent=2, default=float)
+  if distributed.is_coordinator():
+    with open(os.path.join(workdir, "results.json"), "w") as f:
+      json.dump(results, f, indent=2, default=float)
   return results

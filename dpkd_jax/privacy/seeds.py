@@ -16,6 +16,8 @@ from __future__ import annotations
 import secrets
 from typing import NamedTuple
 
+from dpkd_jax.train import distributed
+
 # Fits in a signed 64-bit integer and in JSON numbers without loss of precision concerns
 # for Python readers; 62 bits make guessing hopeless.
 SEED_BITS = 62
@@ -50,7 +52,8 @@ def resolve_seed(seed: int | None) -> ResolvedSeed:
     ValueError: `seed` is negative or not an integer.
   """
   if seed is None:
-    return ResolvedSeed(secrets.randbits(SEED_BITS), True)
+    # Multi-host: every process must draw the same noise, so all take process 0's bits.
+    return ResolvedSeed(distributed.broadcast_from_coordinator(secrets.randbits(SEED_BITS)), True)
   if isinstance(seed, bool) or not isinstance(seed, int) or seed < 0:
     raise ValueError(f"seed must be a non-negative integer or None, got {seed!r}")
   return ResolvedSeed(int(seed), False)

@@ -12,6 +12,7 @@ from flax import nnx
 
 from dpkd_jax import data
 from dpkd_jax.models import core
+from dpkd_jax.train import distributed
 
 
 @functools.partial(jax.jit, static_argnames=("graphdef", "info"))
@@ -52,6 +53,9 @@ def evaluate(parts: core.ModelParts, dataset: data.ArrayDataset, *, batch_size: 
   n = len(dataset)
   if n == 0:
     raise ValueError("cannot evaluate on an empty dataset")
+  # Host copies: every process evaluates the whole test set locally (multi-host: the trained
+  # params are global arrays; a test set fits in host memory).
+  params, batch_stats = distributed.to_host((parts.params, parts.batch_stats))
   correct = loss = 0.0
   for start in range(0, n, batch_size):
     images = dataset.images[start:start + batch_size]
@@ -62,7 +66,7 @@ def evaluate(parts: core.ModelParts, dataset: data.ArrayDataset, *, batch_size: 
     if real < batch_size:
       images = np.concatenate([images, np.zeros((batch_size - real,) + images.shape[1:], images.dtype)])
       labels = np.concatenate([labels, np.zeros(batch_size - real, labels.dtype)])
-    c, l = _batch_stats(parts.graphdef, parts.params, parts.batch_stats, images, labels, mask, dataset.info)
+    c, l = _batch_stats(parts.graphdef, params, batch_stats, images, labels, mask, dataset.info)
     correct += float(c)
     loss += float(l)
   return {"accuracy": correct / n, "loss": loss / n}

@@ -15,6 +15,8 @@ import jax
 import numpy as np
 from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
+from dpkd_jax.train import distributed
+
 DATA_AXIS = "data"
 
 
@@ -45,10 +47,13 @@ def replicated(mesh: Mesh) -> NamedSharding:
 
 
 def shard_batch(batch: Any, mesh: Mesh) -> Any:
-  """Places every leaf of `batch` (leading axis = examples) split over 'data'."""
-  return jax.device_put(batch, batch_sharding(mesh))
+  """Places every leaf of `batch` (leading axis = examples) split over 'data'.
+
+  Multi-host: every process passes the same global batch and places its own slices.
+  """
+  return distributed.to_global(batch, batch_sharding(mesh))
 
 
 def replicate(tree: Any, mesh: Mesh) -> Any:
-  """Places every leaf of `tree` fully on every device of `mesh`."""
-  return jax.device_put(tree, replicated(mesh))
+  """Places every leaf of `tree` fully on every device of `mesh` (of all processes)."""
+  return distributed.to_global(tree, replicated(mesh))
