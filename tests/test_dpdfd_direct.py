@@ -59,6 +59,36 @@ def test_sigma_zero_mse_step_is_sgd_on_normalized_output_gradients():
     np.testing.assert_allclose(a, b, atol=2e-6, rtol=1e-4)
 
 
+def test_ce_step_equals_value_and_grad_through_a_second_forward_pass():
+  """The one-forward VJP step equals differentiating the paper's CE loss end to end."""
+  config = _config(student_loss="ce")
+  train = data.load("digits", "train")
+  images = data.normalize(train.images[:24], data.DATASETS["digits"])
+  labels = jnp.asarray(train.labels[:24])
+  mask = jnp.arange(24) < 16
+  state = _state(config)
+  params0 = state.params
+  new_state, metrics = jax.jit(dpdfd_direct.build_direct_step(config.step_config()))(
+      state, images, labels, mask, jax.random.key(0))
+
+  def forward(params):
+    return core.apply(state.graphdef, params, state.batch_stats, images[:16], train=True)[0].logits
+
+  s0 = forward(params0)
+  g = jax.nn.softmax(s0) - jax.nn.one_hot(labels[:16], 10)
+  target = s0 - g / (jnp.linalg.norm(g, axis=-1, keepdims=True) + 1e-6)  # σ = 0, γ = C = 1
+
+  def reference_loss(params):
+    s = forward(params)
+    return jnp.mean(-jnp.sum(jax.nn.softmax(target) * jax.nn.log_softmax(s), axis=-1))
+
+  loss, grads = jax.value_and_grad(reference_loss)(params0)
+  np.testing.assert_allclose(metrics["loss"], loss, rtol=1e-5)
+  expected = jax.tree.map(lambda p, g: p - config.learning_rate * g, params0, grads)
+  for a, b in zip(jax.tree.leaves(new_state.params), jax.tree.leaves(expected)):
+    np.testing.assert_allclose(a, b, atol=2e-6, rtol=1e-4)
+
+
 def test_end_to_end_reports_not_dp(tmp_path):
   config = _config(noise_multiplier=5.0)
   with pytest.warns(paper_accounting.PaperAccountingWarning, match="not DP"):
