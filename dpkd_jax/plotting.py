@@ -1,0 +1,231 @@
+"""Privacy–utility plots from run directories (`results.json`, optionally `metrics.csv`).
+
+Every method's CLI writes `<workdir>/results.json`; its ε is always the sound figure of
+`dpkd_jax.privacy.accounting` (∞ for a run without a guarantee). This module reads those files
+into `RunSummary` records and draws test accuracy against ε (log axis), one line per method.
+
+* A run with ε = ∞ (non-private pipeline, DPDFD direct mode, SRR with a teacher-pretrained
+  generator) has no place on an ε axis: it is drawn as a dashed horizontal reference line.
+* `trajectories=True` adds each run's (spent ε, accuracy) at every evaluation, read from its
+  `metrics.csv` (ε is the ledger's at that step): a single run then gives a curve.
+* Paper-formula ε values are never plotted as guarantees; `paper_epsilon=True` draws them as
+  hollow markers labelled "NOT a guarantee", as the results tables do.
+
+Methods name their fields differently (`student_accuracy` for reverse k-NN, the record-level ε
+for SRR), so an explicit registry, `METHOD_FIELDS`, says which keys to read for each method.
+matplotlib is imported lazily with the Agg backend, so this works on headless machines.
+"""
+
+from __future__ import annotations
+
+import collections
+import csv
+import dataclasses
+import json
+import math
+import os
+from typing import Sequence
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class MethodFields:
+  """Where a method's results live.
+
+  Attributes:
+    epsilon: results.json key of the sound (record-level) ε.
+    accuracy: results.json key of the student's test accuracy.
+    paper_epsilon: results.json key of the paper's figure (None: the method has none).
+    trajectory_epsilon: metrics.csv tag of the ε spent at each evaluation (None: not logged).
+    trajectory_accuracy: metrics.csv tag of the accuracy at each evaluation.
+  """
+
+  epsilon: str = "epsilon"
+  accuracy: str = "test_accuracy"
+  paper_epsilon: str | None = None
+  trajectory_epsilon: str | None = None
+  trajectory_accuracy: str = "test/accuracy"
+
+
+# Explicit registry (no string dispatch): method name in results.json -> its field names.
+METHOD_FIELDS: dict[str, MethodFields] = {
+    "dpdfd": MethodFields(paper_epsilon="paper_epsilon", trajectory_epsilon="train/epsilon"),
+    "dpdfd_direct": MethodFields(paper_epsilon="paper_epsilon"),
+    "dpsgd": MethodFields(trajectory_epsilon="test/epsilon"),
+    "rknn": MethodFields(accuracy="student_accuracy", trajectory_epsilon="round/epsilon",
+                         trajectory_accuracy="round/student_accuracy"),
+    "srr": MethodFields(epsilon="record_level_epsilon",
+                        paper_epsilon="paper_label_epsilon_per_query"),
+    "rona": MethodFields(trajectory_epsilon="train/epsilon"),
+}
+_DEFAULT_FIELDS = MethodFields()
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class RunSummary:
+  """One run, as plotted.
+
+  Attributes:
+    label: the run directory's base name.
+    method: the `method` of results.json ("unknown" if absent).
+    epsilon: sound ε at `delta` (math.inf: no guarantee).
+    accuracy: the student's test accuracy.
+    delta: δ of `epsilon` (NaN if the file has none).
+    paper_epsilon: the paper's figure, or None.
+    trajectory: ((ε spent, accuracy), ...) at every evaluation, in step order (may be empty).
+  """
+
+  label: str
+  method: str
+  epsilon: float
+  accuracy: float
+  delta: float
+  paper_epsilon: float | None
+  trajectory: tuple[tuple[float, float], ...]
+
+  def __post_init__(self):
+    if not 0.0 <= self.accuracy <= 1.0:
+      raise ValueError(f"accuracy of run {self.label!r} must be in [0, 1], got {self.accuracy!r}")
+    if math.isnan(self.epsilon) or self.epsilon < 0:
+      raise ValueError(f"epsilon of run {self.label!r} must be >= 0 or inf, got {self.epsilon!r}")
+
+
+def _read_trajectory(run_dir: str, fields: MethodFields) -> tuple[tuple[float, float], ...]:
+  """(ε, accuracy) pairs of the steps at which metrics.csv logged both tags."""
+  path = os.path.join(run_dir, "metrics.csv")
+  if fields.trajectory_epsilon is None or not os.path.exists(path):
+    return ()
+  by_step: dict[int, dict[str, float]] = collections.defaultdict(dict)
+  with open(path, newline="", encoding="utf-8") as f:
+    for row in csv.DictReader(f):  # columns: step, name, value
+      if row["name"] in (fields.trajectory_epsilon, fields.trajectory_accuracy):
+        by_step[int(row["step"])][row["name"]] = float(row["value"])
+  return tuple((values[fields.trajectory_epsilon], values[fields.trajectory_accuracy])
+               for _, values in sorted(by_step.items())
+               if len(values) == 2 and math.isfinite(values[fields.trajectory_epsilon]))
+
+
+def load_run(run_dir: str) -> RunSummary:
+  """Reads `<run_dir>/results.json` (and `metrics.csv`, if present).
+
+  Args:
+    run_dir: a workdir written by one of the `experiments.*` CLIs.
+
+  Returns:
+    The run's summary.
+
+  Raises:
+    FileNotFoundError: no results.json in `run_dir`.
+    ValueError: results.json lacks the method's ε or accuracy key, or holds invalid values.
+  """
+  path = os.path.join(run_dir, "results.json")
+  if not os.path.isfile(path):
+    raise FileNotFoundError(f"no results.json in {run_dir!r} (is it a finished run's workdir?)")
+  with open(path, encoding="utf-8") as f:
+    results = json.load(f)  # Python's json reads the `Infinity` that runs write for ε = ∞.
+  method = str(results.get("method", "unknown"))
+  fields = METHOD_FIELDS.get(method, _DEFAULT_FIELDS)
+  for key in (fields.epsilon, fields.accuracy):
+    if key not in results:
+      raise ValueError(f"{path} ({method!r} run) has no {key!r} field")
+  paper = results.get(fields.paper_epsilon) if fields.paper_epsilon else None
+  return RunSummary(
+      label=os.path.basename(os.path.normpath(run_dir)),
+      method=method,
+      epsilon=float(results[fields.epsilon]),
+      accuracy=float(results[fields.accuracy]),
+      delta=float(results.get("delta", math.nan)),
+      paper_epsilon=None if paper is None else float(paper),
+      trajectory=_read_trajectory(run_dir, fields),
+  )
+
+
+def load_runs(run_dirs: Sequence[str], *, skip_unfinished: bool = False) -> list[RunSummary]:
+  """`load_run` of every directory, in the given order.
+
+  Args:
+    run_dirs: workdirs (e.g. a shell glob `runs/dpdfd/*`).
+    skip_unfinished: skip directories without results.json instead of raising.
+
+  Returns:
+    The summaries.
+
+  Raises:
+    ValueError: no directory given, or none left after skipping.
+  """
+  summaries = []
+  for run_dir in run_dirs:
+    if skip_unfinished and not os.path.isfile(os.path.join(run_dir, "results.json")):
+      continue
+    summaries.append(load_run(run_dir))
+  if not summaries:
+    raise ValueError(f"no run with a results.json among {list(run_dirs)!r}")
+  return summaries
+
+
+def plot_privacy_utility(runs: Sequence[RunSummary], out_path: str, *,
+                         title: str | None = None, trajectories: bool = False,
+                         paper_epsilon: bool = False) -> str:
+  """Draws test accuracy against sound ε and writes a PNG.
+
+  Args:
+    runs: summaries from `load_runs`.
+    out_path: the PNG to write (its directory must exist).
+    title: figure title; default "privacy–utility (δ = ...)".
+    trajectories: also draw each run's per-evaluation (ε spent, accuracy) curve.
+    paper_epsilon: also draw the papers' figures, as hollow markers marked NOT a guarantee.
+
+  Returns:
+    `out_path`.
+
+  Raises:
+    ValueError: `runs` is empty.
+  """
+  if not runs:
+    raise ValueError("runs must hold at least one RunSummary")
+  import matplotlib  # pylint: disable=g-import-not-at-top
+  matplotlib.use("Agg")  # Headless: CI and notebooks on machines without a display.
+  import matplotlib.pyplot as plt  # pylint: disable=g-import-not-at-top
+
+  fig, ax = plt.subplots(figsize=(6.4, 4.4))
+  by_method: dict[str, list[RunSummary]] = collections.defaultdict(list)
+  for run in runs:
+    by_method[run.method].append(run)
+  finite_epsilons = [r.epsilon for r in runs if math.isfinite(r.epsilon)]
+  finite_epsilons += [e for r in runs if trajectories for e, _ in r.trajectory]
+  palette = plt.rcParams["axes.prop_cycle"].by_key()["color"]
+  for index, (method, method_runs) in enumerate(sorted(by_method.items())):
+    color = palette[index % len(palette)]  # One colour per method, whatever it draws.
+    private = sorted((r for r in method_runs if math.isfinite(r.epsilon)), key=lambda r: r.epsilon)
+    if private:
+      ax.plot([r.epsilon for r in private], [r.accuracy for r in private], "o-", color=color,
+              label=f"{method} (sound ε)")
+    # A legend entry per method and kind, not per run: sweeps have many runs.
+    trajectory_label = f"{method} during training (ε spent)"
+    paper_label = f"{method}: paper-formula ε (NOT a guarantee)"
+    for run in method_runs:
+      if not math.isfinite(run.epsilon):
+        # ε = ∞ has no x position: a reference line at the run's accuracy.
+        ax.axhline(run.accuracy, linestyle="--", linewidth=1, color=color,
+                   label=f"{method} {run.label}: ε = ∞ (no guarantee)")
+      if trajectories and run.trajectory:
+        eps, acc = zip(*run.trajectory)
+        ax.plot(eps, acc, ".:", color=color, alpha=0.7, label=trajectory_label)
+        trajectory_label = None
+      if paper_epsilon and run.paper_epsilon is not None and run.paper_epsilon > 0:
+        ax.plot([run.paper_epsilon], [run.accuracy], "o", mfc="none", color=color,
+                label=paper_label)
+        paper_label = None
+        finite_epsilons.append(run.paper_epsilon)
+  if finite_epsilons:
+    ax.set_xscale("log")
+  ax.set_xlabel("ε (sound, dp_accounting)")
+  ax.set_ylabel("student test accuracy")
+  deltas = sorted({r.delta for r in runs if math.isfinite(r.delta) and r.delta > 0})
+  delta_text = ", ".join(f"{d:g}" for d in deltas) or "n/a"
+  ax.set_title(title or f"privacy–utility (δ = {delta_text})")
+  ax.grid(True, which="both", alpha=0.3)
+  # Outside the axes: sweeps have many entries, which would hide the points.
+  ax.legend(fontsize="small", loc="upper left", bbox_to_anchor=(1.02, 1.0))
+  fig.savefig(out_path, dpi=120, bbox_inches="tight")
+  plt.close(fig)
+  return out_path
