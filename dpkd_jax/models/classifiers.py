@@ -25,7 +25,7 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
-from dpkd_jax.models import core, fast_conv
+from dpkd_jax.models import core, fast_conv, fast_norm, fast_pool
 
 NORMS = ("batch", "group", "none")
 # PyTorch's BatchNorm momentum 0.1 (the reference implementations are PyTorch): the running
@@ -100,7 +100,8 @@ def apply_norm(layer: NormLayer, x: jax.Array, *, train: bool) -> jax.Array:
     return x
   if isinstance(layer, nnx.BatchNorm):
     return layer(x, use_running_average=not train)
-  return layer(x)
+  # Same module and parameters; a closed-form gradient that XLA CPU fuses (fast_norm).
+  return fast_norm.apply_group_norm(layer, x)
 
 
 class ConvNorm(nnx.Module):
@@ -131,9 +132,13 @@ class ConvNorm(nnx.Module):
     return apply_norm(self.norm, self.conv(x), train=train)
 
 
-def _max_pool(x: jax.Array) -> jax.Array:
-  """2×2 max-pool, stride 2, VALID (odd sizes are floored)."""
-  return nnx.max_pool(x, window_shape=(2, 2), strides=(2, 2))
+def max_pool_2x2(x: jax.Array) -> jax.Array:
+  """2×2 max-pool, stride 2, VALID (odd sizes are floored), as `nnx.max_pool`.
+
+  Through `fast_pool.max_pool`: equal values and gradients (ties go to the first maximum in
+  row-major order), without XLA CPU's slow select-and-scatter.
+  """
+  return fast_pool.max_pool(x, window_shape=(2, 2), strides=(2, 2))
 
 
 def _flatten(x: jax.Array) -> jax.Array:
@@ -175,8 +180,8 @@ class LeNet5(nnx.Module):
     self.head = nnx.Linear(dense_widths[1], num_classes, rngs=rngs)
 
   def __call__(self, x: jax.Array, *, train: bool = False) -> core.ClassifierOutput:
-    x = _max_pool(nnx.relu(self.conv1(x, train=train)))
-    hint = _max_pool(nnx.relu(self.conv2(x, train=train)))  # (B, 5, 5, 16)
+    x = max_pool_2x2(nnx.relu(self.conv1(x, train=train)))
+    hint = max_pool_2x2(nnx.relu(self.conv2(x, train=train)))  # (B, 5, 5, 16)
     features = nnx.relu(self.fc2(nnx.relu(self.fc1(_flatten(hint)))))  # (B, 84)
     return core.ClassifierOutput(self.head(features), features, hint)
 
@@ -221,7 +226,7 @@ class DataLensCNN(nnx.Module):
     self.head = nnx.Linear(hidden_width, num_classes, rngs=rngs)
 
   def __call__(self, x: jax.Array, *, train: bool = False) -> core.ClassifierOutput:
-    x = _max_pool(nnx.relu(self.conv1(x, train=train)))
+    x = max_pool_2x2(nnx.relu(self.conv1(x, train=train)))
     hint = nnx.relu(self.conv2(x, train=train))  # (B, 11, 11, 64) at 28×28
     features = nnx.relu(self.fc(_flatten(hint)))  # (B, 64)
     return core.ClassifierOutput(self.head(features), features, hint)
@@ -252,8 +257,8 @@ class SmallCNN(nnx.Module):
     self.head = nnx.Linear(hidden_width, num_classes, rngs=rngs)
 
   def __call__(self, x: jax.Array, *, train: bool = False) -> core.ClassifierOutput:
-    x = _max_pool(nnx.relu(self.conv1(x, train=train)))
-    hint = _max_pool(nnx.relu(self.conv2(x, train=train)))  # (B, 7, 7, 64) at 28×28
+    x = max_pool_2x2(nnx.relu(self.conv1(x, train=train)))
+    hint = max_pool_2x2(nnx.relu(self.conv2(x, train=train)))  # (B, 7, 7, 64) at 28×28
     features = nnx.relu(self.fc(_flatten(hint)))  # (B, 128)
     return core.ClassifierOutput(self.head(features), features, hint)
 
@@ -300,7 +305,7 @@ class VGG(nnx.Module):
     for index, stage in enumerate(self.stages):
       for layer in stage:
         x = nnx.relu(layer(x, train=train))
-      x = _max_pool(x)
+      x = max_pool_2x2(x)
       if index == self.hint_stage:
         hint = x  # (B, 7, 7, 64) at 28×28 with the default stages
     features = jnp.mean(x, axis=(1, 2))  # (B, last width)
