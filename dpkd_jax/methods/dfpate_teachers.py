@@ -1,0 +1,298 @@
+"""A PATE teacher ensemble trained all at once: n models vmapped over disjoint shards.
+
+The n teachers share one architecture; their parameters are stacked along a leading axis
+(n, ...) and one jitted step, `jax.vmap`ped over (params, optimizer state, shard batch),
+trains all of them together (one compilation, not n runs). Shards come from
+`data.shard_indices` and are cut to equal size (at most n − 1 records dropped) so that they
+stack; shard i trains teacher i only, which is what makes one private record change at most
+one teacher (`privacy.aggregation`). Teachers are not private; everything that leaves this
+module towards a student must go through `aggregation.noisy_histogram`.
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Callable, Sequence
+from typing import Any, NamedTuple
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+from flax import nnx
+
+from dpkd_jax import data
+from dpkd_jax import models
+from dpkd_jax.models import core
+
+PyTree = Any
+# Random translation of teacher training images by up to this many pixels (cheap augmentation
+# that makes small-shard teachers less brittle off the training distribution).
+_SHIFT = 2
+# Teacher-image pairs per `ensemble_logits` call (bounds its memory to ~1 GB for PatchCNN).
+_TEACHER_IMAGES_PER_CALL = 25_000
+
+
+class MLP(nnx.Module):
+  """flatten → dense(hidden) → ReLU → dense(hidden) → ReLU → dense(classes).
+
+  The default teacher: vmapped over n teachers its layers are batched matrix products, which
+  XLA runs fast on CPU, whereas vmapped convolutions become grouped convolutions (slow there).
+  Same keyword signature as every registry classifier; `norm` must be "none".
+  """
+
+  def __init__(self, *, num_classes: int, input_shape: Sequence[int], norm: str = "none",
+               rngs: nnx.Rngs, hidden_width: int = 128):
+    if norm != "none":
+      raise ValueError(f"MLP has no normalisation layers; norm must be 'none', got {norm!r}")
+    size = int(np.prod(input_shape))
+    self.fc1 = nnx.Linear(size, hidden_width, rngs=rngs)
+    self.fc2 = nnx.Linear(hidden_width, hidden_width, rngs=rngs)
+    self.head = nnx.Linear(hidden_width, num_classes, rngs=rngs)
+
+  def __call__(self, x: jax.Array, *, train: bool = False) -> core.ClassifierOutput:
+    del train  # no dropout / normalisation
+    hidden = jax.nn.relu(self.fc1(x.reshape(x.shape[0], -1)))  # (B, hidden)
+    features = jax.nn.relu(self.fc2(hidden))  # (B, hidden)
+    return core.ClassifierOutput(self.head(features), features, hidden)
+
+
+class PatchCNN(nnx.Module):
+  """Two 5×5 stride-2 convolutions (widths 8, 16) → ReLU → dense(classes), as patch matmuls.
+
+  Each convolution extracts 5×5 patches (`conv_general_dilated_patches`, no parameters) and
+  multiplies them by an (in·25, out) kernel, so n vmapped teachers run batched matrix
+  products instead of CPU-slow grouped convolutions. Shapes at 28×28×C: (14, 14, 8) →
+  (7, 7, 16) → 784 features. Same keyword signature as the registry; `norm` must be "none".
+  """
+
+  def __init__(self, *, num_classes: int, input_shape: Sequence[int], norm: str = "none",
+               rngs: nnx.Rngs, widths: tuple[int, int] = (8, 16)):
+    if norm != "none":
+      raise ValueError(f"PatchCNN has no normalisation layers; norm must be 'none', got {norm!r}")
+    height, width, channels = (int(s) for s in input_shape)
+    self.conv1 = nnx.Linear(channels * 25, widths[0], rngs=rngs)
+    self.conv2 = nnx.Linear(widths[0] * 25, widths[1], rngs=rngs)
+    out_h, out_w = -(-(-(-height // 2)) // 2), -(-(-(-width // 2)) // 2)
+    self.head = nnx.Linear(out_h * out_w * widths[1], num_classes, rngs=rngs)
+
+  @staticmethod
+  def _patches(x: jax.Array) -> jax.Array:
+    """(B, H, W, C) → (B, ceil(H/2), ceil(W/2), 25·C) 5×5 patches at stride 2 ("SAME").
+
+    Built from 25 strided slices of the padded input (memory moves only): XLA's CPU
+    patch extraction is itself a grouped convolution, which is what we avoid.
+    """
+    height, width = x.shape[1:3]
+    out_h, out_w = -(-height // 2), -(-width // 2)
+    pad_h, pad_w = max((out_h - 1) * 2 + 5 - height, 0), max((out_w - 1) * 2 + 5 - width, 0)
+    padded = jnp.pad(x, ((0, 0), (pad_h // 2, pad_h - pad_h // 2),
+                         (pad_w // 2, pad_w - pad_w // 2), (0, 0)))
+    slices = [padded[:, i:i + 2 * out_h:2, j:j + 2 * out_w:2, :]
+              for i in range(5) for j in range(5)]  # 25 × (B, out_h, out_w, C)
+    return jnp.concatenate(slices, axis=-1)
+
+  def __call__(self, x: jax.Array, *, train: bool = False) -> core.ClassifierOutput:
+    del train
+    hint = jax.nn.relu(self.conv1(self._patches(x)))  # (B, H/2, W/2, 8)
+    maps = jax.nn.relu(self.conv2(self._patches(hint)))  # (B, H/4, W/4, 16)
+    features = maps.reshape(maps.shape[0], -1)
+    return core.ClassifierOutput(self.head(features), features, hint)
+
+
+# Teacher architectures: the zoo's classifiers plus the MLP above (explicit registry).
+TEACHER_MODELS: dict[str, Callable[..., nnx.Module]] = {"mlp": MLP, "patch_cnn": PatchCNN,
+                                                         **models.CLASSIFIERS}
+
+
+class Ensemble(NamedTuple):
+  """n teachers of one architecture.
+
+  Attributes:
+    graphdef: static model definition (shared).
+    params: parameters stacked along a leading axis of size n.
+  """
+
+  graphdef: nnx.GraphDef
+  params: PyTree
+
+  @property
+  def size(self) -> int:
+    return int(jax.tree.leaves(self.params)[0].shape[0])
+
+
+def init_ensemble(model: str, num_teachers: int, info: data.DatasetInfo,
+                  key: jax.Array) -> Ensemble:
+  """`num_teachers` independently initialised copies of `TEACHER_MODELS[model]` (norm "none").
+
+  Args:
+    model: a key of `TEACHER_MODELS`.
+    num_teachers: n >= 1.
+    info: the private dataset's info (classes, image shape).
+    key: a `jax.random.key`; teacher i initialises from `fold_in(key, i)`.
+
+  Returns:
+    The `Ensemble` (params stacked to (n, ...)).
+  """
+  if num_teachers < 1:
+    raise ValueError(f"num_teachers must be >= 1, got {num_teachers}")
+
+  if model not in TEACHER_MODELS:
+    raise ValueError(f"unknown teacher model {model!r}; choose one of {sorted(TEACHER_MODELS)}")
+
+  def build(init_key: jax.Array) -> core.ModelParts:
+    return models.split(TEACHER_MODELS[model](
+        num_classes=info.num_classes, input_shape=info.image_shape, norm="none",
+        rngs=nnx.Rngs(init_key)))
+
+  graphdef = build(jax.random.key(0)).graphdef  # shapes only; weights come from `key` below
+  keys = jax.vmap(lambda i: jax.random.fold_in(key, i))(jnp.arange(num_teachers))
+  params = jax.vmap(lambda k: build(k).params)(keys)
+  return Ensemble(graphdef, params)
+
+
+def equal_shards(dataset: data.ArrayDataset, num_teachers: int, *,
+                 seed: int) -> tuple[np.ndarray, np.ndarray]:
+  """Disjoint shards cut to equal size.
+
+  Args:
+    dataset: the private training set.
+    num_teachers: n, number of shards.
+    seed: the (public) shard assignment seed.
+
+  Returns:
+    (images (n, m, H, W, C) uint8, labels (n, m) int32), m = floor(N / n).
+  """
+  shards = data.shard_indices(len(dataset), num_teachers, seed=seed)
+  size = min(len(s) for s in shards)
+  index = np.stack([s[:size] for s in shards])  # (n, m); rows disjoint
+  return dataset.images[index], dataset.labels[index]
+
+
+def _shift(key: jax.Array, images: jax.Array) -> jax.Array:
+  """Random translation by up to `_SHIFT` pixels, one offset per image, zero fill."""
+  height, width = images.shape[1:3]
+  padded = jnp.pad(images, ((0, 0), (_SHIFT, _SHIFT), (_SHIFT, _SHIFT), (0, 0)))
+  offsets = jax.random.randint(key, (images.shape[0], 2), 0, 2 * _SHIFT + 1)
+  return jax.vmap(lambda im, o: jax.lax.dynamic_slice(
+      im, (o[0], o[1], 0), (height, width, im.shape[-1])))(padded, offsets)
+
+
+@functools.partial(jax.jit, static_argnames=("graphdef", "tx", "info", "augment"))
+def _ensemble_step(graphdef, tx, info, augment, params, opt_state, images, labels, key):
+  """One Adam step of every teacher on its own shard batch.
+
+  images: (n, b, H, W, C) uint8; labels: (n, b); key: split into one key per teacher.
+  """
+  def one_teacher(teacher_params, teacher_opt, x, y, teacher_key):
+    if augment:
+      x = _shift(teacher_key, x)
+    x = data.normalize(x, info)
+
+    def loss_fn(p):
+      out, _ = core.apply(graphdef, p, {}, x, train=True)
+      return jnp.mean(optax.softmax_cross_entropy_with_integer_labels(out.logits, y))
+
+    loss, grads = jax.value_and_grad(loss_fn)(teacher_params)
+    updates, teacher_opt = tx.update(grads, teacher_opt, teacher_params)
+    return optax.apply_updates(teacher_params, updates), teacher_opt, loss
+
+  keys = jax.random.split(key, images.shape[0])
+  return jax.vmap(one_teacher)(params, opt_state, images, labels, keys)
+
+
+def train_ensemble(ensemble: Ensemble, images: np.ndarray, labels: np.ndarray,
+                   info: data.DatasetInfo, key: jax.Array, *, epochs: int, batch_size: int,
+                   learning_rate: float, augment: bool = True) -> tuple[Ensemble, float]:
+  """Trains every teacher on its own shard, all in one vmapped jitted step.
+
+  Args:
+    ensemble: initial ensemble (n teachers).
+    images: (n, m, H, W, C) uint8 shards; labels: (n, m) int32.
+    info: dataset info (normalisation).
+    key: a `jax.random.key`; step t uses `fold_in(key, t)` (shuffling and augmentation).
+    epochs: passes over each shard.
+    batch_size: per-teacher batch (<= m; the last partial batch of an epoch is dropped).
+    learning_rate: Adam learning rate (cosine decay over all steps).
+    augment: random ±2-pixel translations.
+
+  Returns:
+    (trained ensemble, mean training loss of the last step).
+  """
+  num_teachers, shard_size = labels.shape
+  if not 1 <= batch_size <= shard_size:
+    raise ValueError(f"batch_size must be in [1, shard size {shard_size}], got {batch_size}")
+  steps_per_epoch = shard_size // batch_size
+  tx = optax.adam(optax.cosine_decay_schedule(learning_rate, max(epochs * steps_per_epoch, 1)))
+  params = ensemble.params
+  opt_state = jax.vmap(tx.init)(params)
+  loss = jnp.nan
+  step = 0
+  for epoch in range(epochs):
+    order_key = jax.random.fold_in(key, 2 * epoch)
+    # Independent permutation per teacher: (n, m) row indices into its own shard.
+    order = np.asarray(jax.vmap(lambda k: jax.random.permutation(k, shard_size))(
+        jax.random.split(order_key, num_teachers)))
+    for start in range(0, steps_per_epoch * batch_size, batch_size):
+      rows = order[:, start:start + batch_size]  # (n, b)
+      batch_x = np.take_along_axis(images, rows[:, :, None, None, None], axis=1)
+      batch_y = np.take_along_axis(labels, rows, axis=1)
+      params, opt_state, losses = _ensemble_step(
+          ensemble.graphdef, tx, info, augment, params, opt_state, batch_x, batch_y,
+          jax.random.fold_in(jax.random.fold_in(key, 2 * epoch + 1), step))
+      loss = losses
+      step += 1
+  return Ensemble(ensemble.graphdef, params), float(jnp.mean(loss))
+
+
+@functools.partial(jax.jit, static_argnames=("graphdef", "info"))
+def _ensemble_logits(graphdef, info, params, images):
+  x = data.normalize(images, info)  # (Q, H, W, C)
+  return jax.vmap(lambda p: core.apply(graphdef, p, {}, x, train=False)[0].logits)(params)
+
+
+def ensemble_logits(ensemble: Ensemble, images: np.ndarray, info: data.DatasetInfo, *,
+                    chunk: int | None = None) -> np.ndarray:
+  """Logits of every teacher on every image (NOT private: aggregate through a mechanism).
+
+  Args:
+    ensemble: the n teachers.
+    images: (Q, H, W, C) uint8 queries.
+    info: dataset info (normalisation).
+    chunk: images per compiled call (the last chunk is padded); default: n · chunk ≈
+      `_TEACHER_IMAGES_PER_CALL`, since the activations of every teacher on every image of
+      the chunk are live at once (PatchCNN: ~40 KB per teacher-image).
+
+  Returns:
+    (n, Q, K) float32 logits.
+  """
+  if chunk is None:
+    chunk = max(1, min(1000, _TEACHER_IMAGES_PER_CALL // ensemble.size))
+  outs = []
+  for start in range(0, len(images), chunk):
+    part = images[start:start + chunk]
+    pad = chunk - len(part)
+    if pad:
+      part = np.concatenate([part, np.zeros((pad,) + part.shape[1:], part.dtype)])
+    outs.append(np.asarray(_ensemble_logits(ensemble.graphdef, info, ensemble.params,
+                                            part))[:, :chunk - pad])
+  return np.concatenate(outs, axis=1)
+
+
+def ensemble_accuracy(ensemble: Ensemble, dataset: data.ArrayDataset) -> dict[str, float]:
+  """Test accuracy of the teachers (a non-private diagnostic of the private models).
+
+  Args:
+    ensemble: the n teachers.
+    dataset: a labelled (test) set.
+
+  Returns:
+    {"teacher_mean": mean single-teacher accuracy, "plurality": accuracy of the exact
+     plurality vote, "agreement": mean fraction of teachers voting for the plurality class}.
+  """
+  logits = ensemble_logits(ensemble, dataset.images, dataset.info)  # (n, N, K)
+  votes = logits.argmax(-1)  # (n, N)
+  counts = np.stack([(votes == k).sum(0) for k in range(logits.shape[-1])], -1)  # (N, K)
+  return {"teacher_mean": float((votes == dataset.labels[None]).mean()),
+          "plurality": float((counts.argmax(-1) == dataset.labels).mean()),
+          "agreement": float(counts.max(-1).mean() / ensemble.size)}
