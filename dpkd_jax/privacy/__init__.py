@@ -13,9 +13,17 @@ from dpkd_jax.privacy.accounting import (
     dpsgd_event,
     epsilon,
     laplace_counts_event,
+    pate_event,
     rona_event,
     rona_num_queries,
     srr_event,
+)
+from dpkd_jax.privacy.aggregation import (
+    NoisyVotes,
+    calibrate_noise_std,
+    gnmax,
+    noisy_histogram,
+    vote_histogram,
 )
 from dpkd_jax.privacy.audit import AuditResult, audit_mechanism
 from dpkd_jax.privacy.calibration import (
