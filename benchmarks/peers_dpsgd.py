@@ -144,7 +144,7 @@ def epsilon_table() -> None:
     print(f"- {line}")
 
 
-def _time_interleaved(steps: dict[str, Callable[[int], None]], warmup: int,
+def time_interleaved(steps: dict[str, Callable[[int], None]], warmup: int,
                       repeats: int) -> dict[str, list[float]]:
   """Warms each step up, then `repeats` rounds timing each once (seconds). A step gets its
   call index so that it can derive a fresh noise key per call."""
@@ -327,7 +327,7 @@ def throughput_table(warmup: int, repeats: int, model: str = "lenet5") -> None:
     print(f"Parameters: ours {jax_count}, PyTorch {torch_count}: "
           + ("equal" if jax_count == torch_count else "DIFFERENT (architectures differ)"))
   start = time.perf_counter()
-  times = _time_interleaved(steps, warmup, repeats)
+  times = time_interleaved(steps, warmup, repeats)
   print(f"\n{warmup} warm-up calls each, then {repeats} interleaved rounds "
         f"({time.perf_counter() - start:.0f} s incl. compilation)\n")
   print("| step | min s | median s | max s | steps/s (median) |\n|---|---|---|---|---|")

@@ -114,16 +114,8 @@ def peak_flops(repeats: int, size: int = 2048) -> float:
 
 def time_interleaved(steps: dict[str, Timed], warmup: int, repeats: int) -> dict[str, list[float]]:
   """Warms every step up, then times them in `repeats` interleaved rounds (seconds per call)."""
-  for step in steps.values():
-    for i in range(warmup):
-      step.call(i)
-  times = {name: [] for name in steps}
-  for r in range(repeats):
-    for name, step in steps.items():
-      start = time.perf_counter()
-      step.call(warmup + r)
-      times[name].append(time.perf_counter() - start)
-  return times
+  return peers_dpsgd.time_interleaved(
+      {name: step.call for name, step in steps.items()}, warmup, repeats)
 
 
 @contextlib.contextmanager

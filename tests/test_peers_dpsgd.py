@@ -133,7 +133,7 @@ def test_flags_only_pairs_beyond_tolerance(bench):
 def test_time_interleaved_warms_up_then_round_robins(bench):
   calls = []
   steps = {name: (lambda i, name=name: calls.append((name, i))) for name in ("a", "b")}
-  times = bench._time_interleaved(steps, warmup=2, repeats=3)
+  times = bench.time_interleaved(steps, warmup=2, repeats=3)
   assert calls == [("a", 0), ("a", 1), ("b", 0), ("b", 1),
                    ("a", 2), ("b", 2), ("a", 3), ("b", 3), ("a", 4), ("b", 4)]
   assert {name: len(t) for name, t in times.items()} == {"a": 3, "b": 3}
