@@ -217,3 +217,18 @@ def test_augment_rejects_bad_input():
     pipeline.augment(jax.random.key(0), jnp.zeros((32, 32, 3)))
   with pytest.raises(ValueError, match="pad_mode"):
     pipeline.augment(jax.random.key(0), jnp.zeros((1, 8, 8, 3)), pad_mode="wrap")
+
+
+def test_random_translate_is_a_zero_filled_shift_per_image():
+  images = jnp.arange(2 * 6 * 6, dtype=jnp.float32).reshape(2, 6, 6, 1) + 1.0  # no zeros
+  np.testing.assert_array_equal(pipeline.random_translate(jax.random.key(0), images, 0), images)
+  out = np.asarray(pipeline.random_translate(jax.random.key(1), images, 2))
+  assert out.shape == images.shape
+  for original, shifted in zip(np.asarray(images), out):
+    matches = []
+    for dy in range(-2, 3):
+      for dx in range(-2, 3):
+        padded = np.pad(original, ((2, 2), (2, 2), (0, 0)))
+        candidate = padded[2 + dy:2 + dy + 6, 2 + dx:2 + dx + 6]
+        matches.append(np.array_equal(candidate, shifted))
+    assert sum(matches) == 1  # exactly one translation within ±2 explains each image

@@ -6,6 +6,7 @@ from dpkd_jax.data.pipeline import epoch_batches
 from dpkd_jax.data.pipeline import iterate
 from dpkd_jax.data.pipeline import normalize
 from dpkd_jax.data.pipeline import poisson_batch
+from dpkd_jax.data.pipeline import random_translate
 from dpkd_jax.data.pipeline import suggested_max_batch_size
 from dpkd_jax.data.sources import ArrayDataset
 from dpkd_jax.data.sources import clear_cache
@@ -36,6 +37,7 @@ __all__ = [
     "normalize",
     "partition",
     "poisson_batch",
+    "random_translate",
     "private_public_split",
     "shard_dataset",
     "shard_indices",

@@ -55,15 +55,6 @@ def targets_from_votes(noisy_histogram: np.ndarray, num_teachers: int, *, target
   return onehot, keep.astype(np.float32)
 
 
-def _shift(key: jax.Array, images: jax.Array) -> jax.Array:
-  """Random translation by up to `_SHIFT` pixels per image (zero fill)."""
-  height, width = images.shape[1:3]
-  padded = jnp.pad(images, ((0, 0), (_SHIFT, _SHIFT), (_SHIFT, _SHIFT), (0, 0)))
-  offsets = jax.random.randint(key, (images.shape[0], 2), 0, 2 * _SHIFT + 1)
-  return jax.vmap(lambda im, o: jax.lax.dynamic_slice(
-      im, (o[0], o[1], 0), (height, width, im.shape[-1])))(padded, offsets)
-
-
 @functools.partial(jax.jit, static_argnames=("info", "target"))
 def train_step(state: TrainState, images: jax.Array, targets: jax.Array, weights: jax.Array,
                key: jax.Array, *, info: data.DatasetInfo, target: TargetKind
@@ -82,7 +73,7 @@ def train_step(state: TrainState, images: jax.Array, targets: jax.Array, weights
   Returns:
     (new state, weighted mean loss).
   """
-  x = data.normalize(_shift(key, images), info)
+  x = data.normalize(data.random_translate(key, images, _SHIFT), info)
   denominator = jnp.maximum(jnp.sum(weights), 1.0)
 
   def loss_fn(params):

@@ -169,15 +169,6 @@ def equal_shards(dataset: data.ArrayDataset, num_teachers: int, *,
   return dataset.images[index], dataset.labels[index]
 
 
-def _shift(key: jax.Array, images: jax.Array) -> jax.Array:
-  """Random translation by up to `_SHIFT` pixels, one offset per image, zero fill."""
-  height, width = images.shape[1:3]
-  padded = jnp.pad(images, ((0, 0), (_SHIFT, _SHIFT), (_SHIFT, _SHIFT), (0, 0)))
-  offsets = jax.random.randint(key, (images.shape[0], 2), 0, 2 * _SHIFT + 1)
-  return jax.vmap(lambda im, o: jax.lax.dynamic_slice(
-      im, (o[0], o[1], 0), (height, width, im.shape[-1])))(padded, offsets)
-
-
 @functools.partial(jax.jit, static_argnames=("graphdef", "tx", "info", "augment"))
 def _ensemble_step(graphdef, tx, info, augment, params, opt_state, images, labels, key):
   """One Adam step of every teacher on its own shard batch.
@@ -186,7 +177,7 @@ def _ensemble_step(graphdef, tx, info, augment, params, opt_state, images, label
   """
   def one_teacher(teacher_params, teacher_opt, x, y, teacher_key):
     if augment:
-      x = _shift(teacher_key, x)
+      x = data.random_translate(teacher_key, x, _SHIFT)
     x = data.normalize(x, info)
 
     def loss_fn(p):
