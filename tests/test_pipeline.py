@@ -232,3 +232,7 @@ def test_random_translate_is_a_zero_filled_shift_per_image():
         candidate = padded[2 + dy:2 + dy + 6, 2 + dx:2 + dx + 6]
         matches.append(np.array_equal(candidate, shifted))
     assert sum(matches) == 1  # exactly one translation within ±2 explains each image
+  with pytest.raises(ValueError, match="max_shift >= 0"):
+    pipeline.random_translate(jax.random.key(0), images, -1)
+  with pytest.raises(ValueError, match="B, H, W, C"):
+    pipeline.random_translate(jax.random.key(0), images[0], 1)

@@ -270,6 +270,9 @@ def random_translate(key: jax.Array, images: jax.Array, max_shift: int) -> jax.A
   Returns:
     (B, H, W, C) translated images, same dtype as `images`.
   """
+  if images.ndim != 4 or max_shift < 0:
+    raise ValueError(f"need (B, H, W, C) images and max_shift >= 0, got shape {images.shape} "
+                     f"and max_shift={max_shift}")
   height, width = images.shape[1:3]
   padded = jnp.pad(images, ((0, 0), (max_shift, max_shift), (max_shift, max_shift), (0, 0)))
   offsets = jax.random.randint(key, (images.shape[0], 2), 0, 2 * max_shift + 1)
