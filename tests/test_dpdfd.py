@@ -54,6 +54,19 @@ def test_sigma_zero_target_is_the_nonprivate_normalized_gradient(teacher_dir):
   del ensemble
 
 
+@pytest.mark.parametrize("weight", [0.0, 1.0, 2.5])
+def test_one_hot_weight_scales_the_generator_cross_entropy(teacher_dir, weight):
+  # The L_G ablation (paper Table 6) switches terms off through their weights.
+  config = _config(teacher_dir, one_hot_weight=weight).step_config()
+  logits = jax.random.normal(jax.random.key(3), (6, 10))
+  out = dpdfd_step.core.ClassifierOutput(logits=logits, features=jnp.ones((6, 4)), hint=None)
+  terms = dpdfd_step.generator_loss_terms(config, out)
+  full = dpdfd_step.generator_loss_terms(_config(teacher_dir).step_config(), out)
+  np.testing.assert_allclose(terms["one_hot"], weight * full["one_hot"], rtol=1e-6)
+  assert float(full["one_hot"]) > 0
+  np.testing.assert_allclose(terms["entropy"], full["entropy"])
+
+
 def test_per_sample_output_grads_match_rowwise_autodiff(teacher_dir):
   step_cfg = _config(teacher_dir).step_config()
   s = jax.random.normal(jax.random.key(0), (5, 10))
@@ -152,6 +165,8 @@ def test_plan_sound_target_fits_and_paper_is_warned():
     (dict(accounting="moments"), "accounting"),
     (dict(bound_method="scale"), "bound_method"),
     (dict(student_loss="l1"), "student_loss"),
+    (dict(one_hot_weight=-1.0), "one_hot_weight"),
+    (dict(entropy_weight=-0.5), "entropy_weight"),
     (dict(dataset="imagenet"), "unknown dataset"),
     (dict(student_model="gpt"), "unknown student_model"),
     (dict(teacher_dirs=()), "teacher_dirs"),

@@ -54,8 +54,8 @@ class DPDFDConfig:
     student_model, student_norm, generator_model, generator_channels, latent_dim: networks
       (`generator_channels` is DAFL's width, 128 in the paper; 64 quarters the CPU cost).
     steps, batch_size: DPDFD iterations (upper bound when a target ε is given) and B.
-    gamma, student_loss, dkd_alpha, dkd_beta, temperature, entropy_weight, feature_weight:
-      see `dpdfd_step.StepConfig`.
+    gamma, student_loss, dkd_alpha, dkd_beta, temperature, entropy_weight, feature_weight,
+      one_hot_weight: see `dpdfd_step.StepConfig`.
     student_lr, generator_lr: Adam learning rates (cosine-decayed over the steps).
     seed: root seed of init, latents and noise; None (default) draws a secret one from OS
       entropy, stored only in the checkpoint (`privacy.seeds`); an integer makes the noise
@@ -86,6 +86,7 @@ class DPDFDConfig:
   temperature: float = 4.0
   entropy_weight: float = 5.0
   feature_weight: float = 0.1
+  one_hot_weight: float = 1.0
   student_lr: float = 1e-3
   generator_lr: float = 1e-3
   seed: int | None = None
@@ -126,7 +127,8 @@ class DPDFDConfig:
         stability=self.stability, bound_method=self.bound_method, gamma=self.gamma,
         student_loss=self.student_loss, dkd_alpha=self.dkd_alpha, dkd_beta=self.dkd_beta,
         temperature=self.temperature, entropy_weight=self.entropy_weight,
-        feature_weight=self.feature_weight, batch_size=self.batch_size, latent_dim=self.latent_dim)
+        feature_weight=self.feature_weight, one_hot_weight=self.one_hot_weight,
+        batch_size=self.batch_size, latent_dim=self.latent_dim)
 
   def plan(self) -> dpdfd_privacy.PrivacyPlan:
     return dpdfd_privacy.plan(

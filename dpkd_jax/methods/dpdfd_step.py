@@ -56,6 +56,8 @@ class StepConfig:
       by default: with the paper's alpha = beta = 1 the generator collapsed to ~2 classes
       on digits (docs/RESULTS.md).
     feature_weight: beta of L_G (student penultimate-feature term), 0.1 by default.
+    one_hot_weight: weight of L_G's cross-entropy to the student's own argmax (1 in the
+      paper; 0 drops the term, for the paper's Table 6 ablation).
     batch_size: B, synthetic samples per step.
     latent_dim: generator input size.
   """
@@ -71,6 +73,7 @@ class StepConfig:
   temperature: float = 4.0
   entropy_weight: float = 5.0
   feature_weight: float = 0.1
+  one_hot_weight: float = 1.0
   batch_size: int = 256
   latent_dim: int = 100
 
@@ -90,6 +93,9 @@ class StepConfig:
       raise ValueError(f"gamma must be > 0, got {self.gamma}")
     if not self.temperature > 0:
       raise ValueError(f"temperature must be > 0, got {self.temperature}")
+    for name in ("entropy_weight", "feature_weight", "one_hot_weight"):
+      if not getattr(self, name) >= 0:
+        raise ValueError(f"{name} must be >= 0, got {getattr(self, name)}")
     for name in ("batch_size", "latent_dim"):
       if getattr(self, name) < 1:
         raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
@@ -181,7 +187,7 @@ def student_loss(config: StepConfig, logits: jax.Array, target: jax.Array) -> ja
 def generator_loss_terms(config: StepConfig, out: core.ClassifierOutput) -> dict[str, jax.Array]:
   """L_G terms on the student's output for generated data (teacher-free)."""
   return {
-      "one_hot": losses.argmax_cross_entropy(out.logits),
+      "one_hot": config.one_hot_weight * losses.argmax_cross_entropy(out.logits),
       "entropy": config.entropy_weight * losses.information_entropy(out.logits),
       "feature": config.feature_weight * losses.feature_norm(out.features),
   }
