@@ -6,9 +6,11 @@ Pipeline (`train_dfpate(config, workdir)`):
    equal shards of the private training set (`dfpate_teachers`). They can be saved to and
    reused from `teachers_dir` (as secret as the data: never publish it).
 2. Queries. No public data: round r draws procedural images (`data.procedural`) from public
-   randomness. Round 0 asks `queries_per_round` random ones; later rounds draw a pool of
-   `pool_factor` times as many and let the current DP student pick a class-balanced set of
-   confident ones (`dfpate_student.select_queries`, post-processing).
+   randomness, or (`query_source="dp_model"`) samples of a DP mixture model of the private
+   images released once at the start (`dfpate_query_model`: DP-PCA + DP k-means, a few
+   Gaussian releases of unlabelled statistics). Round 0 asks `queries_per_round` random ones;
+   later rounds draw a pool of `pool_factor` times as many and let the current DP student pick
+   a class-balanced set of confident ones (`dfpate_student.select_queries`, post-processing).
 3. Private answers. Each query's vote histogram is released once with Gaussian noise σ
    (`privacy.aggregation.noisy_histogram`); noisy argmax and margin are post-processing.
 4. Student. Trained on (query, noisy answer) pairs, hard GNMax labels filtered by the noisy
@@ -16,11 +18,13 @@ Pipeline (`train_dfpate(config, workdir)`):
 
 Privacy (docs/privacy.md, "Data-free PATE"). Unit: one record of the private training set,
 replace-one. The record is in one shard, so it changes one teacher and each released
-histogram by at most √2 in L2 (hard or soft votes). Queries are public randomness or chosen
-by the DP student from it; the student, the selection and the sample grid only see released
-histograms. So the run is Q = rounds · queries_per_round adaptively composed Gaussian
-mechanisms with noise multiplier σ/√2: `accounting.pate_event(noise_std=σ, num_queries=Q)`.
-σ is calibrated for Q before any query (PLD). The teacher accuracies in results.json are a
+histogram by at most √2 in L2 (hard or soft votes). Queries are public randomness, samples of
+the released DP query model, or chosen by the DP student from those; the student, the
+selection and the sample grid only see released values. So the run is the query model's
+releases (`dfpate_query_model.query_model_event`, if used) followed by Q = rounds ·
+queries_per_round adaptively composed Gaussian mechanisms with noise multiplier σ/√2
+(`accounting.pate_event(noise_std=σ, num_queries=Q)`). σ is calibrated for the whole
+composition before anything is released (PLD). The teacher accuracies in results.json are a
 non-private diagnostic of the private models (as in every method here, the test split is
 used only to report accuracy). Noise keys derive from a secret OS-entropy seed unless `seed`
 is given (`privacy.seeds`).
@@ -42,16 +46,19 @@ import jax
 import numpy as np
 import optax
 import tqdm
+from dp_accounting import dp_event
 from flax import nnx
 
 from dpkd_jax import data
 from dpkd_jax import models
 from dpkd_jax.data import procedural
+from dpkd_jax.methods import dfpate_query_model
 from dpkd_jax.methods import dfpate_student
 from dpkd_jax.methods import dfpate_teachers
 from dpkd_jax.methods import dpdfd
 from dpkd_jax.privacy import accounting
 from dpkd_jax.privacy import aggregation
+from dpkd_jax.privacy import calibration
 from dpkd_jax.privacy import ledger as ledger_lib
 from dpkd_jax.privacy import seeds
 from dpkd_jax.train import checkpoint
@@ -61,6 +68,10 @@ from dpkd_jax.train.state import TrainState
 
 # Named key streams split once from the root key (a stream is never used for two purposes).
 _STREAMS = ("teacher_init", "teacher_train", "student_init", "queries", "noise", "student")
+# The query model's key is fold_in(queries stream, this); rounds use fold_in(queries, round)
+# with round < this, so no key serves two purposes (and older runs keep their streams).
+_QUERY_MODEL_FOLD = 2 ** 31 - 1
+QUERY_SOURCES = ("procedural", "dp_model")
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -82,6 +93,12 @@ class DFPATEConfig:
     votes: "hard" (one-hot argmax per teacher) or "soft" (probabilities).
     rounds, queries_per_round, pool_factor: Q = rounds · queries_per_round; rounds >= 1 pick
       from a pool `pool_factor` times larger with the student (1 = no selection).
+    query_source: "procedural" (public randomness, no privacy cost) or "dp_model" (samples
+      of a DP mixture of the private images, `dfpate_query_model`; its releases are charged).
+    query_model_components, query_model_clusters: m and k of the DP query model.
+    query_model_noise: multiplies the default noise multipliers of the query model's three
+      kinds of release (`dfpate_query_model.QueryModelConfig`; larger = cheaper, noisier).
+    query_temperature: scales the per-cluster standard deviation of the query samples.
     invert_probability: chance that a procedural image has inverted polarity.
     target, margin_threshold: student targets (`dfpate_student.targets_from_votes`).
     student_model, student_epochs, student_batch_size, student_lr: the student (epochs per
@@ -106,6 +123,11 @@ class DFPATEConfig:
   rounds: int = 2
   queries_per_round: int = 1000
   pool_factor: int = 5
+  query_source: str = "procedural"
+  query_model_components: int = 20
+  query_model_clusters: int = 40
+  query_model_noise: float = 1.0
+  query_temperature: float = 1.0
   invert_probability: float = 0.5
   target: str = "hard"
   margin_threshold: float = 0.0
@@ -126,6 +148,13 @@ class DFPATEConfig:
                        f"{sorted(models.CLASSIFIERS)}")
     if self.votes not in aggregation.VOTE_KINDS:
       raise ValueError(f"votes must be one of {aggregation.VOTE_KINDS}, got {self.votes!r}")
+    if self.query_source not in QUERY_SOURCES:
+      raise ValueError(f"query_source must be one of {QUERY_SOURCES}, got "
+                       f"{self.query_source!r}")
+    if not (math.isfinite(self.query_model_noise) and self.query_model_noise > 0):
+      raise ValueError(f"query_model_noise must be finite and > 0, got "
+                       f"{self.query_model_noise!r}")
+    self.query_model_config()  # validates the query model's fields
     if self.target not in dfpate_student.TARGET_KINDS:
       raise ValueError(f"target must be one of {dfpate_student.TARGET_KINDS}, got "
                        f"{self.target!r}")
@@ -164,12 +193,40 @@ class DFPATEConfig:
     return procedural.ProceduralConfig(image_shape=self.info.image_shape,
                                        invert_probability=self.invert_probability)
 
+  def query_model_config(self) -> dfpate_query_model.QueryModelConfig:
+    default = dfpate_query_model.QueryModelConfig
+    scale = self.query_model_noise
+    return default(num_components=self.query_model_components,
+                   num_clusters=self.query_model_clusters,
+                   pca_noise_multiplier=scale * default.pca_noise_multiplier,
+                   kmeans_noise_multiplier=scale * default.kmeans_noise_multiplier,
+                   variance_noise_multiplier=scale * default.variance_noise_multiplier,
+                   temperature=self.query_temperature)
+
+  def query_model_event(self):
+    """The query model's releases (NoOp for procedural queries or without teachers)."""
+    if self.query_source != "dp_model" or not self.use_teachers:
+      return dp_event.NoOpDpEvent()
+    return dfpate_query_model.query_model_event(self.query_model_config())
+
+  def total_event(self, noise_std: float):
+    """Everything the run releases: the query model, then Q noisy histograms."""
+    return dp_event.ComposedDpEvent([
+        self.query_model_event(),
+        accounting.pate_event(noise_std=noise_std, num_queries=self.num_queries)])
+
   def resolved_noise_std(self) -> float:
-    """σ: as given, else calibrated so that Q noisy histograms meet the target (PLD)."""
+    """σ: as given, else calibrated so that the whole run meets the target (PLD)."""
     if self.noise_std is not None:
       return float(self.noise_std)
-    return aggregation.calibrate_noise_std(target_epsilon=self.target_epsilon, delta=self.delta,
-                                           num_queries=self.num_queries)
+    if self.query_source == "procedural":
+      return aggregation.calibrate_noise_std(target_epsilon=self.target_epsilon,
+                                             delta=self.delta, num_queries=self.num_queries)
+    if accounting.epsilon(self.query_model_event(), delta=self.delta) >= self.target_epsilon:
+      raise ValueError(f"the query model alone spends the target ε={self.target_epsilon}; "
+                       f"raise query_model_noise")
+    return calibration.calibrate_noise_multiplier(
+        self.total_event, target_epsilon=self.target_epsilon, delta=self.delta)
 
   def teacher_identity(self) -> dict[str, Any]:
     """What a saved ensemble must have been trained with to be reused."""
@@ -178,11 +235,10 @@ class DFPATEConfig:
         "shard_seed")}}
 
 
-def _epsilon(noise_std: float, num_queries: int, delta: float, use_teachers: bool) -> float:
-  if not use_teachers:
+def _epsilon(config: DFPATEConfig, noise_std: float) -> float:
+  if not config.use_teachers:
     return 0.0
-  return accounting.epsilon(accounting.pate_event(noise_std=noise_std, num_queries=num_queries),
-                            delta=delta)
+  return accounting.epsilon(config.total_event(noise_std), delta=config.delta)
 
 
 def get_teachers(config: DFPATEConfig, train: data.ArrayDataset, test: data.ArrayDataset,
@@ -234,13 +290,18 @@ def _config_json(config: DFPATEConfig) -> dict[str, Any]:
   return dataclasses.asdict(config)
 
 
-def _next_queries(config: DFPATEConfig, state: TrainState, key: jax.Array,
-                  round_index: int) -> np.ndarray:
-  """(queries_per_round, H, W, C) uint8 queries of one round (public randomness + student)."""
+def _next_queries(config: DFPATEConfig, state: TrainState, key: jax.Array, round_index: int,
+                  query_model: dfpate_query_model.QueryModel | None) -> np.ndarray:
+  """(queries_per_round, H, W, C) uint8 queries of one round (public randomness or samples of
+  the released query model, picked by the DP student)."""
   # Every round draws a pool of the same size (one compilation of the generator); round 0
-  # has no student yet and takes the pool's first images, i.e. random procedural queries.
-  pool = procedural.generate_chunked(key, config.pool_factor * config.queries_per_round,
-                                     config.procedural_config())
+  # has no student yet and takes the pool's first images, i.e. random queries.
+  size = config.pool_factor * config.queries_per_round
+  if query_model is None:
+    pool = procedural.generate_chunked(key, size, config.procedural_config())
+  else:
+    pool = dfpate_query_model.sample_queries(key, query_model, size, config.info.image_shape,
+                                             temperature=config.query_temperature)
   if round_index == 0 or config.pool_factor == 1:
     return pool[:config.queries_per_round]
   probs = dfpate_student.predict_probs(state, pool, config.info)
@@ -273,7 +334,7 @@ def train_dfpate(config: DFPATEConfig, workdir: str, *, resume: bool = False,
                else seeds.resolve_seed(config.seed))
   keys = dict(zip(_STREAMS, jax.random.split(jax.random.key(root_seed.value), len(_STREAMS))))
   noise_std = config.resolved_noise_std()
-  total_epsilon = _epsilon(noise_std, config.num_queries, config.delta, config.use_teachers)
+  total_epsilon = _epsilon(config, noise_std)
   if config.target_epsilon is not None and total_epsilon > config.target_epsilon:
     raise ValueError(f"noise_std={noise_std} over {config.num_queries} queries spends "
                      f"ε={total_epsilon:.4g} > target_epsilon={config.target_epsilon}")
@@ -283,6 +344,13 @@ def train_dfpate(config: DFPATEConfig, workdir: str, *, resume: bool = False,
   ensemble, teacher_seconds, teacher_report = None, 0.0, {}
   if config.use_teachers:
     ensemble, teacher_seconds, teacher_report = get_teachers(config, train, test, keys)
+  query_model = None
+  if config.query_source == "dp_model":
+    # Refitting on resume repeats the same release (same key, same data): no new cost.
+    query_model = dfpate_query_model.fit_query_model(
+        jax.random.fold_in(keys["queries"], _QUERY_MODEL_FOLD),
+        train.images if config.use_teachers else np.zeros_like(train.images),
+        config.query_model_config())
   del train  # nothing below reads the private data except through `ensemble`
 
   num_classes = info.num_classes
@@ -293,6 +361,11 @@ def train_dfpate(config: DFPATEConfig, workdir: str, *, resume: bool = False,
   ledger = (ledger_lib.PrivacyLedger(target_epsilon=budget, delta=config.delta)
             if config.use_teachers and noise_std > 0 else None)
   start, history = 0, []
+  if ledger is not None and not resuming and query_model is not None:
+    model_event = config.query_model_event()
+    ledger.check(model_event)
+    ledger.record(model_event, step=0, note="DP query model: second moment, "
+                  f"{config.query_model_config().kmeans_iterations} k-means steps, variances")
   if resuming:
     template = {"student": state.arrays(), "images": images, "released": released}
     meta = checkpoint.restore_metadata(ckpt_dir)
@@ -312,7 +385,7 @@ def train_dfpate(config: DFPATEConfig, workdir: str, *, resume: bool = False,
   queries = images[-config.queries_per_round:]
   for round_index in range(start, config.rounds):
     queries = _next_queries(config, state, jax.random.fold_in(keys["queries"], round_index),
-                            round_index)
+                            round_index, query_model)
     if ledger is not None:  # account before releasing: a crash never under-counts
       ledger.check(event)
       ledger.record(event, step=round_index, note=f"round {round_index}: "
