@@ -78,7 +78,8 @@ def test_baselines_epsilon_zero_and_inf(tiny_run, tmp_path):
   assert dfpate.train_dfpate(exact, str(tmp_path / "exact"), progress=False)["epsilon"] == math.inf
 
 
-def test_one_record_changes_exactly_one_teacher():
+@pytest.mark.parametrize("self_training", [False, True])
+def test_one_record_changes_exactly_one_teacher(self_training):
   train = data.load("digits", "train")
   num_teachers = 3
   images, labels = dfpate_teachers.equal_shards(train, num_teachers, seed=0)
@@ -94,6 +95,12 @@ def test_one_record_changes_exactly_one_teacher():
                                         **kwargs)
   b, _ = dfpate_teachers.train_ensemble(init, images2, labels2, train.info, jax.random.key(1),
                                         **kwargs)
+  if self_training:  # then each teacher labels a public pool itself and trains on it too
+    pool = train.images[::7][:40]
+    a, _ = dfpate_teachers.self_train(a, images, labels, pool, train.info, jax.random.key(2),
+                                      threshold=0.2, **kwargs)
+    b, _ = dfpate_teachers.self_train(b, images2, labels2, pool, train.info,
+                                      jax.random.key(2), threshold=0.2, **kwargs)
   differs = [not all(np.array_equal(x[i], y[i]) for x, y in zip(jax.tree.leaves(a.params),
                                                                  jax.tree.leaves(b.params)))
              for i in range(num_teachers)]
@@ -101,6 +108,25 @@ def test_one_record_changes_exactly_one_teacher():
   in_a_shard = (images != images2).any(axis=(2, 3, 4)).any(axis=1)  # (n,)
   assert in_a_shard.sum() <= 1
   assert differs == list(in_a_shard)
+
+
+def test_own_pseudo_labels_threshold_and_unlabelled_images_carry_no_loss():
+  train = data.load("digits", "train")
+  init = dfpate_teachers.init_ensemble("mlp", 2, train.info, jax.random.key(0))
+  pool = train.images[:30]
+  logits = dfpate_teachers.ensemble_logits(init, pool, train.info)  # (2, 30, K)
+  probs = np.asarray(jax.nn.softmax(logits, -1))
+  threshold = float(np.median(probs.max(-1)))
+  got = dfpate_teachers.own_pseudo_labels(init, pool, train.info, threshold=threshold)
+  expected = np.where(probs.max(-1) >= threshold, probs.argmax(-1), -1)
+  np.testing.assert_array_equal(got, expected)
+  assert (got == -1).any() and (got >= 0).any()
+  # Every label -1: no gradient, so training leaves the teachers where they are.
+  images = np.broadcast_to(pool, (2, *pool.shape))
+  unchanged, _ = dfpate_teachers.train_ensemble(init, images, np.full((2, 30), -1, np.int32),
+                                                train.info, jax.random.key(1), epochs=1,
+                                                batch_size=10, learning_rate=1e-2)
+  chex.assert_trees_all_close(unchanged.params, init.params)
 
 
 def test_targets_from_votes_and_margin_filter():

@@ -188,6 +188,17 @@ def test_dfpate_with_the_query_model_charges_it_and_meets_the_target(tmp_path):
   assert os.path.exists(tmp_path / "run" / "samples.png")
 
 
+def test_teacher_self_training_runs_and_reports_both_ensembles(tmp_path):
+  config = dfpate.DFPATEConfig(**_TINY, target_epsilon=8.0, teacher_self_training_pool=24,
+                               teacher_self_training_epochs=1, teacher_pseudo_threshold=0.0)
+  results = dfpate.train_dfpate(config, str(tmp_path / "run"), progress=False)
+  assert set(results["teachers"]) == set(results["teachers_before_self_training"])
+  assert results["epsilon"] <= 8.0  # self-training is post-processing of the query model
+  with pytest.raises(ValueError, match="dp_model"):
+    dfpate.DFPATEConfig(**{**_TINY, "query_source": "procedural"},
+                        teacher_self_training_pool=10)
+
+
 def test_query_model_spending_the_whole_target_is_refused():
   with pytest.raises(ValueError, match="query_model_noise"):
     dfpate.DFPATEConfig(**_TINY, target_epsilon=0.05).resolved_noise_std()

@@ -71,6 +71,10 @@ _STREAMS = ("teacher_init", "teacher_train", "student_init", "queries", "noise",
 # The query model's key is fold_in(queries stream, this); rounds use fold_in(queries, round)
 # with round < this, so no key serves two purposes (and older runs keep their streams).
 _QUERY_MODEL_FOLD = 2 ** 31 - 1
+# Likewise for the teachers' self-training pool (queries stream) and its training key
+# (teacher_train stream, whose steps use fold_in(t) with small t).
+_TEACHER_POOL_FOLD = 2 ** 31 - 2
+_SELF_TRAIN_FOLD = 2 ** 31 - 1
 QUERY_SOURCES = ("procedural", "dp_model")
 
 
@@ -88,6 +92,12 @@ class DFPATEConfig:
     num_teachers, teacher_model, teacher_epochs, teacher_batch_size, teacher_lr: the ensemble
       (`teacher_model`: a key of `dfpate_teachers.TEACHER_MODELS`, built with norm "none").
     shard_seed: public seed of the shard assignment.
+    teacher_self_training_pool: P > 0 (needs query_source="dp_model"): after training, every
+      teacher labels P samples of the released query model with its OWN confident
+      predictions and trains on its shard plus those (`dfpate_teachers.self_train`; each
+      teacher still depends on one shard only). 0 = off.
+    teacher_self_training_epochs, teacher_pseudo_threshold: epochs of that training and the
+      confidence a teacher needs to label a pool image.
     teachers_dir: save the trained ensemble there, or reuse it if it holds one of the same
       dataset, shards and training fields.
     votes: "hard" (one-hot argmax per teacher) or "soft" (probabilities).
@@ -119,6 +129,9 @@ class DFPATEConfig:
   teacher_lr: float = 3e-3
   shard_seed: int = 0
   teachers_dir: str | None = None
+  teacher_self_training_pool: int = 0
+  teacher_self_training_epochs: int = 5
+  teacher_pseudo_threshold: float = 0.9
   votes: str = "hard"
   rounds: int = 2
   queries_per_round: int = 1000
@@ -155,12 +168,20 @@ class DFPATEConfig:
       raise ValueError(f"query_model_noise must be finite and > 0, got "
                        f"{self.query_model_noise!r}")
     self.query_model_config()  # validates the query model's fields
+    if self.teacher_self_training_pool and self.query_source != "dp_model":
+      raise ValueError("teacher_self_training_pool needs query_source='dp_model' (the pool "
+                       "is drawn from the released query model)")
+    if not 0 <= self.teacher_pseudo_threshold <= 1:
+      raise ValueError(f"teacher_pseudo_threshold must be in [0, 1], got "
+                       f"{self.teacher_pseudo_threshold!r}")
     if self.target not in dfpate_student.TARGET_KINDS:
       raise ValueError(f"target must be one of {dfpate_student.TARGET_KINDS}, got "
                        f"{self.target!r}")
     for name, minimum in (("num_teachers", 1), ("teacher_epochs", 1), ("teacher_batch_size", 1),
                           ("rounds", 1), ("queries_per_round", 1), ("pool_factor", 1),
-                          ("student_epochs", 1), ("student_batch_size", 1), ("shard_seed", 0)):
+                          ("student_epochs", 1), ("student_batch_size", 1), ("shard_seed", 0),
+                          ("teacher_self_training_pool", 0),
+                          ("teacher_self_training_epochs", 1)):
       value = getattr(self, name)
       if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
         raise ValueError(f"{name} must be an integer >= {minimum}, got {value!r}")
@@ -279,6 +300,28 @@ def get_teachers(config: DFPATEConfig, train: data.ArrayDataset, test: data.Arra
   return ensemble, seconds, report
 
 
+def _self_train_teachers(config: DFPATEConfig, ensemble: dfpate_teachers.Ensemble,
+                         train: data.ArrayDataset, query_model: dfpate_query_model.QueryModel,
+                         keys: dict[str, jax.Array]
+                         ) -> tuple[dfpate_teachers.Ensemble, float]:
+  """Per-teacher self-training on samples of the released query model (not cached: the pool
+  depends on the run's secret seed). Returns (ensemble, seconds)."""
+  start = time.perf_counter()
+  pool = dfpate_query_model.sample_queries(
+      jax.random.fold_in(keys["queries"], _TEACHER_POOL_FOLD), query_model,
+      config.teacher_self_training_pool, config.info.image_shape,
+      temperature=config.query_temperature)
+  images, labels = dfpate_teachers.equal_shards(train, config.num_teachers,
+                                                seed=config.shard_seed)
+  ensemble, _ = dfpate_teachers.self_train(
+      ensemble, images, labels, pool, config.info,
+      jax.random.fold_in(keys["teacher_train"], _SELF_TRAIN_FOLD),
+      epochs=config.teacher_self_training_epochs,
+      batch_size=min(config.teacher_batch_size, labels.shape[1]),
+      learning_rate=config.teacher_lr, threshold=config.teacher_pseudo_threshold)
+  return ensemble, time.perf_counter() - start
+
+
 def init_student(config: DFPATEConfig, key: jax.Array) -> TrainState:
   info = config.info
   student = models.create_classifier(config.student_model, num_classes=info.num_classes,
@@ -341,9 +384,6 @@ def train_dfpate(config: DFPATEConfig, workdir: str, *, resume: bool = False,
 
   train = data.load(config.dataset, "train", data_dir=config.data_dir)
   test = data.load(config.dataset, "test", data_dir=config.data_dir)
-  ensemble, teacher_seconds, teacher_report = None, 0.0, {}
-  if config.use_teachers:
-    ensemble, teacher_seconds, teacher_report = get_teachers(config, train, test, keys)
   query_model = None
   if config.query_source == "dp_model":
     # Refitting on resume repeats the same release (same key, same data): no new cost.
@@ -351,6 +391,15 @@ def train_dfpate(config: DFPATEConfig, workdir: str, *, resume: bool = False,
         jax.random.fold_in(keys["queries"], _QUERY_MODEL_FOLD),
         train.images if config.use_teachers else np.zeros_like(train.images),
         config.query_model_config())
+  ensemble, teacher_seconds, teacher_report = None, 0.0, {}
+  base_report = {}
+  if config.use_teachers:
+    ensemble, teacher_seconds, teacher_report = get_teachers(config, train, test, keys)
+    if config.teacher_self_training_pool:
+      base_report = teacher_report
+      ensemble, seconds = _self_train_teachers(config, ensemble, train, query_model, keys)
+      teacher_seconds += seconds
+      teacher_report = dfpate_teachers.ensemble_accuracy(ensemble, test)
   del train  # nothing below reads the private data except through `ensemble`
 
   num_classes = info.num_classes
@@ -440,6 +489,7 @@ def train_dfpate(config: DFPATEConfig, workdir: str, *, resume: bool = False,
           released, config.num_teachers, target=config.target,
           margin_threshold=config.margin_threshold)[1] > 0).sum()),
       "teachers": teacher_report,
+      "teachers_before_self_training": base_report,
       "teacher_train_seconds": teacher_seconds,
       "seed": root_seed.public_description(),
       "student_params": models.count_params(state.params),

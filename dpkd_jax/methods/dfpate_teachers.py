@@ -173,7 +173,8 @@ def equal_shards(dataset: data.ArrayDataset, num_teachers: int, *,
 def _ensemble_step(graphdef, tx, info, augment, params, opt_state, images, labels, key):
   """One Adam step of every teacher on its own shard batch.
 
-  images: (n, b, H, W, C) uint8; labels: (n, b); key: split into one key per teacher.
+  images: (n, b, H, W, C) uint8; labels: (n, b), -1 = unlabelled (no loss; see
+  `self_train`); key: split into one key per teacher.
   """
   def one_teacher(teacher_params, teacher_opt, x, y, teacher_key):
     if augment:
@@ -182,7 +183,9 @@ def _ensemble_step(graphdef, tx, info, augment, params, opt_state, images, label
 
     def loss_fn(p):
       out, _ = core.apply(graphdef, p, {}, x, train=True)
-      return jnp.mean(optax.softmax_cross_entropy_with_integer_labels(out.logits, y))
+      labelled = (y >= 0).astype(jnp.float32)  # (b,)
+      per_image = optax.softmax_cross_entropy_with_integer_labels(out.logits, jnp.maximum(y, 0))
+      return jnp.sum(per_image * labelled) / jnp.maximum(jnp.sum(labelled), 1.0)
 
     loss, grads = jax.value_and_grad(loss_fn)(teacher_params)
     updates, teacher_opt = tx.update(grads, teacher_opt, teacher_params)
@@ -199,7 +202,7 @@ def train_ensemble(ensemble: Ensemble, images: np.ndarray, labels: np.ndarray,
 
   Args:
     ensemble: initial ensemble (n teachers).
-    images: (n, m, H, W, C) uint8 shards; labels: (n, m) int32.
+    images: (n, m, H, W, C) uint8 shards; labels: (n, m) int32 (-1: no loss on that image).
     info: dataset info (normalisation).
     key: a `jax.random.key`; step t uses `fold_in(key, t)` (shuffling and augmentation).
     epochs: passes over each shard.
@@ -234,6 +237,57 @@ def train_ensemble(ensemble: Ensemble, images: np.ndarray, labels: np.ndarray,
       loss = losses
       step += 1
   return Ensemble(ensemble.graphdef, params), float(jnp.mean(loss))
+
+
+def own_pseudo_labels(ensemble: Ensemble, pool: np.ndarray, info: data.DatasetInfo, *,
+                      threshold: float) -> np.ndarray:
+  """Each teacher's OWN labels for a public pool: argmax where its confidence >= threshold.
+
+  Teacher i's labels depend only on teacher i (never on the ensemble), so training teacher i
+  on them keeps the one-record-one-teacher property.
+
+  Args:
+    ensemble: the n teachers.
+    pool: (P, H, W, C) uint8 public images (e.g. samples of a released DP query model).
+    info: dataset info (normalisation).
+    threshold: minimum softmax confidence; below it the label is -1 (unlabelled).
+
+  Returns:
+    (n, P) int32 labels, -1 where the teacher is not confident.
+  """
+  logits = ensemble_logits(ensemble, pool, info)  # (n, P, K)
+  probs = np.asarray(jax.nn.softmax(jnp.asarray(logits), -1))
+  labels = probs.argmax(-1).astype(np.int32)
+  return np.where(probs.max(-1) >= threshold, labels, -1).astype(np.int32)
+
+
+def self_train(ensemble: Ensemble, shard_images: np.ndarray, shard_labels: np.ndarray,
+               pool: np.ndarray, info: data.DatasetInfo, key: jax.Array, *, epochs: int,
+               batch_size: int, learning_rate: float, threshold: float
+               ) -> tuple[Ensemble, float]:
+  """One round of per-teacher self-training on a public pool (pseudo-labelling).
+
+  Teacher i continues training on its shard plus the pool images it labels confidently
+  itself (`own_pseudo_labels`): a function of shard i and public data only.
+
+  Args:
+    ensemble: trained teachers.
+    shard_images: (n, m, H, W, C) uint8 shards; shard_labels: (n, m) int32.
+    pool: (P, H, W, C) uint8 public images.
+    info: dataset info.
+    key: a `jax.random.key` (as in `train_ensemble`).
+    epochs, batch_size, learning_rate: of the continued training.
+    threshold: confidence threshold of the pseudo-labels.
+
+  Returns:
+    (self-trained ensemble, mean loss of the last step).
+  """
+  pseudo = own_pseudo_labels(ensemble, pool, info, threshold=threshold)  # (n, P)
+  n = shard_labels.shape[0]
+  images = np.concatenate([shard_images, np.broadcast_to(pool, (n, *pool.shape))], axis=1)
+  labels = np.concatenate([shard_labels, pseudo], axis=1)
+  return train_ensemble(ensemble, images, labels, info, key, epochs=epochs,
+                        batch_size=batch_size, learning_rate=learning_rate)
 
 
 @functools.partial(jax.jit, static_argnames=("graphdef", "info"))
