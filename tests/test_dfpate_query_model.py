@@ -13,6 +13,7 @@ from dp_accounting import dp_event
 from dpkd_jax import data
 from dpkd_jax.methods import dfpate
 from dpkd_jax.methods import dfpate_query_model as qm
+from dpkd_jax.methods import dfpate_student
 from dpkd_jax.privacy import accounting
 from dpkd_jax.privacy import ledger as ledger_lib
 from dpkd_jax.train import checkpoint
@@ -197,6 +198,17 @@ def test_teacher_self_training_runs_and_reports_both_ensembles(tmp_path):
   with pytest.raises(ValueError, match="dp_model"):
     dfpate.DFPATEConfig(**{**_TINY, "query_source": "procedural"},
                         teacher_self_training_pool=10)
+
+
+def test_student_self_training_uses_only_confident_own_labels(tmp_path):
+  probs = np.array([[0.97, 0.03], [0.6, 0.4], [0.01, 0.99]])
+  targets, weights = dfpate_student.pseudo_label_targets(probs, threshold=0.95)
+  np.testing.assert_array_equal(targets, [[1, 0], [1, 0], [0, 1]])
+  np.testing.assert_array_equal(weights, [1, 0, 1])
+  config = dfpate.DFPATEConfig(**_TINY, target_epsilon=8.0, student_pseudo_pool=32,
+                               student_pseudo_threshold=0.0)
+  results = dfpate.train_dfpate(config, str(tmp_path / "run"), progress=False)
+  assert results["num_queries"] == 32 and results["epsilon"] <= 8.0  # pool is not queried
 
 
 def test_query_model_spending_the_whole_target_is_refused():

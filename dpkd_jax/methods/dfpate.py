@@ -75,6 +75,8 @@ _QUERY_MODEL_FOLD = 2 ** 31 - 1
 # (teacher_train stream, whose steps use fold_in(t) with small t).
 _TEACHER_POOL_FOLD = 2 ** 31 - 2
 _SELF_TRAIN_FOLD = 2 ** 31 - 1
+# The student's self-training pools: fold_in(fold_in(queries, this), round).
+_STUDENT_POOL_FOLD = 2 ** 31 - 3
 QUERY_SOURCES = ("procedural", "dp_model")
 
 
@@ -113,6 +115,9 @@ class DFPATEConfig:
     target, margin_threshold: student targets (`dfpate_student.targets_from_votes`).
     student_model, student_epochs, student_batch_size, student_lr: the student (epochs per
       round, over every query answered so far).
+    student_pseudo_pool, student_pseudo_threshold: from round 1 on, the student also trains
+      on this many fresh unanswered queries that it labels itself with confidence >= the
+      threshold (self-training; post-processing, no privacy cost). 0 = off.
     seed: root seed; None (default) draws a secret one.
   """
 
@@ -148,6 +153,8 @@ class DFPATEConfig:
   student_epochs: int = 20
   student_batch_size: int = 64
   student_lr: float = 1e-3
+  student_pseudo_pool: int = 0
+  student_pseudo_threshold: float = 0.95
   seed: int | None = None
 
   def __post_init__(self):
@@ -171,6 +178,9 @@ class DFPATEConfig:
     if self.teacher_self_training_pool and self.query_source != "dp_model":
       raise ValueError("teacher_self_training_pool needs query_source='dp_model' (the pool "
                        "is drawn from the released query model)")
+    if not 0 <= self.student_pseudo_threshold <= 1:
+      raise ValueError(f"student_pseudo_threshold must be in [0, 1], got "
+                       f"{self.student_pseudo_threshold!r}")
     if not 0 <= self.teacher_pseudo_threshold <= 1:
       raise ValueError(f"teacher_pseudo_threshold must be in [0, 1], got "
                        f"{self.teacher_pseudo_threshold!r}")
@@ -180,7 +190,7 @@ class DFPATEConfig:
     for name, minimum in (("num_teachers", 1), ("teacher_epochs", 1), ("teacher_batch_size", 1),
                           ("rounds", 1), ("queries_per_round", 1), ("pool_factor", 1),
                           ("student_epochs", 1), ("student_batch_size", 1), ("shard_seed", 0),
-                          ("teacher_self_training_pool", 0),
+                          ("teacher_self_training_pool", 0), ("student_pseudo_pool", 0),
                           ("teacher_self_training_epochs", 1)):
       value = getattr(self, name)
       if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
@@ -333,18 +343,35 @@ def _config_json(config: DFPATEConfig) -> dict[str, Any]:
   return dataclasses.asdict(config)
 
 
+def _draw_pool(config: DFPATEConfig, key: jax.Array, size: int,
+               query_model: dfpate_query_model.QueryModel | None) -> np.ndarray:
+  """(size, H, W, C) uint8 public images: procedural, or samples of the released model."""
+  if query_model is None:
+    return procedural.generate_chunked(key, size, config.procedural_config())
+  return dfpate_query_model.sample_queries(key, query_model, size, config.info.image_shape,
+                                           temperature=config.query_temperature)
+
+
+def _with_pseudo_labels(config: DFPATEConfig, state: TrainState, key: jax.Array,
+                        query_model: dfpate_query_model.QueryModel | None,
+                        images: np.ndarray, targets: np.ndarray, weights: np.ndarray
+                        ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+  """Answered queries plus fresh pool images the current student labels itself."""
+  pool = _draw_pool(config, key, config.student_pseudo_pool, query_model)
+  extra_targets, extra_weights = dfpate_student.pseudo_label_targets(
+      dfpate_student.predict_probs(state, pool, config.info),
+      threshold=config.student_pseudo_threshold)
+  return (np.concatenate([images, pool]), np.concatenate([targets, extra_targets]),
+          np.concatenate([weights, extra_weights]))
+
+
 def _next_queries(config: DFPATEConfig, state: TrainState, key: jax.Array, round_index: int,
                   query_model: dfpate_query_model.QueryModel | None) -> np.ndarray:
   """(queries_per_round, H, W, C) uint8 queries of one round (public randomness or samples of
   the released query model, picked by the DP student)."""
   # Every round draws a pool of the same size (one compilation of the generator); round 0
   # has no student yet and takes the pool's first images, i.e. random queries.
-  size = config.pool_factor * config.queries_per_round
-  if query_model is None:
-    pool = procedural.generate_chunked(key, size, config.procedural_config())
-  else:
-    pool = dfpate_query_model.sample_queries(key, query_model, size, config.info.image_shape,
-                                             temperature=config.query_temperature)
+  pool = _draw_pool(config, key, config.pool_factor * config.queries_per_round, query_model)
   if round_index == 0 or config.pool_factor == 1:
     return pool[:config.queries_per_round]
   probs = dfpate_student.predict_probs(state, pool, config.info)
@@ -453,8 +480,13 @@ def train_dfpate(config: DFPATEConfig, workdir: str, *, resume: bool = False,
     targets, weights = dfpate_student.targets_from_votes(
         released, config.num_teachers, target=config.target,
         margin_threshold=config.margin_threshold)
+    training_set = (images, targets, weights)
+    if config.student_pseudo_pool and round_index > 0:  # round 0 has no student to ask
+      pool_key = jax.random.fold_in(jax.random.fold_in(keys["queries"], _STUDENT_POOL_FOLD),
+                                    round_index)
+      training_set = _with_pseudo_labels(config, state, pool_key, query_model, *training_set)
     state, loss = dfpate_student.train_student(
-        state, images, targets, weights, jax.random.fold_in(keys["student"], round_index),
+        state, *training_set, jax.random.fold_in(keys["student"], round_index),
         info=info, target=config.target, epochs=config.student_epochs,
         batch_size=config.student_batch_size)
     history.append(evaluate.evaluate(state.parts, test)["accuracy"])

@@ -143,6 +143,24 @@ def predict_probs(state: TrainState, images: np.ndarray, info: data.DatasetInfo,
   return np.concatenate(outs)
 
 
+def pseudo_label_targets(student_probs: np.ndarray, *, threshold: float
+                         ) -> tuple[np.ndarray, np.ndarray]:
+  """Self-training targets: the student's own argmax where it is confident (post-processing).
+
+  Args:
+    student_probs: (P, K) student probabilities on unanswered pool images.
+    threshold: minimum confidence; less confident images get weight 0.
+
+  Returns:
+    (one-hot targets (P, K) float32, weights (P,) float32 in {0, 1}).
+  """
+  if not 0 <= threshold <= 1:
+    raise ValueError(f"threshold must be in [0, 1], got {threshold!r}")
+  probs = np.asarray(student_probs, np.float32)
+  onehot = np.eye(probs.shape[-1], dtype=np.float32)[probs.argmax(-1)]
+  return onehot, (probs.max(-1) >= threshold).astype(np.float32)
+
+
 def select_queries(student_probs: np.ndarray, num: int) -> np.ndarray:
   """Class-balanced, most-confident pool images according to the DP student.
 
