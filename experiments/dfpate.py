@@ -3,7 +3,10 @@
   python -m experiments.dfpate --dataset=mnist --data_dir=../shared/data --target_epsilon=10 \
       --teachers_dir=runs/dfpate/teachers_mnist --workdir=runs/dfpate/mnist_eps10
 
-The printed ε is the sound record-level ε of all Q noisy histograms (PLD, δ=--delta).
+`--query_source=dp_model` draws the queries from a DP mixture model of the private images
+(DP-PCA + DP k-means, released once, charged to the same budget) instead of procedural images.
+The printed ε is the sound record-level ε of everything released (query model and all Q noisy
+histograms; PLD, δ=--delta).
 `--noise_std=0` is the non-private baseline (ε = inf); `--use_teachers=false` never touches the
 private data (ε = 0). `--resume` continues the run in --workdir.
 """
