@@ -38,3 +38,19 @@ def test_empty_dataset_raises(setup):
   parts, test = setup
   with pytest.raises(ValueError, match="empty"):
     evaluate.evaluate(parts, test.subset(np.zeros(0, np.int64)))
+
+
+@pytest.mark.parametrize("axis", [0, 1])
+def test_map_padded_equals_one_call_and_pads_to_one_shape(axis):
+  images = np.arange(7 * 2, dtype=np.float32).reshape(7, 2)
+  shapes = []
+
+  def fn(x):
+    shapes.append(x.shape)
+    out = x * 2.0  # (chunk, 2)
+    return np.stack([out, out + 1]) if axis == 1 else out  # (2, chunk, 2) for axis 1
+
+  got = evaluate.map_padded(fn, images, 3, axis=axis)
+  expected = np.stack([images * 2, images * 2 + 1]) if axis == 1 else images * 2
+  np.testing.assert_array_equal(got, expected)
+  assert set(shapes) == {(3, 2)}  # the last chunk (1 image) was padded to 3

@@ -22,6 +22,7 @@ import optax
 
 from dpkd_jax import data
 from dpkd_jax.models import core
+from dpkd_jax.train import evaluate
 from dpkd_jax.train.state import TrainState
 
 TargetKind = Literal["hard", "soft"]
@@ -133,14 +134,7 @@ def _probs(state: TrainState, images: jax.Array, *, info: data.DatasetInfo) -> j
 def predict_probs(state: TrainState, images: np.ndarray, info: data.DatasetInfo, *,
                   chunk: int = 2000) -> np.ndarray:
   """(N, K) student probabilities on uint8 images (padded fixed-size chunks)."""
-  outs = []
-  for start in range(0, len(images), chunk):
-    part = images[start:start + chunk]
-    pad = chunk - len(part)
-    if pad:
-      part = np.concatenate([part, np.zeros((pad,) + part.shape[1:], part.dtype)])
-    outs.append(np.asarray(_probs(state, part, info=info))[:chunk - pad])
-  return np.concatenate(outs)
+  return evaluate.map_padded(lambda x: _probs(state, x, info=info), images, chunk)
 
 
 def pseudo_label_targets(student_probs: np.ndarray, *, threshold: float

@@ -24,6 +24,7 @@ from flax import nnx
 from dpkd_jax import data
 from dpkd_jax import models
 from dpkd_jax.models import core
+from dpkd_jax.train import evaluate
 
 PyTree = Any
 # Random translation of teacher training images by up to this many pixels (cheap augmentation
@@ -313,15 +314,9 @@ def ensemble_logits(ensemble: Ensemble, images: np.ndarray, info: data.DatasetIn
   """
   if chunk is None:
     chunk = max(1, min(1000, _TEACHER_IMAGES_PER_CALL // ensemble.size))
-  outs = []
-  for start in range(0, len(images), chunk):
-    part = images[start:start + chunk]
-    pad = chunk - len(part)
-    if pad:
-      part = np.concatenate([part, np.zeros((pad,) + part.shape[1:], part.dtype)])
-    outs.append(np.asarray(_ensemble_logits(ensemble.graphdef, info, ensemble.params,
-                                            part))[:, :chunk - pad])
-  return np.concatenate(outs, axis=1)
+  return evaluate.map_padded(
+      lambda x: _ensemble_logits(ensemble.graphdef, info, ensemble.params, x), images, chunk,
+      axis=1)
 
 
 def ensemble_accuracy(ensemble: Ensemble, dataset: data.ArrayDataset) -> dict[str, float]:

@@ -25,18 +25,35 @@ def _batch_stats(graphdef: nnx.GraphDef, params, batch_stats, images_uint8, labe
   return correct, loss
 
 
+def map_padded(fn, images: np.ndarray, chunk: int, *, axis: int = 0) -> np.ndarray:
+  """`fn` over fixed-size chunks of `images` (the last one zero-padded), concatenated.
+
+  Padding keeps one input shape, so a jitted `fn` compiles once whatever len(images) is.
+
+  Args:
+    fn: maps (chunk, ...) images to an array whose `axis` indexes those images.
+    images: (N, ...) inputs.
+    chunk: images per call.
+    axis: the image axis of `fn`'s output (e.g. 1 for (teachers, images, K)).
+
+  Returns:
+    `fn`'s outputs for the N real images, concatenated along `axis`.
+  """
+  outs = []
+  for start in range(0, len(images), chunk):
+    part = images[start:start + chunk]
+    pad = chunk - len(part)
+    if pad:
+      part = np.concatenate([part, np.zeros((pad,) + part.shape[1:], part.dtype)])
+    outs.append(np.take(np.asarray(fn(part)), np.arange(chunk - pad), axis=axis))
+  return np.concatenate(outs, axis=axis)
+
+
 def predict_logits(parts: core.ModelParts, images_uint8: np.ndarray, info: data.DatasetInfo,
                    *, batch_size: int = 1000) -> np.ndarray:
   """Logits (N, K) of a model on uint8 images, in eval mode, in fixed-size padded batches."""
   fn = jax.jit(lambda p, s, x: core.apply(parts.graphdef, p, s, data.normalize(x, info), train=False)[0].logits)
-  outs = []
-  for start in range(0, len(images_uint8), batch_size):
-    chunk = images_uint8[start:start + batch_size]
-    pad = batch_size - len(chunk)
-    if pad:  # pad to a fixed shape so the function compiles once
-      chunk = np.concatenate([chunk, np.zeros((pad,) + chunk.shape[1:], chunk.dtype)])
-    outs.append(np.asarray(fn(parts.params, parts.batch_stats, chunk))[:batch_size - pad])
-  return np.concatenate(outs)
+  return map_padded(lambda x: fn(parts.params, parts.batch_stats, x), images_uint8, batch_size)
 
 
 def evaluate(parts: core.ModelParts, dataset: data.ArrayDataset, *, batch_size: int = 1000) -> dict[str, float]:
