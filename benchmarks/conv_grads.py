@@ -16,6 +16,8 @@ absolute times across runs. Prints markdown tables (min / median / max ms per ca
 from __future__ import annotations
 
 import argparse
+import pathlib as _pathlib
+import sys as _sys
 import statistics
 import time
 from collections.abc import Callable
@@ -161,6 +163,9 @@ def model_table(repeats: int) -> None:
 
 
 def main() -> None:
+  _sys.path.insert(0, str(_pathlib.Path(__file__).resolve().parent))
+  import protocol  # pylint: disable=g-import-not-at-top  (sibling script)
+  protocol.guard_script()  # speed is only measured on an idle machine
   parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
   parser.add_argument("--repeats", type=int, default=5)
   parser.add_argument("--skip_convs", action="store_true", help="only the whole-model table")

@@ -11,6 +11,8 @@ part of the step as its own jitted function on the same inputs.
 from __future__ import annotations
 
 import argparse
+import pathlib as _pathlib
+import sys as _sys
 import statistics
 import time
 
@@ -51,6 +53,9 @@ def _time(fn, args_fn, repeats):
 
 
 def main():
+  _sys.path.insert(0, str(_pathlib.Path(__file__).resolve().parent))
+  import protocol  # pylint: disable=g-import-not-at-top  (sibling script)
+  protocol.guard_script()  # speed is only measured on an idle machine
   p = argparse.ArgumentParser()
   p.add_argument("--batch_size", type=int, default=128)
   p.add_argument("--generator_channels", type=int, default=64)

@@ -25,6 +25,8 @@ the ratios, not absolute times across runs.
 from __future__ import annotations
 
 import argparse
+import pathlib as _pathlib
+import sys as _sys
 import itertools
 import os
 import statistics
@@ -348,6 +350,9 @@ def throughput_table(warmup: int, repeats: int, model: str = "lenet5") -> None:
 
 
 def main() -> None:
+  _sys.path.insert(0, str(_pathlib.Path(__file__).resolve().parent))
+  import protocol  # pylint: disable=g-import-not-at-top  (sibling script)
+  protocol.guard_script()  # speed is only measured on an idle machine
   parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
   parser.add_argument("--repeats", type=int, default=15)
   parser.add_argument("--warmup", type=int, default=2)

@@ -46,6 +46,7 @@ from flax import nnx
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
 import peers_dpsgd  # noqa: E402  (a sibling benchmark script: its step builders are reused)
+import protocol  # noqa: E402  (idle check, peak check, repeat until the intervals are tight)
 
 from dpkd_jax import models  # noqa: E402
 from dpkd_jax.methods import dpdfd_step  # noqa: E402
@@ -112,10 +113,22 @@ def peak_flops(repeats: int, size: int = 2048) -> float:
   return 2 * size ** 3 / best
 
 
-def time_interleaved(steps: dict[str, Timed], warmup: int, repeats: int) -> dict[str, list[float]]:
-  """Warms every step up, then times them in `repeats` interleaved rounds (seconds per call)."""
-  return peers_dpsgd.time_interleaved(
-      {name: step.call for name, step in steps.items()}, warmup, repeats)
+# Set by main(): the most interleaved rounds a group of rows may take to get tight intervals.
+MAX_ROUNDS = 30
+NOT_TIGHT: list[str] = []  # groups whose intervals stayed wide after MAX_ROUNDS
+
+
+def time_interleaved(steps: dict[str, Timed], warmup: int, repeats: int,
+                     pairs: list[tuple[str, str]]) -> dict[str, list[float]]:
+  """Warms every step up, then times them in interleaved rounds (seconds per call): at least
+  `repeats` rounds, more until every (A, B) ratio's 95% interval is within 5% (protocol)."""
+  pairs = [(a, b) for a, b in pairs if a in steps and b in steps]
+  times, tight = protocol.time_until_tight(
+      {name: step.call for name, step in steps.items()}, pairs, warmup=warmup,
+      min_rounds=repeats, max_rounds=max(repeats, MAX_ROUNDS))
+  if not tight:
+    NOT_TIGHT.append(", ".join(f"{b}/{a}" for a, b in pairs))
+  return times
 
 
 @contextlib.contextmanager
@@ -257,7 +270,10 @@ class Table:
   def add(self, label: str, a_name: str, b_name: str, steps: dict[str, Timed],
           times: dict[str, list[float]]) -> None:
     a, b = times.get(a_name), times.get(b_name)
-    ratio = f"{statistics.median(b) / statistics.median(a):.2f}×" if a and b else "n/a"
+    ratio = "n/a"
+    if a and b:
+      median, low, high = protocol.ratio_interval(a, b)
+      ratio = f"{median:.2f}× [{low:.2f}, {high:.2f}]"
     self.rows.append(f"| {label} | {_cells(a)} | {_cells(b)} | {ratio} | "
                      f"{_flops_cells(steps.get(a_name), a, self.peak)} | "
                      f"{_flops_cells(steps.get(b_name), b, self.peak)} |")
@@ -265,7 +281,7 @@ class Table:
 
   def markdown(self) -> str:
     header = ("| comparison: A vs B | A s (min / median / max) | B s (min / median / max) "
-              "| B / A (median) | A GFLOP/step, GFLOP/s (% of peak) "
+              "| B / A (median) [95% interval] | A GFLOP/step, GFLOP/s (% of peak) "
               "| B GFLOP/step, GFLOP/s (% of peak) |\n"
               "|---|---|---|---|---|---|")
     return "\n".join([header, *self.rows])
@@ -290,7 +306,7 @@ def train_rows(table: Table, warmup: int, repeats: int) -> None:
       torch_note = f"torch {torch.__version__}, {torch.get_num_threads()} threads"
     except ImportError:
       pass
-    times = time_interleaved(steps, warmup, repeats)
+    times = time_interleaved(steps, warmup, repeats, [("ours", "torch"), ("ours", "before")])
     label = f"train step {model} (GroupNorm, B={TRAIN_BATCH}, {ours_count:,} params)"
     table.add(f"{label}: ours vs PyTorch eager ({torch_note})", "ours", "torch", steps, times)
     table.add(f"{label}: ours vs ours with nnx.max_pool + nnx.GroupNorm", "ours", "before",
@@ -304,7 +320,9 @@ def dpdfd_rows(table: Table, warmup: int, repeats: int, scaling: bool) -> None:
   if scaling:
     for label, change in DPDFD_SCALING:
       steps[label] = dpdfd_steps(**{**DPDFD_BASE, **change})["private"]
-  times = time_interleaved(steps, warmup, repeats)
+  pairs = [("base twin", "base private")]
+  pairs += [("base private", label) for label, _ in DPDFD_SCALING if scaling]
+  times = time_interleaved(steps, warmup, repeats, pairs)
   base_label = (f"DPDFD step (B={DPDFD_BASE['batch_size']}, "
                 f"DAFL w{DPDFD_BASE['generator_channels']}, 28×28×1, datalens_cnn student, "
                 f"small_cnn teacher)")
@@ -327,7 +345,9 @@ def peer_rows(table: Table, warmup: int, repeats: int) -> None:
     steps["Opacus DP-SGD (CPU)"] = Timed(peers_dpsgd.opacus_step(images_uint8, labels)[0])
   except ImportError:
     pass
-  times = time_interleaved(steps, warmup, repeats)
+  times = time_interleaved(steps, warmup, repeats, [
+      ("ours DPDFD direct", "ours DP-SGD"), ("ours DP-SGD", "jax-privacy DP-SGD"),
+      ("ours DP-SGD", "Opacus DP-SGD (CPU)")])
   label = f"lenet5 (GroupNorm, B={batch})"
   table.add(f"{label}: DPDFD direct vs our DP-SGD", "ours DPDFD direct", "ours DP-SGD", steps,
             times)
@@ -353,13 +373,23 @@ def main() -> None:
   parser.add_argument("--warmup", type=int, default=1)
   parser.add_argument("--skip_scaling", action="store_true")
   parser.add_argument("--skip_peers", action="store_true")
+  parser.add_argument("--max_rounds", type=int, default=30,
+                      help="most interleaved rounds per group while the intervals are wide")
+  parser.add_argument("--idle_wait", type=float, default=0.0,
+                      help="seconds to wait for the load average to fall below the threshold")
+  parser.add_argument("--allow_busy", action="store_true",
+                      help="run on a busy machine anyway: the table is marked INVALID, never written")
   parser.add_argument("--write", action="store_true",
                       help=f"replace the {BEGIN} section of {DOC.name}")
   args = parser.parse_args()
   if args.repeats < 1 or args.warmup < 0:
     raise ValueError(f"need repeats >= 1 and warmup >= 0, got {args.repeats}, {args.warmup}")
-  start, load_before = time.perf_counter(), os.getloadavg()
-  peak = peak_flops(args.repeats)
+  global MAX_ROUNDS
+  MAX_ROUNDS = args.max_rounds
+  start = time.perf_counter()
+  conditions = protocol.start_conditions(lambda: peak_flops(args.repeats),
+                                         max_wait_s=args.idle_wait, allow_busy=args.allow_busy)
+  peak = conditions.peak
   print(f"peak (2048² float32 matmul, best of {max(3, args.repeats)}): {peak / 1e9:.1f} GFLOP/s",
         flush=True)
   table = Table(peak)
@@ -367,15 +397,18 @@ def main() -> None:
   dpdfd_rows(table, args.warmup, args.repeats, scaling=not args.skip_scaling)
   if not args.skip_peers:
     peer_rows(table, args.warmup, args.repeats)
-  load_after = os.getloadavg()
-  conditions = (
+  conditions.finish(protocol.load1(), peak_flops(args.repeats))
+  wide = (f" Intervals still wider than 5% after {MAX_ROUNDS} rounds: {'; '.join(NOT_TIGHT)}."
+          if NOT_TIGHT else "")
+  header = (
       f"{datetime.date.today()}, jax {jax.__version__} on {jax.devices()[0].platform} "
-      f"({os.cpu_count()} cores), {args.warmup} warm-up call(s) then {args.repeats} interleaved "
-      f"rounds per group of rows; load average {load_before[0]:.1f} before, "
-      f"{load_after[0]:.1f} after; peak {peak / 1e9:.1f} GFLOP/s (2048² float32 matmul); "
-      f"whole run {time.perf_counter() - start:.0f} s.")
-  text = f"{conditions}\n\n{table.markdown()}"
+      f"({os.cpu_count()} cores), {args.warmup} warm-up call(s) then >= {args.repeats} "
+      f"interleaved rounds per group of rows, until each ratio's 95% bootstrap interval is "
+      f"within 5%; {conditions.line()}; whole run {time.perf_counter() - start:.0f} s.{wide}")
+  text = f"{header}\n\n{table.markdown()}"
   print(f"\n{text}")
+  if args.write and not conditions.valid:
+    raise protocol.MachineBusy("not writing an invalid table to the docs (see the conditions)")
   if args.write:
     write_section(text)
     print(f"\nwritten to {DOC}")
