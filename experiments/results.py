@@ -54,15 +54,16 @@ def _key_value(text: str, flag: str) -> tuple[str, object]:
     return key, value
 
 
-def _table_position(spec: str, results_dir: str) -> tuple[str, int]:
+def _table_position(spec: str, results_dir: str, replacing: str) -> tuple[str, int]:
   name, _, pos = spec.partition(":")
   if pos:
     if not pos.isdigit():
       raise UserError(f"--table wants NAME or NAME:POSITION, got {spec!r}")
     return name, int(pos)
   last = 0
-  for record in records_tables.load_records(results_dir).values():
-    last = max(last, record.get("tables", {}).get(name, 0))
+  for other, record in records_tables.load_records(results_dir).items():
+    if other != replacing:
+      last = max(last, record.get("tables", {}).get(name, 0))
   return name, last + 1  # the row after the table's last one
 
 
@@ -85,11 +86,11 @@ def _publish(a: argparse.Namespace) -> int:
       raise UserError(f"--paper_epsilon wants a number or inf, got {a.paper_epsilon!r}") from None
   record["tables"] = dict(record.get("tables", {}))
   for spec in a.table:
-    name, pos = _table_position(spec, a.results_dir)
+    name, pos = _table_position(spec, a.results_dir, a.name)
     record["tables"][name] = pos
-  for flag, field in (("--column", "columns"), ("--text", "text")):
-    for item in getattr(a, field):
-      key, value = _key_value(item, flag)
+  for flag, field in (("column", "columns"), ("text", "text")):
+    for item in getattr(a, flag):
+      key, value = _key_value(item, "--" + flag)
       record.setdefault(field, {})[key] = value if field == "columns" else str(value)
   record.update(single_seed=record.get("single_seed", True), regenerated=True, source=source)
   try:

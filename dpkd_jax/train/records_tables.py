@@ -130,7 +130,7 @@ def _resolve(key: str, table: str, record: Record | None,
   if ">" in key:
     ref, _, key = key.partition(">")
     target, _ = _lookup(record, table, ref)
-    if target not in records:
+    if not isinstance(target, str) or target not in records:
       raise _Missing(f"{ref} (names no record: {target!r})")
     record = records[target]
   found = None
@@ -172,7 +172,9 @@ def _fill(line: str, table: str, record: Record | None, records: dict[str, Recor
   except _Missing as e:
     raise UserError(f"{where}: lacks `{e}`, needed by table {table} (add it to the record's "
                     "columns or text, or mark the placeholder optional with ?)") from None
-  except ValueError as e:
+  except UserError:
+    raise
+  except ValueError as e:  # a list placeholder without a join flag
     raise UserError(f"{where}, table {table}: {e}") from None
 
 
@@ -217,7 +219,13 @@ def render_markdown(text: str, records: dict[str, Record]) -> tuple[str, list[st
     return (f"<!-- results-table:{name} begin{match['template']}-->\n" + "\n".join(head + body)
             + f"\n<!-- results-table:{name} end -->")
 
-  return _TABLE.sub(replace, text), names
+  new = _TABLE.sub(replace, text)
+  begun = re.findall(r"<!-- results-table:([\w.:-]+) begin", text)
+  unended = sorted(set(begun) - set(names))
+  if unended:
+    raise UserError(f"tables {unended}: a begin marker without its "
+                    "`<!-- results-table:NAME end -->`")
+  return new, names
 
 
 def _plain(value: Any) -> Any:
@@ -259,7 +267,8 @@ def render_notebook_data(data: dict[str, Any], records: dict[str, Record]) -> di
 def notebook_json(data: dict[str, Any]) -> str:
   """The file text of the notebook data: one row per line, so a diff shows the changed run."""
   head = {k: v for k, v in data.items() if k != "tables"}
-  lines = ["{"] + [f"  {json.dumps(k)}: {json.dumps(v, ensure_ascii=False)}," for k, v in head.items()]
+  lines = ["{"] + [f"  {json.dumps(k)}: {json.dumps(v, ensure_ascii=False)},"
+                   for k, v in head.items()]
   lines.append('  "tables": [')
   for i, table in enumerate(data["tables"]):
     meta = {k: v for k, v in table.items() if k != "rows"}
