@@ -10,8 +10,9 @@ def paper_tables() -> list[tuple[str, str]]:
 # Reproduce the papers' tables from stored results
 
 This notebook needs no training and no `runs/` directory: it reads
-`data/paper_results.json`, a copy of figures from docs/RESULTS.md, each with the exact command
-that produced it (on the shared 2-core CPU machine, at reduced scale). It prints each table
+`data/paper_results.json`, generated from the results records in docs/results/ (the same records
+docs/RESULTS.md's tables are generated from), each with the exact command that produced it (on
+the shared 2-core CPU machine, at reduced scale). It prints each table
 beside the paper's figure where docs/RESULTS.md quotes one, and re-derives every ε column from
 the stored noise settings with the library's accountant, so a table whose privacy column no
 longer follows from its settings is caught.
@@ -104,7 +105,7 @@ table = TABLES["direct_vs_dpsgd_mnist"]
 show(table, [("method", lambda r: r["method"]), ("privacy", lambda r: r["privacy"]),
              ("σ / z", lambda r: fmt(r["noise_multiplier"])),
              ("sound ε", lambda r: fmt(r["sound_epsilon"])),
-             ("accuracy", lambda r: f"{r['accuracy']} ({r['accuracy_note']})")])
+             ("accuracy", lambda r: f"{r['accuracy']} {r.get('accuracy_note', '')}".strip())])
 setting = table["setting"]
 rate = setting["expected_batch_size"] / setting["num_examples"]
 for row in table["rows"]:

@@ -17,6 +17,11 @@ files, so that no figure is typed twice. Fields (all required; null where not ap
   paper_accuracy           the paper's accuracy for that row, or null
   cpu_seconds, wall_seconds  of the whole run (process CPU time, wall clock)
 Optional fields (`extra`) hold anything else worth keeping (seeds are never stored when secret).
+Committed records (docs/results/) also carry what the tables need (`dpkd_jax.train.records_tables`):
+`tables` ({table name: row position}), `columns` (settings and secondary figures), `text` (row
+labels), `bold`, `single_seed`, and `regenerated` + `source`: `regenerated: false` marks a row
+converted from the text of docs/RESULTS.md rather than copied from a run's record.json; only such
+a legacy record may leave `cpu_seconds` / `wall_seconds` null (the text did not state them).
 """
 
 from __future__ import annotations
@@ -29,6 +34,8 @@ import subprocess
 import sys
 import tempfile
 from typing import Any
+
+from dpkd_jax.errors import UserError
 
 RECORD_FIELDS = (
     "method", "dataset", "command", "commit", "test_accuracy", "sound_epsilon", "delta",
@@ -95,8 +102,43 @@ def make_record(*, method: str, dataset: str, test_accuracy: float | None,
   return validate_record(record)
 
 
+def _is_number(value: Any) -> bool:
+  return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+
+
+def _check_kinds(record: dict[str, Any]) -> None:
+  """Kinds of the fields beyond the enumerations; raises ValueError naming the field."""
+  for name in ("method", "dataset", "command"):
+    if not isinstance(record[name], str) or not record[name]:
+      raise ValueError(f"{name} must be a non-empty string, got {record[name]!r}")
+  for name in ("commit", "paper_row"):
+    if record[name] is not None and not isinstance(record[name], str):
+      raise ValueError(f"{name} must be a string or null, got {record[name]!r}")
+  for name in ("test_accuracy", "paper_accuracy"):
+    value = record[name]
+    if value is not None and not (_is_number(value) and 0 <= value <= 1):
+      raise ValueError(f"{name} must be a number in [0, 1] or null, got {value!r}")
+  if not (_is_number(record["delta"]) and 0 <= record["delta"] < 1):
+    raise ValueError(f"delta must be a number in [0, 1), got {record['delta']!r}")
+  paper_eps = record["paper_epsilon"]
+  if not (paper_eps is None or paper_eps == "inf" or (_is_number(paper_eps) and paper_eps >= 0)):
+    raise ValueError(f"paper_epsilon must be a number >= 0, 'inf' or null, got {paper_eps!r}")
+  legacy = record.get("regenerated") is False  # converted from the docs' text, not from a run
+  for name in ("cpu_seconds", "wall_seconds"):
+    value = record[name]
+    if not ((value is None and legacy) or (_is_number(value) and value >= 0)):
+      allowed = "a number >= 0 or null (legacy record)" if legacy else "a number >= 0"
+      raise ValueError(f"{name} must be {allowed}, got {value!r}")
+
+
 def validate_record(record: dict[str, Any]) -> dict[str, Any]:
-  """Checks the required fields and their kinds; returns `record`."""
+  """Checks the required fields and their kinds; returns `record`.
+
+  `cpu_seconds` / `wall_seconds` may be null only in a record marked `regenerated: false`
+  (converted from the docs' text, which did not state them).
+  """
+  if not isinstance(record, dict):
+    raise ValueError(f"a results record is a JSON object, got {type(record).__name__}")
   missing = [f for f in RECORD_FIELDS if f not in record]
   if missing:
     raise ValueError(f"results record lacks fields {missing}")
@@ -105,8 +147,9 @@ def validate_record(record: dict[str, Any]) -> dict[str, Any]:
   if record["accounting"] not in ACCOUNTING:
     raise ValueError(f"accounting must be one of {ACCOUNTING}, got {record['accounting']!r}")
   eps = record["sound_epsilon"]
-  if not (eps == "inf" or (isinstance(eps, (int, float)) and math.isfinite(eps) and eps >= 0)):
+  if not (eps == "inf" or (_is_number(eps) and eps >= 0)):
     raise ValueError(f"sound_epsilon must be a finite number >= 0 or 'inf', got {eps!r}")
+  _check_kinds(record)
   return record
 
 
@@ -121,6 +164,19 @@ def write_record(path: str, record: dict[str, Any]) -> None:
   os.replace(f.name, path)
 
 
-def read_record(path: str) -> dict[str, Any]:
-  with open(path) as f:
-    return validate_record(json.load(f))
+def read_record(path: str, **json_kwargs: Any) -> dict[str, Any]:
+  """The validated record in `path`; a missing, unparsable or invalid file raises a one-line
+  `UserError` naming it. `json_kwargs` go to `json.load` (e.g. `parse_float=decimal.Decimal`
+  to keep the figures' digits as written; validation then sees floats)."""
+  try:
+    with open(path, encoding="utf-8") as f:
+      text = f.read()
+    record = json.loads(text, **json_kwargs)
+    validate_record(json.loads(text) if json_kwargs else record)
+  except OSError as e:
+    raise UserError(f"{path}: cannot read the results record ({e.strerror})") from e
+  except json.JSONDecodeError as e:
+    raise UserError(f"{path}: not valid JSON ({e})") from e
+  except ValueError as e:
+    raise UserError(f"{path}: {e}") from e
+  return record

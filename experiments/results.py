@@ -1,0 +1,141 @@
+"""Results tables generated from records: `python -m experiments.results render [--check]`.
+
+Every reported run is one JSON record in docs/results/ (schema: dpkd_jax/train/records.py).
+
+  render            regenerates every marked table of docs/RESULTS.md and the rows of
+                    notebooks/data/paper_results.json (the paper-tables notebook) from the records
+  render --check    writes nothing; exits 1 if a generated file differs from its records
+  publish           copies a finished run's <workdir>/record.json to docs/results/<name>.json,
+                    with the paper's figures and the table rows it fills:
+      python -m experiments.results publish --run=runs/dpdfd/m_s10 --name=dpdfd__mnist__m_s10 \\
+          --paper_row="DPDFD Table 1, MNIST, eps=10" --paper_accuracy=0.9751 --table=dpdfd_session4
+    then `render`. A table's row template (in its begin marker) names the keys a row needs;
+    give the ones the run's record lacks with --column KEY=VALUE or --text KEY=VALUE.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import sys
+
+from dpkd_jax.errors import UserError
+from dpkd_jax.train import records as records_lib
+from dpkd_jax.train import records_tables
+
+_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
+
+
+def _render(a: argparse.Namespace) -> int:
+  files = records_tables.render_files(a.results_dir, [a.doc], a.notebook_data or None)
+  stale = [path for path, (old, new) in files.items() if old != new]
+  for path in stale:
+    if not a.check:
+      with open(path, "w", encoding="utf-8") as f:
+        f.write(files[path][1])
+  rel = ", ".join(os.path.relpath(p) for p in stale) or "none"
+  if a.check:
+    print(f"stale: {rel}" + (" (run: python -m experiments.results render)" if stale else ""))
+    return 1 if stale else 0
+  print(f"written: {rel}")
+  return 0
+
+
+def _key_value(text: str, flag: str) -> tuple[str, object]:
+  key, sep, value = text.partition("=")
+  if not sep or not key:
+    raise UserError(f"{flag} wants KEY=VALUE, got {text!r}")
+  try:
+    return key, json.loads(value)  # numbers, lists, null; anything else stays a string
+  except json.JSONDecodeError:
+    return key, value
+
+
+def _table_position(spec: str, results_dir: str, replacing: str) -> tuple[str, int]:
+  name, _, pos = spec.partition(":")
+  if pos:
+    if not pos.isdigit():
+      raise UserError(f"--table wants NAME or NAME:POSITION, got {spec!r}")
+    return name, int(pos)
+  last = 0
+  for other, record in records_tables.load_records(results_dir).items():
+    if other != replacing:
+      last = max(last, record.get("tables", {}).get(name, 0))
+  return name, last + 1  # the row after the table's last one
+
+
+def _publish(a: argparse.Namespace) -> int:
+  if not _NAME.match(a.name):
+    raise UserError(f"--name={a.name!r}: use letters, digits, '_', '.', '-' (e.g. "
+                    "dpdfd__mnist__m_s10)")
+  dest = os.path.join(a.results_dir, a.name + ".json")
+  if os.path.exists(dest) and not a.force:
+    raise UserError(f"{dest} exists; pass --force to replace it")
+  source = os.path.join(a.run, "record.json")
+  record = records_lib.read_record(source)
+  for field in ("paper_row", "paper_accuracy"):
+    if getattr(a, field) is not None:
+      record[field] = getattr(a, field)
+  if a.paper_epsilon is not None:
+    try:
+      record["paper_epsilon"] = "inf" if a.paper_epsilon == "inf" else float(a.paper_epsilon)
+    except ValueError:
+      raise UserError(f"--paper_epsilon wants a number or inf, got {a.paper_epsilon!r}") from None
+  record["tables"] = dict(record.get("tables", {}))
+  for spec in a.table:
+    name, pos = _table_position(spec, a.results_dir, a.name)
+    record["tables"][name] = pos
+  for flag, field in (("column", "columns"), ("text", "text")):
+    for item in getattr(a, flag):
+      key, value = _key_value(item, "--" + flag)
+      record.setdefault(field, {})[key] = value if field == "columns" else str(value)
+  record.update(single_seed=record.get("single_seed", True), regenerated=True, source=source)
+  try:
+    records_lib.validate_record(record)
+  except ValueError as e:
+    raise UserError(f"{source} with the given paper fields: {e}") from e
+  records_lib.write_record(dest, record)
+  print(f"wrote {os.path.relpath(dest)}; now run: python -m experiments.results render")
+  return 0
+
+
+def _parser() -> argparse.ArgumentParser:
+  p = argparse.ArgumentParser(prog="python -m experiments.results", description=__doc__,
+                              formatter_class=argparse.RawDescriptionHelpFormatter)
+  p.add_argument("--results_dir", default=os.path.join(_ROOT, "docs", "results"),
+                 help="the committed records (default: docs/results)")
+  sub = p.add_subparsers(dest="command", required=True)
+  r = sub.add_parser("render", help="regenerate the tables from the records")
+  r.add_argument("--check", action="store_true", help="write nothing; exit 1 if stale")
+  r.add_argument("--doc", default=os.path.join(_ROOT, "docs", "RESULTS.md"))
+  r.add_argument("--notebook_data",
+                 default=os.path.join(_ROOT, "notebooks", "data", "paper_results.json"),
+                 help="the paper-tables notebook's data ('' to skip)")
+  u = sub.add_parser("publish", help="copy a run's record.json into the results records")
+  u.add_argument("--run", required=True, help="the run's workdir (holds record.json)")
+  u.add_argument("--name", required=True, help="record name: <method>__<dataset>__<slug>")
+  u.add_argument("--paper_row", default=None, help='e.g. "DPDFD Table 1, MNIST, eps=10"')
+  u.add_argument("--paper_accuracy", type=float, default=None)
+  u.add_argument("--paper_epsilon", default=None, help="the paper's own ε for this run")
+  u.add_argument("--table", action="append", default=[],
+                 help="NAME or NAME:POSITION of a table the run is a row of (repeatable)")
+  u.add_argument("--column", action="append", default=[], help="KEY=VALUE (repeatable)")
+  u.add_argument("--text", action="append", default=[], help="KEY=VALUE label (repeatable)")
+  u.add_argument("--force", action="store_true", help="replace an existing record")
+  return p
+
+
+def main(argv: list[str] | None = None) -> int:
+  a = _parser().parse_args(sys.argv[1:] if argv is None else argv)
+  try:
+    return _render(a) if a.command == "render" else _publish(a)
+  except UserError as e:
+    print(f"error: {e}", file=sys.stderr)
+    return 2
+
+
+if __name__ == "__main__":
+  sys.exit(main())

@@ -1,0 +1,106 @@
+"""The results-record schema (dpkd_jax/train/records.py) and every committed record under
+docs/results/: each is valid, named after its method and dataset, and states where it came from."""
+
+import decimal
+import glob
+import json
+import os
+import pathlib
+
+import pytest
+
+from dpkd_jax.errors import UserError
+from dpkd_jax.train import records
+
+_REPO = pathlib.Path(__file__).resolve().parent.parent
+_COMMITTED = sorted(glob.glob(str(_REPO / "docs" / "results" / "*.json")))
+
+
+def _record(**overrides):
+  fields = dict(method="dpdfd", dataset="digits", test_accuracy=0.5, sound_epsilon=9.5,
+                delta=1e-5, neighbouring="replace-one", accounting="sound", cpu_seconds=12.0,
+                wall_seconds=10.0, command="python -m experiments.dpdfd", commit="abc")
+  fields.update(overrides)
+  return records.make_record(**fields)
+
+
+def test_make_record_has_every_field_and_validates():
+  record = _record(sound_epsilon=float("inf"), extra={"sigma": 1.5})
+  assert tuple(record)[:len(records.RECORD_FIELDS)] == records.RECORD_FIELDS
+  assert record["sound_epsilon"] == "inf" and record["sigma"] == 1.5
+
+
+def test_write_then_read_round_trip(tmp_path):
+  path = str(tmp_path / "run" / "record.json")
+  records.write_record(path, _record())
+  assert records.read_record(path) == _record()
+
+
+@pytest.mark.parametrize("field,value", [
+    ("neighbouring", "both"), ("accounting", "mixed"), ("sound_epsilon", -1.0),
+    ("sound_epsilon", "infinite"), ("test_accuracy", 1.5), ("paper_accuracy", "0.9"),
+    ("delta", 1.0), ("paper_epsilon", -2.0), ("method", ""), ("commit", 5),
+    ("cpu_seconds", None), ("wall_seconds", -1.0)])
+def test_validate_rejects_a_bad_field_and_names_it(field, value):
+  record = _record()
+  record[field] = value
+  with pytest.raises(ValueError, match=field):
+    records.validate_record(record)
+
+
+def test_null_seconds_only_in_a_legacy_record():
+  record = _record()
+  record["cpu_seconds"] = record["wall_seconds"] = None
+  with pytest.raises(ValueError, match="cpu_seconds"):
+    records.validate_record(record)
+  record["regenerated"] = True
+  with pytest.raises(ValueError, match="cpu_seconds"):
+    records.validate_record(record)
+  record["regenerated"] = False  # converted from the docs' text, which did not state them
+  assert records.validate_record(record) is record
+
+
+@pytest.mark.parametrize("text,match", [
+    ("{not json", "not valid JSON"), ("[1, 2]", "JSON object"), ('{"method": "x"}', "lacks")])
+def test_read_record_error_is_one_line_naming_the_file(tmp_path, text, match):
+  path = tmp_path / "bad.json"
+  path.write_text(text)
+  with pytest.raises(UserError, match=match) as info:
+    records.read_record(str(path))
+  message = str(info.value)
+  assert message.startswith(str(path)) and "\n" not in message
+
+
+def test_read_record_missing_file_is_a_user_error(tmp_path):
+  with pytest.raises(UserError, match="cannot read"):
+    records.read_record(str(tmp_path / "absent.json"))
+
+
+def test_read_record_keeps_digits_with_decimal(tmp_path):
+  path = tmp_path / "r.json"
+  record = _record()
+  path.write_text(json.dumps(record).replace('"test_accuracy": 0.5', '"test_accuracy": 0.5000'))
+  kept = records.read_record(str(path), parse_float=decimal.Decimal)
+  assert str(kept["test_accuracy"]) == "0.5000"
+
+
+def test_there_are_committed_records():
+  assert len(_COMMITTED) >= 100
+
+
+@pytest.mark.parametrize("path", _COMMITTED, ids=os.path.basename)
+def test_committed_record(path):
+  record = records.read_record(path)  # schema
+  method, dataset, slug = os.path.basename(path)[:-len(".json")].split("__")
+  assert (method, dataset) == (record["method"], record["dataset"]) and slug
+  assert isinstance(record.get("tables", {}), dict)
+  assert isinstance(record["single_seed"], bool) and isinstance(record["regenerated"], bool)
+  assert record["source"]
+  if not record["regenerated"]:
+    assert record["source"].startswith("docs/RESULTS.md as of ")
+  if record["paper_accuracy"] is not None:
+    assert record["paper_row"], "a paper figure names its paper row"
+  if record["method"] == "dpsgd":  # DP-SGD's accountant is add/remove today
+    assert record["neighbouring"] == "add-remove"
+  else:
+    assert record["neighbouring"] == "replace-one"
