@@ -143,6 +143,12 @@ def test_target_epsilon_bounds_the_number_of_queries():
     _plan(target_epsilon=2.0)
 
 
+def test_a_target_with_the_teacher_prior_warns_that_the_sound_epsilon_is_inf():
+  with pytest.warns(UserWarning, match=r"sound \(record-level\) epsilon of this run is inf > "
+                                       r"target_epsilon=100"):
+    _plan(target_epsilon=100.0, stages=2, generator_prior="teacher")
+
+
 # ----------------------------------------------------------------------------- end to end
 
 

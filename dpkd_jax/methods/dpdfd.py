@@ -306,9 +306,11 @@ def train_dpdfd(config: DPDFDConfig, workdir: str, *, progress: bool = True,
       "num_teachers": len(cards),
       "student_params": models.count_params(state.student.params),
       "config": _config_json(config),
-      # The teachers' test accuracy is a noiseless function of their private training data.
+      # The teachers' test accuracy is a noiseless function of their private training data
+      # (and `--train_teacher` puts the teacher itself in <workdir>/teacher).
       outputs.PRIVATE_KEY: outputs.private_section(
-          {"teacher_test_accuracy": [c["test_accuracy"] for c in cards]}),
+          {"teacher_test_accuracy": [c["test_accuracy"] for c in cards]}, workdir=workdir,
+          files=("teacher",)),
   }
   outputs.finish_run(workdir, results, clock=clock, dataset=config.dataset,
                      test_accuracy=accuracy, sound_epsilon=epsilon, delta=config.delta,
