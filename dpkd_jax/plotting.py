@@ -11,6 +11,10 @@ into `RunSummary` records and draws test accuracy against ε (log axis), one lin
 * Paper-formula ε values are never plotted as guarantees; `paper_epsilon=True` draws them as
   hollow markers labelled "NOT a guarantee", as the results tables do.
 
+Only released figures are read: top-level results.json keys and metrics.csv. The
+`"private_diagnostics"` block and `private_diagnostics.csv` (noiseless functions of private data,
+not covered by ε; `dpkd_jax.train.outputs`) are never plotted.
+
 Methods name their fields differently (`student_accuracy` for reverse k-NN, the record-level ε
 for SRR), so an explicit registry, `METHOD_FIELDS`, says which keys to read for each method.
 matplotlib is imported lazily with the Agg backend, so this works on headless machines.

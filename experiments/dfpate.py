@@ -19,6 +19,7 @@ import os
 import sys
 
 from dpkd_jax.methods import dfpate
+from dpkd_jax.train import summary
 
 _FIELDS = {f.name: f for f in dataclasses.fields(dfpate.DFPATEConfig)}
 _OPTIONAL = {"data_dir": str, "target_epsilon": float, "noise_std": float, "seed": int,
@@ -71,13 +72,7 @@ def main(argv: list[str] | None = None) -> None:
   config, args = parse_config(sys.argv[1:] if argv is None else argv)
   r = dfpate.train_dfpate(config, args.workdir, resume=args.resume,
                           progress=not args.no_progress)
-  teachers = r["teachers"]
-  print(f"DF-PATE {config.dataset}: test accuracy {r['test_accuracy']:.4f} "
-        f"(per round {[round(a, 4) for a in r['accuracy_per_round']]})\n"
-        f"  sound ε = {r['epsilon']:.4g} (δ={r['delta']:g}), σ = {r['noise_std']:.4g}, "
-        f"{r['num_queries']} queries, {r['answered_queries']} used\n"
-        f"  teachers: {teachers} -> {args.workdir}")
-
+  print("\n".join(summary.summary_lines(r, workdir=args.workdir)))
 
 if __name__ == "__main__":
   main()

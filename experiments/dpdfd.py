@@ -17,6 +17,7 @@ from dpkd_jax import teacher
 from dpkd_jax.methods import dpdfd
 from dpkd_jax.methods import dpdfd_direct
 from dpkd_jax.train import distributed
+from dpkd_jax.train import summary
 
 _FIELDS = {f.name: f for f in dataclasses.fields(dpdfd.DPDFDConfig)}
 _OPTIONAL_FLOATS = ("noise_multiplier", "target_epsilon")
@@ -58,8 +59,7 @@ def _direct(argv: list[str]) -> None:
     p.error(str(e))
   workdir = a.workdir or os.path.join("runs", "dpdfd_direct", config.dataset)
   r = dpdfd_direct.train_direct(config, workdir)
-  print(f"DPDFD direct {config.dataset}: test accuracy {r['test_accuracy']:.4f}; NOT DP (ε = inf); "
-        f"paper-formula ε {r['paper_epsilon']} (not a guarantee) -> {workdir}")
+  print("\n".join(summary.summary_lines(r, workdir=workdir)))
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -103,11 +103,7 @@ def main(argv: list[str] | None = None) -> None:
   except ValueError as e:
     p.error(str(e))
   results = dpdfd.train_dpdfd(config, workdir, progress=not a.no_progress)
-  paper = results["paper_epsilon"]
-  print(f"DPDFD {config.dataset}: test accuracy {results['test_accuracy']:.4f} after {results['steps']} steps;"
-        f" sound epsilon {results['epsilon']:.4g} (delta={config.delta})"
-        + ("" if paper is None else f"; paper-formula epsilon {paper:.4g} (NOT a valid guarantee)")
-        + f" -> {workdir}")
+  print("\n".join(summary.summary_lines(results, workdir=workdir)))
 
 
 if __name__ == "__main__":

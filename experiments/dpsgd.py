@@ -15,6 +15,7 @@ import sys
 
 from dpkd_jax.methods import dpsgd
 from dpkd_jax.train import distributed
+from dpkd_jax.train import summary
 
 
 def parse_config(argv: list[str]) -> tuple[dpsgd.DPSGDConfig, argparse.Namespace]:
@@ -45,6 +46,9 @@ def parse_config(argv: list[str]) -> tuple[dpsgd.DPSGDConfig, argparse.Namespace
   p.add_argument("--workdir", default=None, help="default runs/dpsgd/<dataset>_<model>")
   p.add_argument("--resume", action="store_true", help="continue the run in --workdir")
   p.add_argument("--stop_at_step", type=int, default=None)
+  p.add_argument("--log_private_diagnostics", action="store_true",
+                 help="also write the training loss/accuracy/clipping of the private batches to "
+                      "private_diagnostics.csv (noiseless: NOT covered by ε, never publish)")
   p.add_argument("--no_progress", action="store_true")
   args = p.parse_args(argv)
   try:
@@ -55,7 +59,8 @@ def parse_config(argv: list[str]) -> tuple[dpsgd.DPSGDConfig, argparse.Namespace
         noise_multiplier=args.noise_multiplier, target_epsilon=args.target_epsilon,
         delta=args.delta, steps=args.steps, epochs=args.epochs, optimizer=args.optimizer,
         learning_rate=args.learning_rate, momentum=args.momentum, seed=args.seed,
-        data_dir=args.data_dir, download=args.download)
+        data_dir=args.data_dir, download=args.download,
+        log_private_diagnostics=args.log_private_diagnostics)
   except ValueError as e:
     p.error(str(e))
   if args.workdir is None:
@@ -68,10 +73,7 @@ def main(argv: list[str] | None = None) -> None:
   config, args = parse_config(sys.argv[1:] if argv is None else argv)
   results = dpsgd.train_dpsgd(config, args.workdir, resume=args.resume,
                               stop_at_step=args.stop_at_step, progress=not args.no_progress)
-  print(f"dpsgd {config.model} on {config.dataset}: test accuracy {results['test_accuracy']:.4f}"
-        f" at ε={results['epsilon']:.3f}, δ={results['delta']:g} "
-        f"(z={results['noise_multiplier']:.4f}, q={results['sampling_rate']:.5f}, "
-        f"{results['steps']}/{results['planned_steps']} steps) -> {args.workdir}")
+  print("\n".join(summary.summary_lines(results, workdir=args.workdir)))
 
 
 if __name__ == "__main__":

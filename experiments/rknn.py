@@ -18,6 +18,7 @@ from dpkd_jax import representations
 from dpkd_jax.methods import rknn
 from dpkd_jax.methods import rknn_student
 from dpkd_jax.train import distributed
+from dpkd_jax.train import summary
 
 
 def parse_config(argv: list[str]) -> tuple[rknn.RKNNConfig, argparse.Namespace]:
@@ -82,10 +83,7 @@ def main(argv: list[str] | None = None) -> None:
   distributed.initialize_from_env()  # no-op unless launched across hosts (docs/DISTRIBUTED.md)
   config, args = parse_config(sys.argv[1:] if argv is None else argv)
   results = rknn.train_rknn(config, args.workdir, progress=not args.no_progress)
-  print(f"rknn {config.mode} on {config.dataset} ({config.representation}, s={config.num_queries},"
-        f" k={config.k}): Acc_pl {results['label_accuracy']:.4f}, Acc_pc "
-        f"{results['student_accuracy']:.4f} at ε={results['epsilon']:g} (δ=0; ledger "
-        f"{results['ledger_epsilon']:.4f} at δ={results['ledger_delta']:g}) -> {args.workdir}")
+  print("\n".join(summary.summary_lines(results, workdir=args.workdir)))
 
 
 if __name__ == "__main__":

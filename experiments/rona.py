@@ -16,6 +16,7 @@ import sys
 
 from dpkd_jax.methods import rona
 from dpkd_jax.train import distributed
+from dpkd_jax.train import summary
 
 _FIELDS = {f.name: f for f in dataclasses.fields(rona.RONAConfig)}
 # Fields whose default is None: their flag type cannot be read off the default.
@@ -59,19 +60,7 @@ def main(argv: list[str] | None = None) -> None:
   results = rona.train_rona(config, args.workdir, resume=args.resume,
                             stop_after_units=args.stop_after_units,
                             progress=not args.no_progress)
-  report = results["compression"]
-  paper = results["paper_epsilon_per_query"]
-  print(f"rona {config.student_model} on {config.dataset}: test accuracy "
-        f"{results['test_accuracy']:.4f} at sound ε={results['epsilon']:.4g}, "
-        f"δ={results['delta']:g} (σ={results['noise_multiplier']:.4g}, "
-        f"{results['num_queries_executed']}/{results['num_queries']} queries)"
-        + ("" if paper is None else f"; paper per-query ε {paper:.4g} (NOT a guarantee)"))
-  print(f"  teacher {report['teacher']['params']:,} params, acc "
-        f"{report['teacher']['test_accuracy']:.4f}; student {report['student']['params']:,} "
-        f"params; {report['param_ratio']:.1f}x fewer params, {report['flops_ratio']:.1f}x fewer "
-        f"FLOPs, {report['speedup_batch1']:.1f}x / {report['speedup_batch256']:.1f}x faster at "
-        f"batch 1 / 256 -> {args.workdir}")
-
+  print("\n".join(summary.summary_lines(results, workdir=args.workdir)))
 
 if __name__ == "__main__":
   main()

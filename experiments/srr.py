@@ -21,6 +21,7 @@ import sys
 
 from dpkd_jax.methods import srr
 from dpkd_jax.train import distributed
+from dpkd_jax.train import summary
 
 _FIELDS = {f.name: f for f in dataclasses.fields(srr.SRRConfig)}
 _OPTIONAL = {"epsilon": float, "target_epsilon": float, "threshold": float, "seed": int,
@@ -83,13 +84,7 @@ def main(argv: list[str] | None = None) -> None:
     return
   config, args = parse_config(argv)
   r = srr.train_srr(config, args.workdir, resume=args.resume, progress=not args.no_progress)
-  print(f"SRR {config.dataset} ({config.generator_prior} prior): test accuracy"
-        f" {r['test_accuracy']:.4f} after {r['stages']} stages, {r['num_queries']} queries\n"
-        f"  paper: label-DP per query ε = {r['paper_label_epsilon_per_query']:.4g}\n"
-        f"  record-level ε = {r['record_level_epsilon']:.4g} (δ={r['delta']:g})\n"
-        f"  RR composition ε = {r['labels_epsilon']:.4g}"
-        + (" (labels only, conditional on the generator)"
-           if config.generator_prior == "teacher" else "") + f" -> {args.workdir}")
+  print("\n".join(summary.summary_lines(r, workdir=args.workdir)))
 
 
 if __name__ == "__main__":

@@ -16,6 +16,9 @@ from dpkd_jax.methods import dfpate_teachers
 from dpkd_jax.privacy import accounting
 from dpkd_jax.privacy import ledger as ledger_lib
 from dpkd_jax.train import checkpoint
+from dpkd_jax.train import outputs
+from dpkd_jax.train import records
+from experiments import dfpate as dfpate_cli
 
 _TINY = dict(dataset="digits", num_teachers=4, teacher_epochs=1, teacher_batch_size=32,
              rounds=2, queries_per_round=16, pool_factor=2, student_model="lenet5_half",
@@ -48,6 +51,14 @@ def test_end_to_end_outputs_and_sound_epsilon(tiny_run):
   ledger = ledger_lib.PrivacyLedger.from_json(meta["ledger"])
   assert len(ledger.entries) == 2
   assert ledger.spent_epsilon() == pytest.approx(results["epsilon"], rel=1e-9)
+  # Teacher accuracies / agreement are noiseless functions of the private teachers.
+  with open(os.path.join(run, "results.json")) as f:
+    saved = json.load(f)
+  assert "teachers" not in saved and saved["warnings"] == []
+  assert set(saved[outputs.PRIVATE_KEY]["teachers"]) == {"teacher_mean", "plurality", "agreement"}
+  record = records.read_record(os.path.join(run, "record.json"))
+  assert record["method"] == "dfpate" and record["test_accuracy"] == results["test_accuracy"]
+  assert record["sound_epsilon"] == pytest.approx(results["epsilon"])
 
 
 def test_refuses_existing_workdir_and_resumes(tiny_run):
@@ -68,14 +79,20 @@ def test_saved_teachers_are_reused_only_for_the_same_training(tiny_run):
     dfpate.train_dfpate(other, os.path.join(workdir, "other"), progress=False)
 
 
-def test_baselines_epsilon_zero_and_inf(tiny_run, tmp_path):
+def test_baselines_epsilon_zero_and_inf(tiny_run, tmp_path, capsys):
   config, _, _ = tiny_run
   no_teacher = dfpate.DFPATEConfig(**{**_TINY, "rounds": 1}, use_teachers=False)
   r = dfpate.train_dfpate(no_teacher, str(tmp_path / "none"), progress=False)
-  assert r["epsilon"] == 0.0 and r["teachers"] == {}
-  exact = dfpate.DFPATEConfig(**{**_TINY, "rounds": 1}, target_epsilon=None, noise_std=0.0,
-                              teachers_dir=config.teachers_dir)  # reuses the trained ensemble
-  assert dfpate.train_dfpate(exact, str(tmp_path / "exact"), progress=False)["epsilon"] == math.inf
+  assert r["epsilon"] == 0.0 and r[outputs.PRIVATE_KEY]["teachers"] == {}
+  # --noise_std=0 through the CLI: allowed, loudly not private (reuses the trained ensemble).
+  flags = [f"--{k}={v}" for k, v in {**_TINY, "rounds": 1}.items()]
+  dfpate_cli.main(flags + ["--target_epsilon=none", "--noise_std=0", "--no_progress",
+                           f"--teachers_dir={config.teachers_dir}",
+                           f"--workdir={tmp_path / 'exact'}"])
+  assert "WARNING: epsilon = inf (NOT private)" in capsys.readouterr().out
+  with open(tmp_path / "exact" / "results.json") as f:
+    assert json.load(f)["epsilon"] == math.inf
+  assert records.read_record(str(tmp_path / "exact" / "record.json"))["sound_epsilon"] == "inf"
 
 
 @pytest.mark.parametrize("self_training", [False, True])

@@ -22,7 +22,10 @@ from dpkd_jax.privacy import ledger as ledger_lib
 from dpkd_jax.privacy import mechanisms
 from dpkd_jax.privacy import paper_accounting
 from dpkd_jax.train import checkpoint
+from dpkd_jax.train import outputs
+from dpkd_jax.train import records
 from dpkd_jax.train import sharding
+from experiments import dpdfd as dpdfd_cli
 
 
 @pytest.fixture(scope="module")
@@ -157,6 +160,20 @@ def test_plan_sound_target_fits_and_paper_is_warned():
   assert dpdfd_privacy.plan(noise_multiplier=0.0, target_epsilon=None, **kw).sound_epsilon == math.inf
 
 
+def test_paper_accounting_warns_at_plan_time_when_the_sound_epsilon_exceeds_the_target():
+  with warnings.catch_warnings(record=True) as caught:
+    warnings.simplefilter("always")
+    plan = dpdfd_privacy.plan(noise_multiplier=None, target_epsilon=1.0, delta=1e-5, steps=200,
+                              batch_size=64, l2_norm_bound=1.0, accounting_mode="paper")
+  assert plan.sound_epsilon > 1.0
+  named = f"sound epsilon of this run is {plan.sound_epsilon:.4g} > target_epsilon=1"
+  assert any(named in str(w.message) for w in caught), [str(w.message) for w in caught]
+  with warnings.catch_warnings():
+    warnings.simplefilter("error")  # sound calibration never lands above the target: no warning
+    dpdfd_privacy.plan(noise_multiplier=None, target_epsilon=1.0, delta=1e-5, steps=20,
+                       batch_size=64, l2_norm_bound=1.0)
+
+
 @pytest.mark.parametrize("kwargs,match", [
     (dict(noise_multiplier=0.0, target_epsilon=1.0), "needs noise"),
     (dict(noise_multiplier=-1.0), "noise_multiplier"),
@@ -213,6 +230,40 @@ def test_results_report_sound_epsilon_of_executed_noise(finished_run):
   assert results["seed"].startswith("os-entropy") and results["config"]["seed"] is None
   value, secret = checkpoint.restore_metadata(os.path.join(workdir, "checkpoints"))["root_seed"]
   assert secret and str(value) not in json.dumps(results)
+
+
+def test_results_keep_the_teacher_accuracy_apart_and_the_record_validates(finished_run):
+  workdir, results = finished_run
+  with open(os.path.join(workdir, "results.json")) as f:
+    saved = json.load(f)
+  assert "teacher_test_accuracy" not in saved  # a noiseless function of the private data
+  private = saved[outputs.PRIVATE_KEY]
+  assert "NOT covered by epsilon" in private["_note"]
+  assert len(private["teacher_test_accuracy"]) == 1 and saved["warnings"] == []
+  names = {name for name in dpdfd.metrics_lib.read_metrics(workdir)}
+  assert names and all(n.startswith(("train/", "test/")) for n in names)
+  record = records.read_record(os.path.join(workdir, "record.json"))
+  assert record["method"] == "dpdfd" and record["dataset"] == "digits"
+  assert record["test_accuracy"] == results["test_accuracy"]
+  assert record["sound_epsilon"] == pytest.approx(results["epsilon"])
+  assert record["paper_epsilon"] == pytest.approx(results["paper_epsilon"])
+  assert record["neighbouring"] == "replace-one" and record["accounting"] == "sound"
+  assert record["delta"] == 1e-5 and record["cpu_seconds"] > 0 and record["wall_seconds"] > 0
+
+
+def test_cli_noise_multiplier_zero_is_allowed_and_loudly_not_private(teacher_dir, tmp_path,
+                                                                     capsys):
+  workdir = str(tmp_path / "run")
+  dpdfd_cli.main(["--dataset=digits", f"--teacher_dirs={teacher_dir}", "--noise_multiplier=0",
+                  "--student_model=lenet5_half", "--steps=2", "--batch_size=16",
+                  "--eval_every=2", "--latent_dim=8", f"--workdir={workdir}", "--no_progress"])
+  out = capsys.readouterr().out
+  assert "WARNING: epsilon = inf (NOT private)" in out
+  assert "private diagnostics (not covered by epsilon) in" in out
+  with open(os.path.join(workdir, "results.json")) as f:
+    saved = json.load(f)
+  assert saved["epsilon"] == math.inf and saved["warnings"] == [outputs.NOT_PRIVATE]
+  assert records.read_record(os.path.join(workdir, "record.json"))["sound_epsilon"] == "inf"
 
 
 def test_resume_is_bit_identical(teacher_dir, finished_run, tmp_path):

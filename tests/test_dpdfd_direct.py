@@ -16,6 +16,9 @@ from dpkd_jax import models
 from dpkd_jax.methods import dpdfd_direct
 from dpkd_jax.models import core
 from dpkd_jax.privacy import paper_accounting
+from dpkd_jax.train import metrics as metrics_lib
+from dpkd_jax.train import outputs
+from dpkd_jax.train import records
 from dpkd_jax.train.state import TrainState
 
 
@@ -99,6 +102,14 @@ def test_end_to_end_reports_not_dp(tmp_path):
   with open(os.path.join(tmp_path, "results.json")) as f:
     saved = json.load(f)
   assert saved["epsilon"] == math.inf and saved["seed"] == 0
+  assert saved["warnings"] == [outputs.NOT_PRIVATE]
+  # The loss of private batches is a private diagnostic; only the test accuracy is released.
+  assert set(metrics_lib.read_metrics(str(tmp_path))) == {"test/accuracy"}
+  assert "private_diagnostics/train/loss" in outputs.read_private_diagnostics(str(tmp_path))
+  assert saved[outputs.PRIVATE_KEY]["files"] == [outputs.PRIVATE_CSV]
+  record = records.read_record(os.path.join(tmp_path, "record.json"))
+  assert record["method"] == "dpdfd_direct" and record["sound_epsilon"] == "inf"
+  assert record["paper_epsilon"] == pytest.approx(results["paper_epsilon"])
 
 
 @pytest.mark.parametrize("kwargs, match", [

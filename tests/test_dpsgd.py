@@ -24,6 +24,9 @@ from dpkd_jax.models import core
 from dpkd_jax.privacy import accounting
 from dpkd_jax.privacy import ledger as ledger_lib
 from dpkd_jax.train import checkpoint
+from dpkd_jax.train import metrics as metrics_lib
+from dpkd_jax.train import outputs
+from dpkd_jax.train import records
 from dpkd_jax.train import sharding
 from dpkd_jax.train.state import TrainState
 from experiments import dpsgd as dpsgd_cli
@@ -208,7 +211,7 @@ def test_trace_guard_catches_a_retrace(parts, batch):
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory, noisy_step_8_devices):
   """Run `a`: 4 steps in one go; run `b`: stopped at step 2, then resumed to 4; run `c`: as
-  `a` without a seed (a secret one from OS entropy).
+  `a` without a seed (a secret one from OS entropy), logging its private diagnostics.
 
   They use the trace-guarded step of `noisy_step_8_devices`: the loop must not retrace.
   """
@@ -218,7 +221,8 @@ def runs(tmp_path_factory, noisy_step_8_devices):
   one_go = dpsgd.train_dpsgd(config, dirs["a"], progress=False)
   first_half = dpsgd.train_dpsgd(config, dirs["b"], stop_at_step=2, progress=False)
   resumed = dpsgd.train_dpsgd(config, dirs["b"], resume=True, progress=False)
-  secret = dpsgd.train_dpsgd(dataclasses.replace(config, seed=None), dirs["c"], progress=False)
+  secret = dpsgd.train_dpsgd(dataclasses.replace(config, seed=None, log_private_diagnostics=True),
+                             dirs["c"], progress=False)
   return config, dirs, one_go, first_half, resumed, secret
 
 
@@ -262,6 +266,43 @@ def test_results_epsilon_is_the_accountants(runs):
   assert one_go["ledger"]["spent_epsilon"] == pytest.approx(expected, rel=1e-9)
   assert os.path.exists(os.path.join(dirs["a"], "metrics.csv"))
   assert 0.0 <= one_go["test_accuracy"] <= 1.0
+
+
+def test_private_batch_metrics_are_off_by_default_and_kept_apart_when_asked(runs, capsys):
+  _, dirs, one_go, _, _, secret = runs
+  for run in ("a", "c"):  # released: the test split's loss/accuracy and ε only
+    assert set(metrics_lib.read_metrics(dirs[run])) == {"test/accuracy", "test/loss",
+                                                        "test/epsilon"}
+  assert outputs.read_private_diagnostics(dirs["a"]) == {}
+  assert outputs.PRIVATE_CSV not in os.listdir(dirs["a"])
+  assert "files" not in one_go[outputs.PRIVATE_KEY]
+  logged = outputs.read_private_diagnostics(dirs["c"])
+  assert {f"private_diagnostics/train/{k}" for k in ("loss", "accuracy", "batch_size",
+                                                      "clipped_fraction", "grad_norm")} == set(logged)
+  assert secret[outputs.PRIVATE_KEY]["files"] == [outputs.PRIVATE_CSV]
+  print("\n".join(dpsgd_cli.summary.summary_lines(secret, workdir=dirs["c"])))
+  out = capsys.readouterr().out
+  assert f"private diagnostics (not covered by epsilon) in {dirs['c']}/{outputs.PRIVATE_CSV}" in out
+  record = records.read_record(os.path.join(dirs["a"], "record.json"))
+  assert record["method"] == "dpsgd" and record["test_accuracy"] == one_go["test_accuracy"]
+  assert record["sound_epsilon"] == pytest.approx(one_go["epsilon"]) and one_go["warnings"] == []
+
+
+def test_cli_noise_multiplier_zero_is_allowed_and_loudly_not_private(tmp_path, capsys):
+  # The flags of `_config(noise_multiplier=0.0, l2_clip_norm=1e6)`: the step compiled by
+  # test_no_noise_huge_clip_is_sgd_on_summed_gradient_over_expected_batch is reused.
+  workdir = str(tmp_path / "run")
+  dpsgd_cli.main(["--dataset=digits", "--model=lenet5_half", "--expected_batch_size=16",
+                  "--l2_clip_norm=1e6", "--noise_multiplier=0", "--steps=4",
+                  "--learning_rate=0.5", "--momentum=0.9", "--seed=0", "--no-download",
+                  f"--workdir={workdir}", "--no_progress"])
+  assert "WARNING: epsilon = inf (NOT private)" in capsys.readouterr().out
+  with open(os.path.join(workdir, "results.json")) as f:
+    saved = json.load(f)
+  assert saved["epsilon"] == math.inf and saved["warnings"] == [outputs.NOT_PRIVATE]
+  assert saved["ledger"] is None and saved["steps"] == 4
+  assert records.read_record(os.path.join(workdir, "record.json"))["sound_epsilon"] == "inf"
+  assert "test/epsilon" not in metrics_lib.read_metrics(workdir)  # nothing finite to plot
 
 
 def test_default_seed_is_secret_and_fresh(runs):
@@ -342,7 +383,6 @@ def test_bad_config_raises(kwargs, match):
 @pytest.mark.parametrize("kwargs,match", [
     (dict(max_batch_size=60), "not divisible by the 8 devices"),
     (dict(expected_batch_size=5000), "exceeds the 1442"),
-    (dict(noise_multiplier=0.0), "no noise"),
 ])
 def test_bad_plan_raises_before_compute(tmp_path, kwargs, match):
   with pytest.raises(ValueError, match=match):

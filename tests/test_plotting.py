@@ -48,6 +48,17 @@ def test_load_run_reads_epsilon_accuracy_and_trajectory(dpdfd_runs):
   assert run.trajectory == ((4.0, 0.2), (9.5, 0.3))  # step order, unrelated tags dropped
 
 
+def test_private_diagnostics_are_never_read(tmp_path):
+  results = {"method": "rona", "epsilon": 2.0, "test_accuracy": 0.6, "delta": 1e-5,
+             "private_diagnostics": {"_note": "NOT covered by epsilon",
+                                     "teacher_test_accuracy": 0.99}}
+  run_dir = _write_run(tmp_path, "rona", results, [(1, "test/accuracy", 0.6)])
+  with open(os.path.join(run_dir, "private_diagnostics.csv"), "w") as f:
+    f.write("step,name,value\n1,private_diagnostics/train/epsilon,7.0\n")
+  run = plotting.load_run(run_dir)
+  assert (run.epsilon, run.accuracy, run.trajectory) == (2.0, 0.6, ())
+
+
 def test_infinite_epsilon_and_missing_paper_figure(dpdfd_runs):
   nonprivate = plotting.load_run(dpdfd_runs[2])
   assert math.isinf(nonprivate.epsilon) and nonprivate.paper_epsilon is None

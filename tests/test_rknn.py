@@ -19,6 +19,8 @@ from dpkd_jax.methods import rknn_votes
 from dpkd_jax.privacy import ledger as ledger_lib
 from dpkd_jax.representations import pca
 from dpkd_jax.train import checkpoint
+from dpkd_jax.train import outputs
+from dpkd_jax.train import records
 from experiments import rknn as rknn_cli
 
 TINY_STUDENT = rknn_student.StudentConfig(model="lenet5_half", epochs=1, batch_size=32)
@@ -142,6 +144,12 @@ def test_end_to_end_two_rounds_with_secret_seed(tmp_path):
   assert meta["config"] == on_disk["config"] and meta["round"] == 2
   with pytest.raises(ValueError, match="already holds"):
     rknn.train_rknn(config, workdir, progress=False)
+  # Everything written is released (public data + noisy counts): no private diagnostics.
+  assert on_disk[outputs.PRIVATE_KEY] == {"_note": outputs.PRIVATE_NOTE}
+  record = records.read_record(os.path.join(workdir, "record.json"))
+  assert record["method"] == "rknn" and record["test_accuracy"] == results["student_accuracy"]
+  assert record["sound_epsilon"] == results["ledger_epsilon"] and record["delta"] == 1e-5
+  assert record["paper_epsilon"] == record["pure_epsilon"] == 1.0
 
 
 def test_cli_local_mode_run(tmp_path, capsys):
@@ -149,7 +157,8 @@ def test_cli_local_mode_run(tmp_path, capsys):
   rknn_cli.main(["--dataset=digits", "--mode=local", "--epsilon=8", "--num_queries=10",
                  "--student_model=lenet5_half", "--epochs=1", "--batch_size=32", "--seed=3",
                  f"--workdir={workdir}", "--no_progress"])
-  assert "Acc_pl" in capsys.readouterr().out
+  out = capsys.readouterr().out
+  assert "Acc_pl" in out and "WARNING" not in out and "private diagnostics" not in out
   with open(os.path.join(workdir, "results.json")) as f:
     results = json.load(f)
   assert results["mode"] == "local" and results["seed"] == 3

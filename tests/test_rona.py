@@ -11,6 +11,7 @@ where the uninterrupted run ended. Tolerances: ε recomputed from the same event
 """
 
 import dataclasses
+import functools
 import json
 import math
 import os
@@ -21,6 +22,8 @@ from dpkd_jax.methods import rona
 from dpkd_jax.methods import rona_privacy
 from dpkd_jax.privacy import accounting
 from dpkd_jax.privacy import ledger as ledger_lib
+from dpkd_jax.train import outputs
+from dpkd_jax.train import records
 from experiments import rona as rona_cli
 
 SIGMA = 2.0
@@ -67,6 +70,38 @@ def test_results_ledger_and_query_count(full_run):
   assert 0 <= results["test_accuracy"] <= 1
   with open(os.path.join(workdir, "aux_teacher", "card.json")) as f:
     assert json.load(f)["public_split"] == rona.public_split_card(_config(), 577)
+
+
+def test_teacher_accuracy_is_a_private_diagnostic_and_the_record_validates(full_run):
+  workdir, results = full_run
+  assert "test_accuracy" not in results["compression"]["teacher"]
+  assert results["compression"]["student"]["test_accuracy"] == results["test_accuracy"]
+  private = results[outputs.PRIVATE_KEY]
+  assert 0 <= private["teacher_test_accuracy"] <= 1 and private["files"] == ["teacher"]
+  record = records.read_record(os.path.join(workdir, "record.json"))
+  assert record["method"] == "rona" and record["sound_epsilon"] == results["epsilon"]
+  assert record["paper_epsilon"] == results["paper_epsilon_per_query"]
+  assert record["neighbouring"] == "replace-one" and record["warnings"] == []
+
+
+def test_cli_noise_multiplier_zero_is_allowed_and_loudly_not_private(full_run, tmp_path,
+                                                                     capsys, monkeypatch):
+  workdir, _ = full_run
+  monkeypatch.setattr(rona, "train_rona", functools.partial(rona.train_rona,
+                                                            latency_seconds=0.0))
+  run = str(tmp_path / "run")
+  rona_cli.main(["--dataset=digits", "--noise_multiplier=0", "--bound_mode=none",
+                 f"--teacher_dir={workdir}/teacher", "--student_model=lenet5_half",
+                 "--hint_epochs=1", "--rounds=1", "--num_query_samples=64", "--batch_size=32",
+                 "--self_learning_batch_size=64", "--seed=0", "--no-download",
+                 f"--workdir={run}", "--no_progress"])
+  out = capsys.readouterr().out
+  assert "WARNING: epsilon = inf (NOT private)" in out
+  assert "private diagnostics (not covered by epsilon) in" in out
+  with open(os.path.join(run, "results.json")) as f:
+    saved = json.load(f)
+  assert saved["epsilon"] == math.inf and saved["warnings"] == [outputs.NOT_PRIVATE]
+  assert records.read_record(os.path.join(run, "record.json"))["sound_epsilon"] == "inf"
 
 
 def test_interrupted_run_resumes_to_the_same_end(full_run, tmp_path):
@@ -142,6 +177,8 @@ def test_non_private_plan_reports_infinite_epsilon_and_no_paper_figure():
     (dict(public_fraction=1.0), "public_fraction"),
     (dict(num_query_samples=0), "num_query_samples must be >= 1"),
     (dict(rounds=-1), "rounds must be >= 0"),
+    (dict(rounds=0), "rounds must be >= 1: with rounds=0 the student's classifier is never"),
+    (dict(self_learning_epochs=0, distillation_epochs=0), "would never be trained"),
     (dict(temperature=0.0), "temperature must be"),
     (dict(seed=-3), "seed must be >= 0"),
 ])
@@ -153,11 +190,12 @@ def test_config_errors(kwargs, match):
 def test_target_epsilon_without_queries_is_refused():
   with pytest.raises(ValueError, match="target_epsilon needs queries"):
     rona_privacy.make_plan(_config(noise_multiplier=None, target_epsilon=1.0, hint_epochs=0,
-                                   rounds=0))
+                                   distillation_epochs=0))
 
 
 @pytest.mark.parametrize("argv,match", [
     (["--dataset=digits"], "exactly one of noise_multiplier"),
+    (["--dataset=digits", "--noise_multiplier=1", "--rounds=0"], "rounds must be >= 1"),
     (["--dataset=digits", "--noise_multiplier=1", "--bound_mode=none"], "noise_multiplier=0"),
     (["--dataset=digits", "--target_epsilon=1", "--query_selection=x"], "unknown query_selection"),
 ])

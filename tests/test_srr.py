@@ -18,6 +18,8 @@ from dpkd_jax.methods import srr_privacy
 from dpkd_jax.methods import srr_stage
 from dpkd_jax.privacy import accounting
 from dpkd_jax.train import checkpoint
+from dpkd_jax.train import outputs
+from dpkd_jax.train import records
 from dpkd_jax.train import sharding
 from experiments import srr as srr_cli
 
@@ -141,6 +143,12 @@ def test_target_epsilon_bounds_the_number_of_queries():
     _plan(target_epsilon=2.0)
 
 
+def test_a_target_with_the_teacher_prior_warns_that_the_sound_epsilon_is_inf():
+  with pytest.warns(UserWarning, match=r"sound \(record-level\) epsilon of this run is inf > "
+                                       r"target_epsilon=100"):
+    _plan(target_epsilon=100.0, stages=2, generator_prior="teacher")
+
+
 # ----------------------------------------------------------------------------- end to end
 
 
@@ -180,6 +188,24 @@ def test_results_report_both_figures(finished_run):
   assert checkpoint.latest_step(os.path.join(workdir, "generator_pretrain", "checkpoints")) == 2
 
 
+def test_teacher_values_are_private_diagnostics_and_the_record_validates(finished_run):
+  workdir, results, _ = finished_run
+  with open(os.path.join(workdir, "results.json")) as f:
+    saved = json.load(f)
+  assert "teacher_test_accuracy" not in saved
+  private = saved[outputs.PRIVATE_KEY]
+  assert 0 <= private["teacher_test_accuracy"] <= 1
+  # The generator's pretraining losses are functions of the teacher: never in metrics.csv.
+  pretrain = os.path.join(workdir, "generator_pretrain")
+  assert private["files"] == [os.path.join("generator_pretrain", outputs.PRIVATE_CSV)]
+  assert not os.path.exists(os.path.join(pretrain, "metrics.csv"))
+  assert "private_diagnostics/pretrain/loss" in outputs.read_private_diagnostics(pretrain)
+  assert saved["warnings"] == [outputs.NOT_PRIVATE]  # teacher prior: record-level ε = inf
+  record = records.read_record(os.path.join(workdir, "record.json"))
+  assert record["method"] == "srr" and record["sound_epsilon"] == "inf"
+  assert record["paper_epsilon"] == 1.0 and record["test_accuracy"] == results["test_accuracy"]
+
+
 def test_resume_is_bit_identical_and_refused_without_resume(teacher_dir, finished_run, tmp_path):
   workdir, full, _ = finished_run
   config = _config(teacher_dir)
@@ -209,7 +235,8 @@ def test_sound_prior_reports_the_composition_and_never_pretrains(teacher_dir, tm
     srr.pretrain(config, str(tmp_path / "gen"), progress=False)
 
 
-def test_pretrained_generator_is_reused_only_by_its_own_kind_of_run(teacher_dir, tmp_path):
+def test_pretrained_generator_is_reused_only_by_its_own_kind_of_run(teacher_dir, tmp_path,
+                                                                   capsys):
   gen_dir = str(tmp_path / "gen")
   pretrained = srr.pretrain(_config(teacher_dir, seed=1), gen_dir, progress=False)
   assert os.path.getsize(os.path.join(gen_dir, "samples.png")) > 0
@@ -218,8 +245,18 @@ def test_pretrained_generator_is_reused_only_by_its_own_kind_of_run(teacher_dir,
   loaded = srr_generator.load_pretrained(gen_dir, template, config=config.pretrain_config(),
                                          identity=config.generator_identity())
   chex.assert_trees_all_equal(loaded.params, pretrained.params)
-  results = srr.train_srr(config, str(tmp_path / "run"), progress=False)
-  assert results["record_level_epsilon"] == math.inf
+  # Through the CLI, without noise (--epsilon=inf: allowed, loudly not private).
+  srr_cli.main(["--dataset=digits", f"--teacher_dir={teacher_dir}", "--epsilon=inf",
+                "--student_model=lenet5", "--generator_channels=8", "--latent_dim=8",
+                "--pretrain_steps=2", "--pretrain_batch_size=16", "--stages=2",
+                "--samples_per_stage=32", "--batch_size=16", "--student_epochs=2", "--seed=2",
+                f"--pretrained_generator_dir={gen_dir}", f"--workdir={tmp_path / 'run'}",
+                "--no_progress"])
+  assert "WARNING: epsilon = inf (NOT private)" in capsys.readouterr().out
+  with open(tmp_path / "run" / "results.json") as f:
+    results = json.load(f)
+  assert results["record_level_epsilon"] == results["labels_epsilon"] == math.inf
+  assert records.read_record(str(tmp_path / "run" / "record.json"))["sound_epsilon"] == "inf"
   assert not os.path.exists(tmp_path / "run" / "generator_pretrain")
   other = _config(teacher_dir, latent_dim=16)  # another architecture: refused
   _, other_template = srr.init_models(other, jax.random.key(0))

@@ -24,19 +24,18 @@ selection and the sample grid only see released values. So the run is the query 
 releases (`dfpate_query_model.query_model_event`, if used) followed by Q = rounds ·
 queries_per_round adaptively composed Gaussian mechanisms with noise multiplier σ/√2
 (`accounting.pate_event(noise_std=σ, num_queries=Q)`). σ is calibrated for the whole
-composition before anything is released (PLD). The teacher accuracies in results.json are a
-non-private diagnostic of the private models (as in every method here, the test split is
-used only to report accuracy). Noise keys derive from a secret OS-entropy seed unless `seed`
+composition before anything is released (PLD). The teacher accuracies are noiseless functions
+of the private models: results.json keeps them under "private_diagnostics" (not covered by ε;
+as in every method here, the test split is used only to report accuracy). Noise keys derive from a secret OS-entropy seed unless `seed`
 is given (`privacy.seeds`).
 
 `train_dfpate` writes to `workdir`: checkpoints/<round>/ (student, answered queries, ledger,
-seed), results.json, samples.png (the last round's queries), metrics.csv and tb/.
+seed), results.json, record.json, samples.png (the last round's queries), metrics.csv, tb/.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import json
 import math
 import os
 import time
@@ -64,6 +63,7 @@ from dpkd_jax.privacy import seeds
 from dpkd_jax.train import checkpoint
 from dpkd_jax.train import evaluate
 from dpkd_jax.train import metrics as metrics_lib
+from dpkd_jax.train import outputs
 from dpkd_jax.train.state import TrainState
 
 # Named key streams split once from the root key (a stream is never used for two purposes).
@@ -392,7 +392,7 @@ def train_dfpate(config: DFPATEConfig, workdir: str, *, resume: bool = False,
   Returns:
     The results dict.
   """
-  info = config.info
+  info, clock = config.info, outputs.RunClock()
   ckpt_dir = os.path.join(workdir, "checkpoints")
   resuming = checkpoint.latest_step(ckpt_dir) is not None
   if resuming and not resume:
@@ -520,14 +520,13 @@ def train_dfpate(config: DFPATEConfig, workdir: str, *, resume: bool = False,
       "answered_queries": int((dfpate_student.targets_from_votes(
           released, config.num_teachers, target=config.target,
           margin_threshold=config.margin_threshold)[1] > 0).sum()),
-      "teachers": teacher_report,
-      "teachers_before_self_training": base_report,
       "teacher_train_seconds": teacher_seconds,
       "seed": root_seed.public_description(),
       "student_params": models.count_params(state.params),
       "config": _config_json(config),
+      outputs.PRIVATE_KEY: outputs.private_section(  # noiseless functions of the teachers
+          {"teachers": teacher_report, "teachers_before_self_training": base_report}),
   }
-  os.makedirs(workdir, exist_ok=True)
-  with open(os.path.join(workdir, "results.json"), "w") as f:
-    json.dump(results, f, indent=2, default=float)
-  return results
+  return outputs.finish_run(workdir, results, clock=clock, dataset=config.dataset,
+                            test_accuracy=results["test_accuracy"], sound_epsilon=spent,
+                            delta=config.delta, target_epsilon=config.target_epsilon)

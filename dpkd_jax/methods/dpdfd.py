@@ -2,7 +2,9 @@
 
 `train_dpdfd(config, workdir)` writes to `workdir`:
   checkpoints/<step>/  Orbax: student + generator states, step; meta: config, privacy ledger, plan
-  results.json         test accuracy, sound ε (dp_accounting), paper ε (if any), δ, σ, steps, config
+  results.json         test accuracy, sound ε (dp_accounting), paper ε (if any), δ, σ, steps,
+                       config; the teachers' accuracy under "private_diagnostics" (not covered)
+  record.json          the results record (`train.records`)
   samples.png          grid of synthetic samples from the generator
   metrics.csv, tb/     curves (only teacher-free, post-mechanism quantities)
 `sample(workdir, num)` releases a synthetic labelled dataset (post-processing, same ε).
@@ -11,7 +13,6 @@
 from __future__ import annotations
 
 import dataclasses
-import json
 import math
 import os
 from typing import Any
@@ -35,6 +36,7 @@ from dpkd_jax.train import checkpoint
 from dpkd_jax.train import distributed
 from dpkd_jax.train import evaluate
 from dpkd_jax.train import metrics as metrics_lib
+from dpkd_jax.train import outputs
 from dpkd_jax.train import sharding
 from dpkd_jax.train.state import TrainState
 
@@ -211,6 +213,7 @@ def train_dpdfd(config: DPDFDConfig, workdir: str, *, progress: bool = True,
     ValueError / CheckpointMismatchError: bad config or teachers, before any training.
     BudgetExceededError: the ledger restored from `workdir` has no budget left for a step.
   """
+  clock = outputs.RunClock()
   mesh = sharding.data_mesh() if mesh is None else mesh
   sharding.check_divisible(config.batch_size, mesh)
   ensemble, cards = load_teachers(config)
@@ -287,10 +290,11 @@ def train_dpdfd(config: DPDFDConfig, workdir: str, *, progress: bool = True,
   grid_key = jax.random.fold_in(init_key, 1)
   save_sample_grid(generate(state.generator, grid_key, 64, config.latent_dim),
                    config.info, os.path.join(workdir, "samples.png"))
+  epsilon = math.inf if ledger is None else ledger.spent_epsilon()
   results = {
       "method": "dpdfd",
       "test_accuracy": accuracy,
-      "epsilon": math.inf if ledger is None else ledger.spent_epsilon(),
+      "epsilon": epsilon,
       "epsilon_accountant": "dp_accounting PLD, teacher not private (sensitivity 2C*sqrt(B))",
       "paper_epsilon": privacy_plan.paper_epsilon,
       "paper_epsilon_warning": "DPDFD Theorem 3 (reconstruction): NOT a valid guarantee",
@@ -300,13 +304,18 @@ def train_dpdfd(config: DPDFDConfig, workdir: str, *, progress: bool = True,
       "accounting_used_for_budget": config.accounting,
       "seed": root_seed.public_description(),
       "num_teachers": len(cards),
-      "teacher_test_accuracy": [c["test_accuracy"] for c in cards],
       "student_params": models.count_params(state.student.params),
       "config": _config_json(config),
+      # The teachers' test accuracy is a noiseless function of their private training data
+      # (and `--train_teacher` puts the teacher itself in <workdir>/teacher).
+      outputs.PRIVATE_KEY: outputs.private_section(
+          {"teacher_test_accuracy": [c["test_accuracy"] for c in cards]}, workdir=workdir,
+          files=("teacher",)),
   }
-  if jax.process_index() == 0:
-    with open(os.path.join(workdir, "results.json"), "w") as f:
-      json.dump(results, f, indent=2, default=float)
+  outputs.finish_run(workdir, results, clock=clock, dataset=config.dataset,
+                     test_accuracy=accuracy, sound_epsilon=epsilon, delta=config.delta,
+                     accounting=config.accounting, paper_epsilon=privacy_plan.paper_epsilon,
+                     target_epsilon=config.target_epsilon)
   return results
 
 

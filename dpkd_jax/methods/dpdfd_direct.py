@@ -19,7 +19,6 @@ data and the baseline this mode is compared against.
 from __future__ import annotations
 
 import dataclasses
-import json
 import math
 import os
 import warnings
@@ -39,9 +38,9 @@ from dpkd_jax.privacy import mechanisms
 from dpkd_jax.privacy import paper_accounting
 from dpkd_jax.privacy import seeds
 from dpkd_jax.privacy import validation
-from dpkd_jax.train import distributed
 from dpkd_jax.train import evaluate
 from dpkd_jax.train import metrics as metrics_lib
+from dpkd_jax.train import outputs
 from dpkd_jax.train.state import TrainState
 
 NOT_DP_REASON = ("direct mode is not DP: the private inputs reach the update through the "
@@ -165,9 +164,11 @@ def train_direct(config: DirectConfig, workdir: str, *, progress: bool = True) -
   """Trains `config.model` on the private train split with the direct mechanism.
 
   Returns:
-    Results (also `<workdir>/results.json`): test accuracy, `epsilon` = inf with the reason,
-    the warned paper-formula ε, σ, C, steps, config.
+    Results (also `<workdir>/results.json`, and `record.json`): test accuracy, `epsilon` =
+    inf with the reason, the warned paper-formula ε, σ, C, steps, config. The training loss
+    (of private batches) goes to `private_diagnostics.csv` only.
   """
+  clock = outputs.RunClock()
   warnings.warn(f"{NOT_DP_REASON}; the paper-formula ε it reports is not a guarantee.",
                 paper_accounting.PaperAccountingWarning, stacklevel=2)
   os.makedirs(workdir, exist_ok=True)
@@ -187,6 +188,7 @@ def train_direct(config: DirectConfig, workdir: str, *, progress: bool = True) -
   state = TrainState.create(core.split(model), optax.adam(config.learning_rate))
   step_fn = jax.jit(build_direct_step(config.step_config()), donate_argnums=0)
   writer = metrics_lib.MetricsWriter(workdir)
+  private_writer = outputs.PrivateDiagnosticsWriter(workdir)  # the loss of private batches
   accuracy = math.nan
   for step in tqdm.trange(config.steps, disable=not progress, desc=f"direct {config.dataset}"):
     indices, mask = data.poisson_batch(jax.random.fold_in(sample_key, step), len(train), q,
@@ -196,9 +198,10 @@ def train_direct(config: DirectConfig, workdir: str, *, progress: bool = True) -
                                   jax.random.fold_in(noise_key, step))
     if (step + 1) % config.eval_every == 0 or step + 1 == config.steps:
       accuracy = evaluate.evaluate(state.parts, test)["accuracy"]
-      writer.write(step + 1, jax.device_get(step_metrics), prefix="train/")
+      private_writer.write(step + 1, jax.device_get(step_metrics), prefix="train/")
       writer.write(step + 1, {"accuracy": accuracy}, prefix="test/")
   writer.close()
+  private_writer.close()
   results = {
       "method": "dpdfd_direct",
       "test_accuracy": accuracy,
@@ -214,8 +217,9 @@ def train_direct(config: DirectConfig, workdir: str, *, progress: bool = True) -
       "steps": config.steps,
       "seed": root_seed.public_description(),
       "config": dataclasses.asdict(config),
+      outputs.PRIVATE_KEY: outputs.private_section(workdir=workdir),
   }
-  if distributed.is_coordinator():
-    with open(os.path.join(workdir, "results.json"), "w") as f:
-      json.dump(results, f, indent=2, default=float)
+  outputs.finish_run(workdir, results, clock=clock, dataset=config.dataset,
+                     test_accuracy=accuracy, sound_epsilon=math.inf, delta=config.delta,
+                     paper_epsilon=results["paper_epsilon"])
   return results

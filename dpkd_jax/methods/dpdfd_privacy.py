@@ -122,7 +122,13 @@ def plan(*, noise_multiplier: float | None, target_epsilon: float | None, delta:
       if run_steps < 1:
         raise ValueError(f"target_epsilon={target_epsilon} allows no step at sigma={sigma}"
                          " under the paper accounting")
+  sound_epsilon = math.inf if sigma == 0 else sound(sigma, run_steps)
+  if target_epsilon is not None and sound_epsilon > target_epsilon:
+    # Only the paper mode gets here (sound calibration lands at or below the target).
+    warnings.warn(f"the sound epsilon of this run is {sound_epsilon:.4g} > target_epsilon="
+                  f"{target_epsilon:g}: accounting='{accounting_mode}' bounds only the paper's"
+                  " formula", paper_accounting.PaperAccountingWarning, stacklevel=2)
   return PrivacyPlan(noise_multiplier=float(sigma), steps=int(run_steps),
-                     sound_epsilon=math.inf if sigma == 0 else sound(sigma, run_steps),
+                     sound_epsilon=sound_epsilon,
                      paper_epsilon=_paper_epsilon(sigma, l2_norm_bound, run_steps, delta),
                      delta=delta, accounting=accounting_mode)

@@ -10,13 +10,16 @@ oversized sample raises, never truncates; a non-finite per-example gradient beco
 noise derives from the run's root seed: without `seed` it is drawn from OS entropy and kept
 only in the checkpoint (`privacy.seeds`), which is then as secret as the data; an explicit
 `seed` makes the noise reproducible by anyone who knows it (research runs only). Only the parameters
-are released; training metrics come from private batches (monitoring only).
+are released (and their accuracy and loss on the public test split); the training metrics
+(loss, accuracy, batch size, fraction clipped, gradient norm) are noiseless functions of private
+batches, written to `private_diagnostics.csv` only with `log_private_diagnostics=True`.
+`noise_multiplier=0` trains without noise: allowed, reported as ε = inf (NOT private).
 
 The step itself (per-example gradients, clipping, the sharded clipped sum and the single noise
 draw) is in `dpsgd_step.py`.
 
 Workdir: checkpoints/ (Orbax state + PRNG key data; config, plan, ledger JSON as metadata),
-privacy_ledger.json, results.json, metrics.csv and tb/.
+privacy_ledger.json, results.json, record.json, metrics.csv and tb/ (released values only).
 """
 
 from __future__ import annotations
@@ -47,6 +50,7 @@ from dpkd_jax.privacy import validation
 from dpkd_jax.train import checkpoint
 from dpkd_jax.train import evaluate as evaluate_lib
 from dpkd_jax.train import metrics as metrics_lib
+from dpkd_jax.train import outputs
 from dpkd_jax.train import sharding
 from dpkd_jax.train.state import TrainState
 from dpkd_jax.methods.dpsgd_step import make_train_step
@@ -75,6 +79,8 @@ class DPSGDConfig:
     seed: root of model init, Poisson sampling and noise; None (default) draws a secret one
       from OS entropy (`privacy.seeds.resolve_seed`); an integer makes the noise public.
     data_dir, download: as for `data.load`.
+    log_private_diagnostics: also write the training metrics of the private batches to
+      `private_diagnostics.csv` (noiseless, NOT covered by ε; off by default).
   """
 
   dataset: str
@@ -94,6 +100,7 @@ class DPSGDConfig:
   seed: int | None = None
   data_dir: str | None = None
   download: bool = False
+  log_private_diagnostics: bool = False
 
   def __post_init__(self):
     for name, table in (("dataset", data.DATASETS), ("model", models.CLASSIFIERS),
@@ -151,8 +158,8 @@ def make_plan(config: DPSGDConfig, *, num_examples: int, num_devices: int) -> DP
     num_devices: size of the mesh's 'data' axis.
 
   Returns:
-    The plan. Raises ValueError for a batch larger than N, M not divisible by the devices,
-    or z = 0 (no noise: ε = ∞, no budget can hold the run).
+    The plan. Raises ValueError for a batch larger than N or M not divisible by the devices.
+    z = 0 (no noise) plans ε = ∞ and target_epsilon = ∞: a non-private run, kept by no ledger.
   """
   if config.expected_batch_size > num_examples:
     raise ValueError(f"expected_batch_size={config.expected_batch_size} exceeds the "
@@ -172,10 +179,8 @@ def make_plan(config: DPSGDConfig, *, num_examples: int, num_devices: int) -> DP
   noise_multiplier = float(config.noise_multiplier) if config.target_epsilon is None else (
       calibration.calibrate_noise_multiplier(event, target_epsilon=config.target_epsilon,
                                              delta=config.delta))
-  if noise_multiplier == 0:
-    raise ValueError("noise_multiplier=0 adds no noise (ε = ∞): a DP-SGD run needs z > 0; "
-                     "train non-privately with experiments.teacher instead")
-  planned = accounting.epsilon(event(noise_multiplier), delta=config.delta)
+  planned = (math.inf if noise_multiplier == 0
+             else accounting.epsilon(event(noise_multiplier), delta=config.delta))
   target = planned if config.target_epsilon is None else float(config.target_epsilon)
   return DPSGDPlan(num_examples=num_examples, sampling_rate=q, steps=steps,
                    steps_per_epoch=math.ceil(num_examples / config.expected_batch_size),
@@ -226,6 +231,7 @@ def train_dpsgd(config: DPSGDConfig, workdir: str, *, resume: bool = False,
   Returns:
     The results (also `<workdir>/results.json`).
   """
+  clock = outputs.RunClock()
   if stop_at_step is not None:
     validation.check_int("stop_at_step", stop_at_step, minimum=1)
   mesh = sharding.data_mesh() if mesh is None else mesh
@@ -237,7 +243,9 @@ def train_dpsgd(config: DPSGDConfig, workdir: str, *, resume: bool = False,
   root_key = jax.random.key(root_seed.value)
   state = TrainState.create(init_model(config, jax.random.split(root_key, 3)[0]),
                             make_optimizer(config))
-  ledger = ledger_lib.PrivacyLedger(target_epsilon=plan.target_epsilon, delta=config.delta)
+  nonprivate = plan.noise_multiplier == 0  # ε = inf: no ledger can hold it
+  ledger = None if nonprivate else ledger_lib.PrivacyLedger(target_epsilon=plan.target_epsilon,
+                                                            delta=config.delta)
   config_json = dataclasses.asdict(config)
   ckpt_dir = os.path.join(workdir, "checkpoints")
   if checkpoint.latest_step(ckpt_dir) is not None:
@@ -252,23 +260,28 @@ def train_dpsgd(config: DPSGDConfig, workdir: str, *, resume: bool = False,
         ckpt_dir, {"state": state.arrays(), "rng": jax.random.key_data(root_key)})
     state = state.with_arrays(arrays["state"])
     root_key = jax.random.wrap_key_data(arrays["rng"])
-    ledger = ledger_lib.PrivacyLedger.from_json(meta["ledger"])
+    ledger = None if nonprivate else ledger_lib.PrivacyLedger.from_json(meta["ledger"])
   # Named streams, each used with fold_in(step): a key is never reused.
   _, sample_key, noise_key = jax.random.split(root_key, 3)
   state = sharding.replicate(state, mesh)
   train_step = make_train_step(config, mesh, noise_multiplier=plan.noise_multiplier)
   writer = metrics_lib.MetricsWriter(workdir)
+  # The step's metrics come from private batches: written apart, and only if asked for.
+  private_writer = (outputs.PrivateDiagnosticsWriter(workdir)
+                    if config.log_private_diagnostics else None)
+  spent_of = lambda: math.inf if ledger is None else ledger.spent_epsilon()  # noqa: E731
 
   step = int(state.step)
   stop = plan.steps if stop_at_step is None else min(stop_at_step, plan.steps)
   bar = tqdm.tqdm(total=plan.steps, initial=step, disable=not progress,
                   desc=f"dpsgd {config.model}/{config.dataset}")
-  start_time, test_metrics, postfix = time.time(), None, {"eps": f"{ledger.spent_epsilon():.3f}"}
+  start_time, test_metrics, postfix = time.time(), None, {"eps": f"{spent_of():.3f}"}
   while step < stop:
     chunk_steps = min(plan.steps_per_epoch - step % plan.steps_per_epoch, stop - step)
     event = accounting.dpsgd_event(noise_multiplier=plan.noise_multiplier,
                                    sampling_rate=plan.sampling_rate, steps=chunk_steps)
-    ledger.check(event)  # Before the releases: raises BudgetExceededError if over budget.
+    if ledger is not None:  # Before the releases: raises BudgetExceededError if over budget.
+      ledger.check(event)
     for _ in range(chunk_steps):
       indices, mask = data.poisson_batch(jax.random.fold_in(sample_key, step), len(train),
                                          plan.sampling_rate, max_batch_size=plan.max_batch_size)
@@ -277,40 +290,52 @@ def train_dpsgd(config: DPSGDConfig, workdir: str, *, resume: bool = False,
       state, step_metrics = train_step(state, *batch, step_noise_key)
       step += 1
       bar.update(1)
-      if step % _LOG_EVERY_STEPS == 0 or step == stop:
+      if private_writer is not None and (step % _LOG_EVERY_STEPS == 0 or step == stop):
         step_metrics = jax.device_get(step_metrics)
-        writer.write(step, step_metrics, prefix="train/")
+        private_writer.write(step, step_metrics, prefix="train/")
         postfix["loss"] = f"{step_metrics['loss']:.3f}"
         bar.set_postfix(postfix)
-    spent = ledger.record(event, step=step, note="dpsgd")
+    spent = spent_of() if ledger is None else ledger.record(event, step=step, note="dpsgd")
     test_metrics = evaluate_lib.evaluate(state.parts, test)
-    writer.write(step, {**test_metrics, "epsilon": spent}, prefix="test/")
+    # A non-private run has no finite ε to plot: results.json says inf.
+    writer.write(step, {**test_metrics, **({"epsilon": spent} if ledger else {})},
+                 prefix="test/")
     postfix.update(eps=f"{spent:.3f}", test_acc=f"{test_metrics['accuracy']:.4f}")
     bar.set_postfix(postfix)
     checkpoint.save(ckpt_dir, step, jax.device_get(
         {"state": state.arrays(), "rng": jax.random.key_data(root_key)}),
-        {"config": config_json, "plan": plan._asdict(), "ledger": ledger.to_json()})
-    if jax.process_index() == 0:
+        {"config": config_json, "plan": plan._asdict(),
+         "ledger": None if ledger is None else ledger.to_json()})
+    if ledger is not None and jax.process_index() == 0:
       ledger.save(os.path.join(workdir, "privacy_ledger.json"))
   bar.close()
   writer.close()
+  if private_writer is not None:
+    private_writer.close()
 
   if test_metrics is None:  # nothing ran in this invocation
     test_metrics = evaluate_lib.evaluate(state.parts, test)
+  epsilon = spent_of()
   results = {
       "method": "dpsgd", "dataset": config.dataset, "model": config.model, "norm": config.norm,
       "test_accuracy": test_metrics["accuracy"], "test_loss": test_metrics["loss"],
-      "epsilon": ledger.spent_epsilon(), "delta": config.delta, "accountant": ledger.accountant,
+      "epsilon": epsilon, "delta": config.delta,
+      "accountant": "none" if ledger is None else ledger.accountant,
       "neighbouring_relation": "add_or_remove_one", **plan._asdict(),
       "steps": step, "planned_steps": plan.steps, "finished": step == plan.steps,
       "expected_batch_size": config.expected_batch_size, "l2_clip_norm": config.l2_clip_norm,
       "param_count": models.count_params(state.params),
       "seed": root_seed.public_description(),  # secret iff config.seed is None, resumed or not
       "train_seconds_this_run": round(time.time() - start_time, 1),
-      "config": config_json, "ledger": json.loads(ledger.to_json()),
+      "config": config_json,
+      "ledger": None if ledger is None else json.loads(ledger.to_json()),
       "dpkd_jax_version": dpkd_jax.__version__,
+      outputs.PRIVATE_KEY: outputs.private_section(workdir=workdir),
   }
-  if jax.process_index() == 0:
-    with open(os.path.join(workdir, "results.json"), "w") as f:
-      json.dump(results, f, indent=2)
+  # The record uses one relation for every method's table: replace-one.
+  replace_one = results.get("neighbouring_relation") != "add_or_remove_one"
+  outputs.finish_run(workdir, results, clock=clock, dataset=config.dataset,
+                     test_accuracy=results["test_accuracy"], sound_epsilon=epsilon,
+                     delta=config.delta, target_epsilon=config.target_epsilon,
+                     neighbouring="replace-one" if replace_one else "add-remove")
   return results

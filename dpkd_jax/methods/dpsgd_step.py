@@ -93,8 +93,10 @@ def train_step_fn(config: DPSGDConfig, mesh: Mesh, *, noise_multiplier: float) -
 
   Returns:
     The step: images (M, H, W, C) uint8, labels (M,) int32, mask (M,) bool (False: padding),
-    noise_key a replicated key for this step only. Metrics come from the private batch
-    (monitoring only): loss, accuracy, batch_size, clipped_fraction, grad_norm (pre-clip).
+    noise_key a replicated key for this step only. Metrics: loss, accuracy, batch_size,
+    clipped_fraction, grad_norm (pre-clip), all noiseless functions of the private batch, so
+    NOT covered by ε: `train_dpsgd` writes them only to `private_diagnostics.csv`, and only
+    with `log_private_diagnostics=True`.
   """
   validation.check_float("noise_multiplier", noise_multiplier, positive=False)
   info, clip_norm = config.info, float(config.l2_clip_norm)
@@ -139,10 +141,12 @@ def train_step_fn(config: DPSGDConfig, mesh: Mesh, *, noise_multiplier: float) -
 
 def make_train_step(config: DPSGDConfig, mesh: Mesh, *, noise_multiplier: float) -> Callable:
   """`train_step_fn` jitted: `state` donated, outputs replicated on `mesh` (the layout of the
-  input state, so the loop compiles once). Cached per (config, mesh, z), the seed left out
-  (keys are step inputs): repeated runs in one process (resume, sweeps, tests) reuse the
-  compiled step instead of recompiling it."""
-  return _make_train_step(dataclasses.replace(config, seed=None), mesh, noise_multiplier)
+  input state, so the loop compiles once). Cached per (config, mesh, z), the seed and the
+  logging flag left out (keys are step inputs; logging happens outside the step): repeated
+  runs in one process (resume, sweeps, tests) reuse the compiled step instead of recompiling
+  it."""
+  return _make_train_step(dataclasses.replace(config, seed=None, log_private_diagnostics=False),
+                          mesh, noise_multiplier)
 
 
 @functools.cache

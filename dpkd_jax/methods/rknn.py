@@ -27,7 +27,8 @@ the ledger also reports its PLD ε at `delta`. The noise derives from the seed: 
 is drawn from OS entropy and stored only in the checkpoint.
 
 Workdir: checkpoints/ (Orbax per round: student, public labels, PRNG key data; config and
-ledger as metadata), privacy_ledger.json, results.json, metrics.csv and tb/.
+ledger as metadata), privacy_ledger.json, results.json, record.json, metrics.csv and tb/ (all
+released values: the student and labels see only public data and the noisy counts).
 """
 
 from __future__ import annotations
@@ -55,6 +56,7 @@ from dpkd_jax.privacy import validation
 from dpkd_jax.train import checkpoint
 from dpkd_jax.train import evaluate as evaluate_lib
 from dpkd_jax.train import metrics as metrics_lib
+from dpkd_jax.train import outputs
 
 MODES = ("central", "local")
 
@@ -215,6 +217,7 @@ def train_rknn(config: RKNNConfig, workdir: str, *, progress: bool = True) -> di
   Returns:
     The results (also `<workdir>/results.json`).
   """
+  clock = outputs.RunClock()
   ckpt_dir = os.path.join(workdir, "checkpoints")
   if checkpoint.latest_step(ckpt_dir) is not None:
     raise ValueError(f"{workdir!r} already holds a reverse k-NN run; use a fresh workdir")
@@ -310,8 +313,11 @@ def train_rknn(config: RKNNConfig, workdir: str, *, progress: bool = True) -> di
       "train_cpu_seconds": round(time.process_time() - start_cpu, 1),
       "config": config_json, "ledger": json.loads(ledger.to_json()),
       "dpkd_jax_version": dpkd_jax.__version__,
+      outputs.PRIVATE_KEY: outputs.private_section(workdir=workdir),  # none: all is released
   }
-  if jax.process_index() == 0:
-    with open(os.path.join(workdir, "results.json"), "w") as f:
-      json.dump(results, f, indent=2)
-  return results
+  # The record's ε is the ledger's (dp_accounting, at δ); the paper's pure ε (δ = 0) beside.
+  return outputs.finish_run(
+      workdir, results, clock=clock, dataset=config.dataset,
+      test_accuracy=test_metrics["accuracy"], sound_epsilon=results["ledger_epsilon"],
+      delta=config.delta, paper_epsilon=config.epsilon,
+      extra={"pure_epsilon": config.epsilon, "pure_delta": 0.0})

@@ -25,12 +25,12 @@ batch to Frobenius norm B and adds N(0, σ²B²): sensitivity 2B, noise multipli
 an auxiliary teacher whose card must name this very public split; the query choice reads only
 the student (post-processing); self learning uses public labels. T = (Th + R·Td)·ceil(|x_q|/S)
 queries are composed with dp_accounting (PLD) and checked against a ledger; the paper's
-per-query figure is reported beside the sound ε, never instead of it. Teacher accuracy and
-latency in the report are non-private diagnostics of the sensitive model.
+per-query figure is reported beside the sound ε, never instead of it. The teacher's accuracy
+and teacher/ are private diagnostics (not covered by ε, `train.outputs`).
 
 Workdir: teacher/ and aux_teacher/ (when trained here), checkpoints/ (Orbax, after every
 epoch-sized unit of the schedule; config, plan and ledger as metadata), privacy_ledger.json,
-results.json, metrics.csv and tb/.
+results.json, record.json, metrics.csv and tb/.
 """
 
 from __future__ import annotations
@@ -63,6 +63,7 @@ from dpkd_jax.privacy import validation
 from dpkd_jax.train import checkpoint
 from dpkd_jax.train import evaluate as evaluate_lib
 from dpkd_jax.train import metrics as metrics_lib
+from dpkd_jax.train import outputs
 from dpkd_jax.train import sharding
 
 _TRAINING_PHASES = ("hint", "self", "distill")
@@ -152,6 +153,8 @@ class RONAConfig:
                           ("num_query_samples", 1), ("batch_size", 1),
                           ("self_learning_batch_size", 1)):
       validation.check_int(name, getattr(self, name), minimum=minimum)
+    rona_privacy.check_schedule(rounds=self.rounds, self_learning_epochs=self.self_learning_epochs,
+                                distillation_epochs=self.distillation_epochs)
     for name in ("temperature", "learning_rate"):
       validation.check_float(name, getattr(self, name), positive=True)
     if self.seed is not None:
@@ -192,16 +195,6 @@ def public_split_card(config: RONAConfig, num_public: int) -> dict[str, Any]:
           "split_seed": config.split_seed, "num_examples": num_public}
 
 
-def final_bounds(config: RONAConfig,
-                 bounds: dict[str, rona_step.BoundState]) -> dict[str, float | None]:
-  """The B in force at the end per kind: the running mean (adaptive), the fixed B, or None."""
-  if config.bound_mode == "fixed":
-    return {"hint": config.hint_l2_bound, "distill": config.distill_l2_bound}
-  if config.bound_mode == "none":
-    return {"hint": None, "distill": None}
-  return {k: float(b.norm_sum) / max(float(b.count), 1.0) for k, b in bounds.items()}
-
-
 def _query_batches(key: jax.Array, indices: np.ndarray, batch_size: int):
   """Shuffled (S,) index batches over `indices`; the last is padded (mask False) with real
   public rows so that BatchNorm statistics and shapes stay ordinary."""
@@ -235,7 +228,7 @@ def train_rona(config: RONAConfig, workdir: str, *, resume: bool = False,
   Returns:
     The results (also `<workdir>/results.json`).
   """
-  start_time, start_cpu = time.time(), time.process_time()
+  start_time, start_cpu, clock = time.time(), time.process_time(), outputs.RunClock()
   mesh = sharding.data_mesh() if mesh is None else mesh
   for size in (config.batch_size, config.self_learning_batch_size):
     sharding.check_divisible(size, mesh)
@@ -367,11 +360,10 @@ def train_rona(config: RONAConfig, workdir: str, *, resume: bool = False,
   student = rona_step.student_parts(state, student_graphdef)
   if test_metrics is None:
     test_metrics = evaluate_lib.evaluate(student, test)
-  # Teacher accuracy comes from its card: a non-private diagnostic of the sensitive model.
   report = compression_report.compression_report(
-      big.parts, student, teacher_accuracy=big.card["test_accuracy"],
-      student_accuracy=test_metrics["accuracy"], info=info, min_seconds=latency_seconds)
-  if aux is not None:
+      big.parts, student, student_accuracy=test_metrics["accuracy"], info=info,
+      min_seconds=latency_seconds)
+  if aux is not None:  # trained on the public split only (its card says so): public
     report["aux_teacher"] = {"params": aux.card["param_count"],
                              "test_accuracy": aux.card["test_accuracy"]}
   report["teacher"]["model"], report["student"]["model"] = big.card["model"], config.student_model
@@ -385,7 +377,7 @@ def train_rona(config: RONAConfig, workdir: str, *, resume: bool = False,
       "neighbouring_relation": "replace_one_sensitive_record", **plan._asdict(),
       "num_queries_executed": executed, "units_done": unit, "units_planned": len(units),
       "finished": unit == len(units), "bound_mode": config.bound_mode,
-      "final_l2_bounds": final_bounds(config, jax.device_get(bounds)),
+      "final_l2_bounds": rona_privacy.final_bounds(config, jax.device_get(bounds)),
       "num_public": len(public), "num_sensitive": len(train) - len(public),
       "compression": report, "seed": root_seed.public_description(),
       # This invocation, teachers trained here included; CPU: all threads of the process.
@@ -393,8 +385,12 @@ def train_rona(config: RONAConfig, workdir: str, *, resume: bool = False,
       "cpu_seconds_this_run": round(time.process_time() - start_cpu, 1),
       "config": config_json, "ledger": None if ledger is None else json.loads(ledger.to_json()),
       "dpkd_jax_version": dpkd_jax.__version__,
+      outputs.PRIVATE_KEY: outputs.private_section(  # the teacher saw the sensitive data
+          {"teacher_test_accuracy": big.card["test_accuracy"]}, workdir=workdir,
+          files=("teacher",)),
   }
-  if jax.process_index() == 0:
-    with open(os.path.join(workdir, "results.json"), "w") as f:
-      json.dump(results, f, indent=2, default=float)
-  return results
+  return outputs.finish_run(
+      workdir, results, clock=clock, dataset=config.dataset,
+      test_accuracy=test_metrics["accuracy"], sound_epsilon=epsilon, delta=config.delta,
+      paper_epsilon=plan.paper_epsilon_per_query, target_epsilon=config.target_epsilon,
+      extra={"paper_epsilon_scope": "per query (classic Gaussian bound, sensitivity B)"})

@@ -22,6 +22,7 @@ from dpkd_jax.privacy import paper_accounting
 
 if TYPE_CHECKING:
   from dpkd_jax.methods.rona import RONAConfig
+  from dpkd_jax.methods.rona_step import BoundState
 
 
 class RONAPlan(NamedTuple):
@@ -35,6 +36,16 @@ class RONAPlan(NamedTuple):
   paper_epsilon_per_query: float | None
   paper_epsilon_warning: str | None
   budget_epsilon: float
+
+
+def check_schedule(*, rounds: int, self_learning_epochs: int, distillation_epochs: int) -> None:
+  """Refuses a schedule whose hint queries would spend ε on a classifier never trained."""
+  if rounds == 0:
+    raise ValueError("rounds must be >= 1: with rounds=0 the student's classifier is never "
+                     "trained, yet its hint epochs spend privacy budget")
+  if self_learning_epochs + distillation_epochs == 0:
+    raise ValueError("self_learning_epochs and distillation_epochs are both 0: the student's "
+                     "classifier would never be trained; give at least one epoch of either")
 
 
 def make_plan(config: RONAConfig) -> RONAPlan:
@@ -71,3 +82,13 @@ def make_plan(config: RONAConfig) -> RONAPlan:
                   noise_multiplier=sigma, planned_epsilon=planned,
                   paper_epsilon_per_query=paper, paper_epsilon_warning=warning,
                   budget_epsilon=budget)
+
+
+def final_bounds(config: RONAConfig,
+                 bounds: dict[str, BoundState]) -> dict[str, float | None]:
+  """The B in force at the end per kind: the running mean (adaptive), the fixed B, or None."""
+  if config.bound_mode == "fixed":
+    return {"hint": config.hint_l2_bound, "distill": config.distill_l2_bound}
+  if config.bound_mode == "none":
+    return {"hint": None, "distill": None}
+  return {k: float(b.norm_sum) / max(float(b.count), 1.0) for k, b in bounds.items()}

@@ -12,9 +12,9 @@ with Differentially Private Data-Free Distillation", arXiv:2409.12384), end to e
 `train_srr(config, workdir)` writes to `workdir`:
   generator_pretrain/  the pretrained generator (reusable: `pretrained_generator_dir`)
   checkpoints/<stage>/ Orbax: student + generator states; meta: config, ledger, plan, seed
-  results.json         accuracy (per stage), the privacy figures below, config
+  results.json         accuracy (per stage), the privacy figures below, config; record.json
   samples.png          synthetic samples of the final generator
-  metrics.csv, tb/     per-stage curves (released quantities only)
+  metrics.csv, tb/     per-stage curves (released quantities only; pretraining: private)
 
 Privacy argument. Unit: one record of the teacher's private training set (replace one). The
 teacher is not private: a neighbouring dataset may change it arbitrarily, hence every label.
@@ -46,7 +46,6 @@ from a secret OS-entropy seed unless `seed` is given (`privacy.seeds`); results 
 from __future__ import annotations
 
 import dataclasses
-import json
 import math
 import os
 from typing import Any
@@ -70,6 +69,7 @@ from dpkd_jax.privacy import seeds
 from dpkd_jax.train import checkpoint
 from dpkd_jax.train import evaluate
 from dpkd_jax.train import metrics as metrics_lib
+from dpkd_jax.train import outputs
 from dpkd_jax.train import sharding
 from dpkd_jax.train.state import TrainState
 
@@ -291,6 +291,7 @@ def train_srr(config: SRRConfig, workdir: str, *, resume: bool = False, progress
     ValueError / CheckpointMismatchError: bad config, teacher or workdir, before any query.
     BudgetExceededError: the restored ledger has no budget for another stage.
   """
+  clock = outputs.RunClock()
   mesh = sharding.data_mesh() if mesh is None else mesh
   for size in (config.batch_size, config.pretrain_batch_size):
     sharding.check_divisible(size, mesh)
@@ -358,14 +359,16 @@ def train_srr(config: SRRConfig, workdir: str, *, resume: bool = False, progress
 
   _save_grid(config, state.generator.parts, jax.random.fold_in(init_key, 1), mesh,
              os.path.join(workdir, "samples.png"))
-  results = _results(config, privacy_plan, ledger, history, root_seed, teacher.card, state)
-  if jax.process_index() == 0:
-    with open(os.path.join(workdir, "results.json"), "w") as f:
-      json.dump(results, f, indent=2, default=float)
-  return results
+  results = _results(config, privacy_plan, ledger, history, root_seed, teacher.card, state,
+                     workdir)
+  return outputs.finish_run(
+      workdir, results, clock=clock, dataset=config.dataset,
+      test_accuracy=results["test_accuracy"], sound_epsilon=results["record_level_epsilon"],
+      delta=config.delta, paper_epsilon=results["paper_label_epsilon_per_query"],
+      target_epsilon=config.target_epsilon, extra={"paper_epsilon_scope": "label-DP per query"})
 
 
-def _results(config, privacy_plan, ledger, history, root_seed, card, state) -> dict[str, Any]:
+def _results(config, privacy_plan, ledger, history, root_seed, card, state, workdir) -> dict:
   labels = math.inf if ledger is None else ledger.spent_epsilon()
   return {
       "method": "srr",
@@ -376,9 +379,11 @@ def _results(config, privacy_plan, ledger, history, root_seed, card, state) -> d
       "stages": len(history),
       "num_queries": len(history) * config.samples_per_stage,
       "seed": root_seed.public_description(),
-      "teacher_test_accuracy": card["test_accuracy"],
       "student_params": models.count_params(state.student.params),
       "config": _config_json(config),
+      outputs.PRIVATE_KEY: outputs.private_section(  # + the generator's teacher losses
+          {"teacher_test_accuracy": card["test_accuracy"]}, workdir=workdir,
+          files=(os.path.join("generator_pretrain", outputs.PRIVATE_CSV),)),
   }
 
 

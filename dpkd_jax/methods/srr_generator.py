@@ -44,7 +44,7 @@ from flax import nnx
 from dpkd_jax import losses
 from dpkd_jax.models import core
 from dpkd_jax.train import checkpoint
-from dpkd_jax.train import metrics as metrics_lib
+from dpkd_jax.train import outputs
 from dpkd_jax.train import sharding
 from dpkd_jax.train.state import TrainState
 
@@ -285,7 +285,8 @@ def pretrain_generator(config: PretrainConfig, generator: core.ModelParts,
   state = sharding.replicate(state, mesh)
   teacher = sharding.replicate(teacher, mesh)
   step_fn = make_pretrain_step(config, teacher.graphdef)
-  writer = metrics_lib.MetricsWriter(workdir)
+  # Losses of teacher(G(z)): noiseless functions of the teacher, so private diagnostics.
+  writer = outputs.PrivateDiagnosticsWriter(workdir)
   bar = tqdm.tqdm(total=config.steps, initial=start, disable=not progress, desc="generator")
   step = start
   while step < config.steps:

@@ -129,6 +129,11 @@ def plan(*, epsilon: float | None, target_epsilon: float | None, delta: float, s
     epsilon = 1.0 / inverse
   num_queries = run_stages * samples_per_stage
   labels = labels_epsilon(epsilon, num_queries, delta)
+  if target_epsilon is not None and generator_prior == "teacher":
+    warnings.warn(f"the sound (record-level) epsilon of this run is inf > target_epsilon="
+                  f"{target_epsilon:g}: the target bounds only the label queries, and the "
+                  "generator pretrained against the teacher is not private "
+                  "(generator_prior='none' keeps the target)", UserWarning, stacklevel=2)
   return SRRPrivacyPlan(
       epsilon_per_query=float(epsilon), stages=int(run_stages),
       samples_per_stage=samples_per_stage, num_queries=num_queries, labels_epsilon=labels,

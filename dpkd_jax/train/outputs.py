@@ -1,0 +1,183 @@
+"""What a run writes: released figures, private diagnostics, results.json and record.json.
+
+A run's ε covers what it releases: the student (or labels, or samples), its accuracy on the
+public test split, and anything computed from the noisy releases. Some useful numbers are
+noiseless functions of the private data or of the non-private teacher (the teacher's test
+accuracy, DP-SGD's loss on a private batch, ...): their ε is infinite. They are kept apart in
+every output file so that publishing a run's outputs never publishes them by accident:
+
+* results.json: released figures at top level; the others under `"private_diagnostics"`,
+  whose `"_note"` says they are not covered by ε.
+* metrics.csv / tb/: released curves only. Private scalars go to `private_diagnostics.csv`
+  (same long format) and to `private_diagnostics_tb/` with tags prefixed `private_diagnostics/`.
+* record.json: the results record (`records.make_record`), released figures only.
+
+`finish_run` writes results.json and record.json at the end of every `train_*`, with the
+privacy warnings (ε = inf, sound ε above the target) in both.
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+import math
+import os
+import tempfile
+import time
+from typing import Any, Mapping
+
+import numpy as np
+
+from dpkd_jax.train import distributed
+from dpkd_jax.train import records
+
+PRIVATE_KEY = "private_diagnostics"
+PRIVATE_NOTE = ("noiseless functions of private data or of the non-private teacher: NOT "
+                "covered by epsilon, do not publish")
+PRIVATE_CSV = "private_diagnostics.csv"
+PRIVATE_TB_DIR = "private_diagnostics_tb"
+PRIVATE_TAG_PREFIX = "private_diagnostics/"
+NOT_PRIVATE = "epsilon = inf (NOT private)"
+
+
+class RunClock:
+  """CPU seconds (this process, all threads) and wall seconds since construction."""
+
+  def __init__(self):
+    self._cpu, self._wall = time.process_time(), time.perf_counter()
+
+  def seconds(self) -> tuple[float, float]:
+    return time.process_time() - self._cpu, time.perf_counter() - self._wall
+
+
+class PrivateDiagnosticsWriter:
+  """Writes private scalars to `<workdir>/private_diagnostics.csv` (long format, as
+  `metrics.csv`) and TensorBoard events in `<workdir>/private_diagnostics_tb/`, every tag
+  prefixed `private_diagnostics/`. Files are created at the first write only (process 0)."""
+
+  def __init__(self, workdir: str, *, tensorboard: bool = True):
+    self._workdir, self._tensorboard, self._tb = workdir, tensorboard, None
+    self._active = distributed.is_coordinator()
+    self.path = os.path.join(workdir, PRIVATE_CSV)
+
+  def write(self, step: int, metrics: Mapping[str, Any], *, prefix: str = "") -> None:
+    """Appends the scalars of `metrics` for `step`, named `private_diagnostics/<prefix><k>`."""
+    if not self._active or not metrics:
+      return
+    rows = [(int(step), f"{PRIVATE_TAG_PREFIX}{prefix}{k}", float(np.asarray(v)))
+            for k, v in metrics.items()]
+    new = not os.path.exists(self.path)
+    os.makedirs(self._workdir, exist_ok=True)
+    with open(self.path, "a", newline="") as f:
+      writer = csv.writer(f)
+      if new:
+        writer.writerow(["step", "name", "value"])
+      writer.writerows(rows)
+    if self._tensorboard:
+      if self._tb is None:
+        from tensorboardX import SummaryWriter  # pylint: disable=g-import-not-at-top
+
+        self._tb = SummaryWriter(os.path.join(self._workdir, PRIVATE_TB_DIR))
+      for step_, name, value in rows:
+        self._tb.add_scalar(name, value, step_)
+
+  def close(self) -> None:
+    if self._tb is not None:
+      self._tb.close()
+
+
+def read_private_diagnostics(workdir: str) -> dict[str, list[tuple[int, float]]]:
+  """`<workdir>/private_diagnostics.csv` as {name: [(step, value), ...]} ({} if absent)."""
+  series: dict[str, list[tuple[int, float]]] = {}
+  path = os.path.join(workdir, PRIVATE_CSV)
+  if not os.path.exists(path):
+    return series
+  with open(path, newline="") as f:
+    for row in csv.DictReader(f):
+      series.setdefault(row["name"], []).append((int(row["step"]), float(row["value"])))
+  return series
+
+
+def private_section(values: Mapping[str, Any] | None = None, *, workdir: str | None = None,
+                    files: tuple[str, ...] = ()) -> dict[str, Any]:
+  """The `"private_diagnostics"` block of results.json.
+
+  Args:
+    values: the private figures (e.g. the teacher's test accuracy).
+    workdir: the run's directory; `private_diagnostics.csv` and `files` are listed if there.
+    files: further paths under `workdir` that may hold private values (e.g. "teacher").
+
+  Returns:
+    {"_note": PRIVATE_NOTE, **values, "files": [...]} ("files" only if one exists).
+  """
+  section = {"_note": PRIVATE_NOTE, **(values or {})}
+  listed = [f for f in (PRIVATE_CSV, *files)
+            if workdir is not None and os.path.exists(os.path.join(workdir, f))]
+  if listed:
+    section["files"] = listed
+  return section
+
+
+def has_private_values(results: Mapping[str, Any]) -> bool:
+  """True if results.json holds private diagnostics beyond the note."""
+  return any(k != "_note" for k in results.get(PRIVATE_KEY, {}))
+
+
+def _format(value: float) -> str:
+  return "inf" if math.isinf(value) else f"{value:.4g}"
+
+
+def privacy_warnings(*, sound_epsilon: float, target_epsilon: float | None = None,
+                     accounting: str = "sound") -> list[str]:
+  """The lines a user must not miss: no guarantee at all, or a sound ε above the target."""
+  out = []
+  if math.isinf(sound_epsilon):
+    out.append(NOT_PRIVATE)
+  if target_epsilon is not None and sound_epsilon > target_epsilon:
+    why = (": the target bounds only the paper's formula, which is NOT a guarantee"
+           if accounting == "paper" else "")
+    out.append(f"sound epsilon {_format(sound_epsilon)} exceeds target_epsilon="
+               f"{target_epsilon:g} (accounting={accounting}{why})")
+  return out
+
+
+def _write_json(path: str, payload: Mapping[str, Any]) -> None:
+  """Atomically (a crash leaves the old file or the new one); inf is written as Infinity."""
+  directory = os.path.dirname(os.path.abspath(path))
+  os.makedirs(directory, exist_ok=True)
+  with tempfile.NamedTemporaryFile("w", dir=directory, delete=False, suffix=".tmp") as f:
+    json.dump(payload, f, indent=2, default=float)
+  os.replace(f.name, path)
+
+
+def finish_run(workdir: str, results: dict[str, Any], *, clock: RunClock, dataset: str,
+               test_accuracy: float | None, sound_epsilon: float, delta: float,
+               accounting: str = "sound", paper_epsilon: float | None = None,
+               target_epsilon: float | None = None, neighbouring: str = "replace-one",
+               extra: dict[str, Any] | None = None) -> dict[str, Any]:
+  """Adds the privacy warnings to `results`, writes results.json and record.json (process 0).
+
+  Args:
+    workdir: the run's directory.
+    results: the run's results (method in `results["method"]`); updated in place.
+    clock: started at the beginning of the run.
+    dataset, test_accuracy, sound_epsilon, delta, accounting, paper_epsilon, neighbouring:
+      the record's fields (`records.make_record`).
+    target_epsilon: the run's target, to warn when the sound ε exceeds it.
+    extra: further record fields.
+
+  Returns:
+    `results`.
+  """
+  results["warnings"] = privacy_warnings(sound_epsilon=sound_epsilon,
+                                         target_epsilon=target_epsilon, accounting=accounting)
+  cpu, wall = clock.seconds()
+  record = records.make_record(
+      method=results["method"], dataset=dataset, test_accuracy=test_accuracy,
+      sound_epsilon=sound_epsilon, delta=delta, neighbouring=neighbouring,
+      accounting=accounting, paper_epsilon=paper_epsilon, cpu_seconds=cpu,
+      wall_seconds=wall, extra={"warnings": results["warnings"], **(extra or {})})
+  if distributed.is_coordinator():
+    _write_json(os.path.join(workdir, "results.json"), results)
+    records.write_record(os.path.join(workdir, "record.json"), record)
+  return results
