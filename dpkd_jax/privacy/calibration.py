@@ -29,20 +29,29 @@ def _has_rdp(event: dp_event.DpEvent, delta: float) -> bool:
 
 
 class _EventTreeAccountant(privacy_accountant.PrivacyAccountant):
-  """Lets `calibrate_dp_mechanism` evaluate its ledger with `accounting.epsilon`."""
+  """Lets `calibrate_dp_mechanism` evaluate what it composed with `accounting.epsilon`.
 
-  def __init__(self, accountant: str, interval: float):
-    # Nominal relation: each event carries its own (module docstring).
+  The events are kept as given: the base class's `ledger` is rebuilt by dp_accounting's
+  DpEventBuilder, which turns a `TaggedDpEvent` into a plain `SelfComposedDpEvent` and so
+  would drop its neighbouring relation (a replace-one DP-SGD event would be evaluated as
+  add/remove).
+  """
+
+  def __init__(self, accountant: str, interval: float | None):
+    # Nominal relation: each event carries its own (neighbouring.py).
     super().__init__(accounting.NeighborRel.ADD_OR_REMOVE_ONE)
     self._accountant, self._interval = accountant, interval
+    self._events: list[dp_event.DpEvent] = []
 
   def _maybe_compose(self, event, count, do_compose):
-    del event, count, do_compose  # The base class keeps the ledger we read.
+    if do_compose:
+      self._events.append(event if count == 1 else dp_event.SelfComposedDpEvent(event, count))
     return None
 
   def get_epsilon(self, target_delta: float) -> float:
-    return accounting.epsilon(self.ledger, delta=target_delta, accountant=self._accountant,
-                   value_discretization_interval=self._interval)
+    return accounting.epsilon(dp_event.ComposedDpEvent(list(self._events)), delta=target_delta,
+                              accountant=self._accountant,
+                              value_discretization_interval=self._interval)
 
 
 def _bracket_noise(eps_of: Callable[[float], float], target: float,
