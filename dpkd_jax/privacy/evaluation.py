@@ -223,8 +223,11 @@ def _evaluate(event: dp_event.DpEvent, accountant: str, interval: float | None, 
     read = lambda pld: float(pld.get_epsilon_for_delta(delta))  # noqa: E731
   else:
     read = lambda pld: float(pld.get_delta_for_epsilon(target_epsilon))  # noqa: E731
+  # ε of the composition is at least ε of its Gaussian part (exact, cheap): a scale for the grid.
+  scale = (gaussian_exact.epsilon_for_delta(delta, parts[0][1])
+           if delta is not None and parts[0][0] == "gaussian" else 1.0)
   try:
-    return pld_grid.evaluate(parts, read, interval)
+    return pld_grid.evaluate(parts, read, interval, epsilon_scale=scale)
   except pld_grid.GridTooCoarse:
     return _loose_bound(parts, delta=delta, target_epsilon=target_epsilon)
 
