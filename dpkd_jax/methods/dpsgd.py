@@ -8,7 +8,8 @@ size); an optax update. Privacy (docs/privacy.md): T steps are
 as in Opacus/jax_privacy). The run's `epsilon` (ledger, budget, `target_epsilon` calibration)
 is REPLACE-ONE, the relation of every other method here and so of the comparison tables (one
 record's clipped gradient moves from g to g' in its sample slot); `epsilon_add_remove` (a record
-joins or leaves the sample: the clipped sum moves by <= C, Opacus' figure) is reported beside it. Padding rows of the fixed-size batch weigh 0; an
+joins or leaves the sample: the clipped sum moves by <= C, Opacus' figure) is reported beside
+it. Padding rows of the fixed-size batch weigh 0; an
 oversized sample raises, never truncates; a non-finite per-example gradient becomes zero. The
 noise derives from the run's root seed: without `seed` it is drawn from OS entropy and kept
 only in the checkpoint (`privacy.seeds`), which is then as secret as the data; an explicit

@@ -83,8 +83,9 @@ def _loss_range(loss: loss_lib.AdditiveNoisePrivacyLoss) -> float:
 
 
 def _dense_probs(pld) -> list:
-  pmfs = [pld._pmf_remove] if pld._symmetric else [pld._pmf_remove, pld._pmf_add]  # pylint: disable=protected-access
-  return [pmf.to_dense_pmf()._probs for pmf in pmfs]  # pylint: disable=protected-access
+  # pylint: disable=protected-access
+  pmfs = [pld._pmf_remove] if pld._symmetric else [pld._pmf_remove, pld._pmf_add]
+  return [pmf.to_dense_pmf()._probs for pmf in pmfs]
 
 
 def single_pld(part: tuple, interval: float):
