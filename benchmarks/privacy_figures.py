@@ -6,8 +6,9 @@ Run from the repository root:
 
 Sections: (1) one DPDFD step, sound vs paper; (2) DPDFD over T steps;
 (3) DPDFD calibration; (4) SRR record-level vs per-query; (5) RONA;
-(6) reverse k-NN local reports; (7) the RR count trap; (8) PLD grid step:
-ε and time.
+(6) reverse k-NN local reports; (7) the RR count trap; (8) the default evaluation (closed
+form, exact lattice or self-refining grid) against fixed PLD grids; (9) DP-SGD under both
+neighbouring relations.
 """
 
 import time
@@ -129,25 +130,48 @@ def rr_trap() -> None:
 
 
 def grid_step() -> None:
-  print("## 8. PLD grid step (value_discretization_interval): eps and time")
+  print("## 8. PLD grid step: default (closed form / exact / self-refining grid) vs fixed grids")
   events = {
-      "DPDFD B=256 sigma=100 T=100": accounting.dpdfd_event(
+      "DPDFD B=256 sigma=100 T=100 (closed form)": accounting.dpdfd_event(
           noise_multiplier=100.0, batch_size=256, steps=100),
-      "DP-SGD q=0.01 z=1 T=10000": accounting.dpsgd_event(
+      "DPDFD B=256 sigma=1 T=100 (closed form)": accounting.dpdfd_event(
+          noise_multiplier=1.0, batch_size=256, steps=100),
+      "SRR eps=1 n=1000 (exact lattice)": accounting.srr_event(epsilon_per_query=1.0,
+                                                                num_queries=1000),
+      "DP-SGD q=0.01 z=1 T=10000, add/remove": accounting.dpsgd_event(
           noise_multiplier=1.0, sampling_rate=0.01, steps=10_000),
-      "SRR eps=1 n=1000": accounting.srr_event(epsilon_per_query=1.0,
-                                                num_queries=1000),
+      "DP-SGD q=0.0011 z=2.72 T=6089, add/remove": accounting.dpsgd_event(
+          noise_multiplier=2.72, sampling_rate=0.0011, steps=6089),
+      "DP-SGD q=0.0011 z=2.72 T=6089, replace-one": accounting.dpsgd_event(
+          noise_multiplier=2.72, sampling_rate=0.0011, steps=6089, relation="replace-one"),
+      "DP-SGD q=256/60000 z=0.3 T=2344, replace-one": accounting.dpsgd_event(
+          noise_multiplier=0.3, sampling_rate=256 / 60000, steps=2344,
+          relation="replace-one"),
   }
-  print("| event | eps @1e-3 | s @1e-3 | eps @1e-4 | s @1e-4 |")
+  print("| event | eps default | s default | eps @1e-3 | eps @1e-4 |")
   print("|---|---|---|---|---|")
   for name, event in events.items():
-    row = []
+    start = time.perf_counter()
+    row = [f"{accounting.epsilon(event, delta=DELTA):.4f}",
+           f"{time.perf_counter() - start:.2f}"]
     for interval in (1e-3, 1e-4):
-      start = time.perf_counter()
-      eps = accounting.epsilon(event, delta=DELTA,
-                               value_discretization_interval=interval)
-      row += [f"{eps:.4f}", f"{time.perf_counter() - start:.2f}"]
+      eps = accounting.epsilon(event, delta=DELTA, value_discretization_interval=interval)
+      row.append(f"{eps:.4f}")
     print(f"| {name} | " + " | ".join(row) + " |")
+  print()
+
+
+def dpsgd_relations() -> None:
+  print("## 9. DP-SGD under both neighbouring relations, delta = 1e-5 (PLD)")
+  print("| q | z | T | eps add/remove | eps replace-one | eps add/remove (RDP) |")
+  print("|---|---|---|---|---|---|")
+  for q, z, steps in ((256 / 60000, 1.0, 2344), (256 / 60000, 0.5, 2344), (0.0011, 2.72, 6089)):
+    row = [accounting.epsilon(accounting.dpsgd_event(
+        noise_multiplier=z, sampling_rate=q, steps=steps, relation=relation), delta=DELTA)
+           for relation in ("add-remove", "replace-one")]
+    row.append(accounting.epsilon(accounting.dpsgd_event(
+        noise_multiplier=z, sampling_rate=q, steps=steps), delta=DELTA, accountant="rdp"))
+    print(f"| {q:.5f} | {z:g} | {steps} | " + " | ".join(f"{e:.3f}" for e in row) + " |")
   print()
 
 
@@ -160,3 +184,4 @@ if __name__ == "__main__":
   local_reverse_knn()
   rr_trap()
   grid_step()
+  dpsgd_relations()

@@ -168,7 +168,7 @@ def test_multi_teacher_has_the_same_event():
 
 def test_rona_event_and_query_count():
   assert accounting.rona_event(noise_multiplier=4.0, num_queries=3) == (
-      dp_event.SelfComposedDpEvent(dp_event.GaussianDpEvent(2.0), 3))
+      accounting.TaggedDpEvent(dp_event.GaussianDpEvent(2.0), 3, accounting.REPLACE_ONE))
   # (Th + R·Td)·ceil(|x_q|/S) = (2 + 3·4)·ceil(100/32) = 14·4.
   assert accounting.rona_num_queries(
       hint_epochs=2, distillation_epochs=4, rounds=3, num_query_samples=100,
@@ -222,7 +222,7 @@ def test_rr_with_poisson_sampling_is_rejected(accountant):
   mixed = dp_event.ComposedDpEvent([
       accounting.dpsgd_event(noise_multiplier=1.0, sampling_rate=0.1, steps=3),
       accounting.srr_event(epsilon_per_query=1.0, num_queries=2)])
-  with pytest.raises(ValueError, match="PoissonSampled"):
+  with pytest.raises(ValueError, match="neighbouring relations"):
     accounting.epsilon(mixed, delta=DELTA, accountant=accountant)
 
 

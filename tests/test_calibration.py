@@ -78,3 +78,36 @@ def test_unreachable_targets_raise():
 def test_bad_parameters_raise(call, match):
   with pytest.raises(ValueError, match=match):
     call()
+
+
+def test_dpsgd_calibration_targets_the_replace_one_figure():
+  # No RDP exists for replace-one Poisson sampling; the relation must survive calibration
+  # (dp_accounting's DpEventBuilder would turn the tag into a plain, add/remove, event).
+  q, steps = 16 / 1442, 200
+
+  def make(relation):
+    return lambda z: accounting.dpsgd_event(noise_multiplier=z, sampling_rate=q, steps=steps,
+                                            relation=relation)
+
+  z = calibration.calibrate_noise_multiplier(make(accounting.REPLACE_ONE), target_epsilon=2.0,
+                                             delta=DELTA)
+  assert 0.97 * 2.0 <= accounting.epsilon(make(accounting.REPLACE_ONE)(z), delta=DELTA) <= 2.0
+  z_add_remove = calibration.calibrate_noise_multiplier(make(accounting.ADD_REMOVE),
+                                                        target_epsilon=2.0, delta=DELTA)
+  assert z > 1.03 * z_add_remove  # replace-one needs more noise for the same ε
+  steps_fit = calibration.calibrate_steps(
+      lambda t: accounting.dpsgd_event(noise_multiplier=z, sampling_rate=q, steps=t,
+                                       relation=accounting.REPLACE_ONE),
+      target_epsilon=2.0, delta=DELTA, max_steps=1000)
+  assert steps <= steps_fit < 1.2 * steps
+
+
+def test_calibration_at_tiny_noise_stays_bounded():
+  # σ is bracketed down to where ε >> target: every evaluation is bounded (closed form or
+  # bounded grid), so a mixed tree calibrates without a memory blow-up.
+  def make(sigma):
+    return dp_event.ComposedDpEvent([
+        accounting.laplace_counts_event(epsilon_per_round=0.1, rounds=3),
+        accounting.dpdfd_event(noise_multiplier=sigma, batch_size=256, steps=100)])
+  sigma = calibration.calibrate_noise_multiplier(make, target_epsilon=1e5, delta=DELTA)
+  assert 0.9e5 <= accounting.epsilon(make(sigma), delta=DELTA) <= 1e5

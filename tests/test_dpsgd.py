@@ -253,9 +253,14 @@ def test_resume_is_bit_identical(runs):
 def test_results_epsilon_is_the_accountants(runs):
   config, dirs, one_go, _, _, _ = runs
   q = 16 / DIGITS_TRAIN
-  expected = accounting.epsilon(
-      accounting.dpsgd_event(noise_multiplier=1.0, sampling_rate=q, steps=4), delta=config.delta)
+  expected = accounting.epsilon(accounting.dpsgd_event(
+      noise_multiplier=1.0, sampling_rate=q, steps=4, relation="replace-one"), delta=config.delta)
+  add_remove = accounting.epsilon(accounting.dpsgd_event(
+      noise_multiplier=1.0, sampling_rate=q, steps=4, relation="add-remove"), delta=config.delta)
   assert one_go["epsilon"] == pytest.approx(expected, rel=1e-9)
+  assert one_go["neighbouring_relation"] == "replace-one"
+  assert one_go["epsilon_add_remove"] == pytest.approx(add_remove, rel=1e-9)
+  assert add_remove < expected
   assert one_go["sampling_rate"] == pytest.approx(q) and one_go["noise_multiplier"] == 1.0
   assert one_go["delta"] == config.delta and one_go["accountant"] == "pld"
   assert one_go["max_batch_size"] % 8 == 0 and one_go["max_batch_size"] >= 16
@@ -341,7 +346,8 @@ def test_target_epsilon_calibrates_noise_for_the_whole_run():
   assert plan.target_epsilon == 2.0
   assert 0.97 * 2.0 <= plan.planned_epsilon <= 2.0
   event = accounting.dpsgd_event(noise_multiplier=plan.noise_multiplier,
-                                 sampling_rate=16 / DIGITS_TRAIN, steps=200)
+                                 sampling_rate=16 / DIGITS_TRAIN, steps=200,
+                                 relation="replace-one")  # the budget's relation
   assert accounting.epsilon(event, delta=1e-5) == pytest.approx(plan.planned_epsilon)
 
 

@@ -74,6 +74,8 @@ def test_rr_entries_grow_epsilon_with_count():
     dp_event.NoOpDpEvent(),
     dp_event.NonPrivateDpEvent(),
     accounting.dpsgd_event(noise_multiplier=1.1, sampling_rate=0.01, steps=9),
+    accounting.dpsgd_event(noise_multiplier=1.1, sampling_rate=0.01, steps=9,
+                           relation=accounting.REPLACE_ONE),
     dp_event.ComposedDpEvent([
         accounting.srr_event(epsilon_per_query=0.5, num_queries=3),
         accounting.laplace_counts_event(epsilon_per_round=0.1, rounds=2)]),
@@ -183,3 +185,52 @@ def test_noiseless_release_spends_everything():
 def test_bad_configuration_raises(kwargs, match):
   with pytest.raises(ValueError, match=match):
     ledger_lib.PrivacyLedger(**kwargs)
+
+
+def test_ledger_keeps_one_neighbouring_relation(tmp_path):
+  ledger = make_ledger(target=100.0)
+  assert ledger.relation is None
+  ledger.record(dp_event.GaussianDpEvent(50.0), step=0)  # untagged: fixes no relation
+  assert ledger.relation is None
+  ledger.record(STEP_EVENT, step=1)
+  assert ledger.relation == accounting.REPLACE_ONE
+  add_remove = accounting.dpsgd_event(noise_multiplier=1.0, sampling_rate=0.01, steps=5)
+  for call in (lambda: ledger.check(add_remove), lambda: ledger.record(add_remove, step=2)):
+    with pytest.raises(ValueError, match="replace-one relation"):
+      call()
+  assert len(ledger.entries) == 2  # nothing recorded for the refused event
+  ledger.record(accounting.dpsgd_event(noise_multiplier=1.0, sampling_rate=0.01, steps=5,
+                                       relation=accounting.REPLACE_ONE), step=2)
+  path = tmp_path / "ledger.json"
+  ledger.save(path)
+  assert json.loads(path.read_text())["relation"] == accounting.REPLACE_ONE
+  loaded = ledger_lib.PrivacyLedger.load(path)
+  assert loaded.relation == accounting.REPLACE_ONE and loaded.entries == ledger.entries
+  with pytest.raises(ValueError, match="replace-one relation"):
+    loaded.record(add_remove, step=3)
+
+
+def test_ledger_relation_can_be_fixed_up_front():
+  ledger = ledger_lib.PrivacyLedger(target_epsilon=10.0, delta=DELTA,
+                                    relation=accounting.ADD_REMOVE)
+  with pytest.raises(ValueError, match="add-remove relation"):
+    ledger.check(STEP_EVENT)
+  with pytest.raises(ValueError, match="neighbouring relation must be"):
+    ledger_lib.PrivacyLedger(target_epsilon=10.0, delta=DELTA, relation="replace")
+
+
+def test_version_1_ledgers_still_load_and_get_their_relation():
+  # A DP-SGD ledger written before relation tags: untagged Poisson events (add/remove).
+  old = {"format": "dpkd_jax.privacy_ledger", "version": 1, "target_epsilon": 10.0,
+         "delta": DELTA, "accountant": "pld", "spent_epsilon": 0.0, "num_entries": 1,
+         "entries": [{"step": 9, "note": "dpsgd", "event": {
+             "type": "self_composed", "count": 9, "event": {
+                 "type": "poisson_sampled", "sampling_probability": 0.01,
+                 "event": {"type": "gaussian", "noise_multiplier": 1.1}}}}]}
+  loaded = ledger_lib.PrivacyLedger.from_json(json.dumps(old))
+  assert loaded.relation == accounting.ADD_REMOVE
+  assert loaded.spent_epsilon() == pytest.approx(accounting.epsilon(accounting.dpsgd_event(
+      noise_multiplier=1.1, sampling_rate=0.01, steps=9), delta=DELTA), rel=1e-12)
+  old["relation"] = accounting.REPLACE_ONE  # a relation that its events contradict
+  with pytest.raises(ValueError, match="altered"):
+    ledger_lib.PrivacyLedger.from_json(json.dumps(old))

@@ -3,9 +3,13 @@
 Each step: a Poisson sample (every record in independently w.p. q); per-example gradients,
 each clipped to L2 norm C over the whole parameter pytree; their sum plus N(0, z²C²) per
 coordinate, divided by the expected batch size q N (data-independent, unlike the realised
-size); an optax update. Privacy (add/remove-one record, docs/privacy.md): the clipped sum moves
-by <= C, so T steps are `accounting.dpsgd_event(noise_multiplier=z, sampling_rate=q, steps=T)`
-(N public, as in Opacus/jax_privacy). Padding rows of the fixed-size batch weigh 0; an
+size); an optax update. Privacy (docs/privacy.md): T steps are
+`accounting.dpsgd_event(noise_multiplier=z, sampling_rate=q, steps=T, relation=...)` (N public,
+as in Opacus/jax_privacy). The run's `epsilon` (ledger, budget, `target_epsilon` calibration)
+is REPLACE-ONE, the relation of every other method here and so of the comparison tables (one
+record's clipped gradient moves from g to g' in its sample slot); `epsilon_add_remove` (a record
+joins or leaves the sample: the clipped sum moves by <= C, Opacus' figure) is reported beside
+it. Padding rows of the fixed-size batch weigh 0; an
 oversized sample raises, never truncates; a non-finite per-example gradient becomes zero. The
 noise derives from the run's root seed: without `seed` it is drawn from OS entropy and kept
 only in the checkpoint (`privacy.seeds`), which is then as secret as the data; an explicit
@@ -72,7 +76,7 @@ class DPSGDConfig:
     max_batch_size: padded batch M, a multiple of the device count; None: the smallest such
       multiple with overflow probability <= 1e-9 per step.
     l2_clip_norm: C. noise_multiplier: z (noise std z C).
-    target_epsilon: instead of z: the budget; z is calibrated for the whole run.
+    target_epsilon: instead of z: the budget (replace-one ε); z is calibrated for the whole run.
     delta: δ of every reported ε.
     steps: T, or epochs: expected passes over the data (T = ceil(epochs / q)); give one.
     optimizer: "sgd" (with `momentum` in [0, 1)) or "adam", constant `learning_rate`.
@@ -137,7 +141,8 @@ class DPSGDConfig:
 class DPSGDPlan(NamedTuple):
   """A config resolved for N records on a mesh: q = B / N, T, steps_per_epoch = ceil(N / B)
   (the ledger / checkpoint / evaluation interval), padded batch M, z (given or calibrated),
-  the run's planned ε at δ (PLD), and the ledger's budget (target_epsilon, else planned ε)."""
+  the run's planned replace-one ε at δ (PLD), and the ledger's budget (target_epsilon, else
+  planned ε)."""
 
   num_examples: int
   sampling_rate: float
@@ -173,8 +178,9 @@ def make_plan(config: DPSGDConfig, *, num_examples: int, num_devices: int) -> DP
     raise ValueError(f"max_batch_size={max_batch_size} is not divisible by the {num_devices} "
                      f"devices of the 'data' mesh axis; use a multiple of {num_devices}")
 
-  def event(z: float):
-    return accounting.dpsgd_event(noise_multiplier=z, sampling_rate=q, steps=steps)
+  def event(z: float):  # Replace-one: the budget and the comparison tables' relation.
+    return accounting.dpsgd_event(noise_multiplier=z, sampling_rate=q, steps=steps,
+                                  relation=accounting.REPLACE_ONE)
 
   noise_multiplier = float(config.noise_multiplier) if config.target_epsilon is None else (
       calibration.calibrate_noise_multiplier(event, target_epsilon=config.target_epsilon,
@@ -244,8 +250,8 @@ def train_dpsgd(config: DPSGDConfig, workdir: str, *, resume: bool = False,
   state = TrainState.create(init_model(config, jax.random.split(root_key, 3)[0]),
                             make_optimizer(config))
   nonprivate = plan.noise_multiplier == 0  # ε = inf: no ledger can hold it
-  ledger = None if nonprivate else ledger_lib.PrivacyLedger(target_epsilon=plan.target_epsilon,
-                                                            delta=config.delta)
+  ledger = None if nonprivate else ledger_lib.PrivacyLedger(
+      target_epsilon=plan.target_epsilon, delta=config.delta, relation=accounting.REPLACE_ONE)
   config_json = dataclasses.asdict(config)
   ckpt_dir = os.path.join(workdir, "checkpoints")
   if checkpoint.latest_step(ckpt_dir) is not None:
@@ -279,7 +285,8 @@ def train_dpsgd(config: DPSGDConfig, workdir: str, *, resume: bool = False,
   while step < stop:
     chunk_steps = min(plan.steps_per_epoch - step % plan.steps_per_epoch, stop - step)
     event = accounting.dpsgd_event(noise_multiplier=plan.noise_multiplier,
-                                   sampling_rate=plan.sampling_rate, steps=chunk_steps)
+                                   sampling_rate=plan.sampling_rate, steps=chunk_steps,
+                                   relation=accounting.REPLACE_ONE)
     if ledger is not None:  # Before the releases: raises BudgetExceededError if over budget.
       ledger.check(event)
     for _ in range(chunk_steps):
@@ -319,9 +326,13 @@ def train_dpsgd(config: DPSGDConfig, workdir: str, *, resume: bool = False,
   results = {
       "method": "dpsgd", "dataset": config.dataset, "model": config.model, "norm": config.norm,
       "test_accuracy": test_metrics["accuracy"], "test_loss": test_metrics["loss"],
-      "epsilon": epsilon, "delta": config.delta,
-      "accountant": "none" if ledger is None else ledger.accountant,
-      "neighbouring_relation": "add_or_remove_one", **plan._asdict(),
+      "epsilon": epsilon, "neighbouring_relation": accounting.REPLACE_ONE,
+      "epsilon_add_remove": epsilon if ledger is None else accounting.epsilon(
+          accounting.dpsgd_event(noise_multiplier=plan.noise_multiplier,
+                                 sampling_rate=plan.sampling_rate, steps=step,
+                                 relation=accounting.ADD_REMOVE), delta=config.delta),
+      "delta": config.delta, "accountant": "none" if ledger is None else ledger.accountant,
+      **plan._asdict(),
       "steps": step, "planned_steps": plan.steps, "finished": step == plan.steps,
       "expected_batch_size": config.expected_batch_size, "l2_clip_norm": config.l2_clip_norm,
       "param_count": models.count_params(state.params),
@@ -332,10 +343,9 @@ def train_dpsgd(config: DPSGDConfig, workdir: str, *, resume: bool = False,
       "dpkd_jax_version": dpkd_jax.__version__,
       outputs.PRIVATE_KEY: outputs.private_section(workdir=workdir),
   }
-  # The record uses one relation for every method's table: replace-one.
-  replace_one = results.get("neighbouring_relation") != "add_or_remove_one"
+  # `epsilon` is replace-one, the relation of every method's table (add/remove beside it).
   outputs.finish_run(workdir, results, clock=clock, dataset=config.dataset,
                      test_accuracy=results["test_accuracy"], sound_epsilon=epsilon,
                      delta=config.delta, target_epsilon=config.target_epsilon,
-                     neighbouring="replace-one" if replace_one else "add-remove")
+                     neighbouring="replace-one")
   return results

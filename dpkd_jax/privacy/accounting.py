@@ -2,63 +2,56 @@
 
 Conventions (read them before adding a builder):
 
-* The `noise_multiplier` of every Gaussian/Laplace event built here is the noise
-  std (Laplace scale) divided by the distance between the released query values
-  on two neighbouring datasets (L2 for Gaussian, L1 for Laplace), under the
-  method's own neighbouring relation. dp_accounting's ADD_OR_REMOVE_ONE analysis
-  shifts the mean by exactly one such distance, so it is exact for these events;
-  its REPLACE_ONE analysis would double the distance a second time.
-* Randomized response (RR) is analysed under REPLACE_ONE (the true label is
-  replaced by another). dp-accounting 0.6.0's `PLDAccountant` composes a
-  `RandomizedResponseDpEvent` once whatever its count, so RR PLDs are built here
-  with `from_randomized_response(...).self_compose(n)`.
-* A tree holding both RR and Poisson subsampling (add/remove) mixes neighbouring
-  relations and is rejected.
-* A tree of RR queries that share one ε0 is evaluated exactly on its loss
-  lattice (`rr_composition`): PLD's pessimistic grid would charge small ε0 up
-  to one grid step per query (ε 13.07 instead of 0.57 for 25,600 queries of
-  ε0 = 1e-3).
-* Composition does not depend on order, so identical leaves are merged into one
-  `SelfComposedDpEvent` first: a ledger of 10⁴ equal steps costs a single PLD.
+* Every builder returns a `TaggedDpEvent` (`neighbouring.py`): a `SelfComposedDpEvent` that
+  also names the neighbouring relation its sensitivity was derived under. All of them are
+  replace-one except `dpsgd_event`, which takes the relation as an argument. Trees whose
+  parts disagree are refused by `epsilon` (and by the ledger): a replace-one ε composed with
+  an add/remove one is neither.
+* The `noise_multiplier` of every non-subsampled Gaussian/Laplace event built here is the
+  noise std (Laplace scale) divided by the distance between the released query values on
+  two neighbouring datasets (L2 for Gaussian, L1 for Laplace), under the event's relation.
+  A unit-shift analysis (dp_accounting's ADD_OR_REMOVE_ONE one) is then exact for it; its
+  REPLACE_ONE analysis would double the distance a second time.
+* Randomized response (RR) is analysed under REPLACE_ONE (the true label is replaced by
+  another). dp-accounting 0.6.0's `PLDAccountant` composes a `RandomizedResponseDpEvent`
+  once whatever its count, so RR PLDs are built by hand (`pld_grid`).
+* ε itself is computed in `evaluation.py` (re-exported here): exact closed form for pure
+  Gaussian trees, exact lattice for RR of one ε0, a bounded self-refining PLD grid otherwise.
 """
 
 import math
-from typing import Literal
 
 from dp_accounting import dp_event
-from dp_accounting import privacy_accountant
-from dp_accounting.pld import pld_privacy_accountant
-from dp_accounting.pld import privacy_loss_distribution
-from dp_accounting.rdp import rdp_privacy_accountant
 
-from dpkd_jax.privacy import rr_composition
+from dpkd_jax.privacy import neighbouring
 from dpkd_jax.privacy import validation
+from dpkd_jax.privacy.evaluation import (  # noqa: F401  (re-exported API)
+    DEFAULT_VALUE_DISCRETIZATION_INTERVAL,
+    AccountantName,
+    NeighborRel,
+    check_accountant,
+    delta_for_epsilon,
+    epsilon,
+)
+from dpkd_jax.privacy.neighbouring import (  # noqa: F401  (re-exported API)
+    ADD_REMOVE,
+    REPLACE_ONE,
+    TaggedDpEvent,
+    relation_of,
+)
 
-AccountantName = Literal["pld", "rdp"]
-# 1e-3 is several times faster than dp_accounting's 1e-4 default and moves ε
-# by < 1e-2 in our regimes (docs/privacy.md); the estimate stays pessimistic.
-DEFAULT_VALUE_DISCRETIZATION_INTERVAL = 1e-3
-NeighborRel = privacy_accountant.NeighboringRelation
 
-
-def check_accountant(accountant: str, interval: float) -> None:
-  if accountant not in ("pld", "rdp"):
-    raise ValueError(f"accountant must be 'pld' or 'rdp', got {accountant!r}")
-  validation.check_float("value_discretization_interval", interval, positive=True)
-
-
-def _repeat(event: dp_event.DpEvent, count: int) -> dp_event.DpEvent:
-  # SelfComposed(count=0) would divide by zero in PLDAccountant's Gaussian path.
-  if count == 0:
-    return dp_event.NoOpDpEvent()
-  return dp_event.SelfComposedDpEvent(event, count)
+def _repeat(event: dp_event.DpEvent, count: int,
+            relation: str = REPLACE_ONE) -> dp_event.DpEvent:
+  # NoOp for count 0: SelfComposed(count=0) would divide by zero in PLDAccountant.
+  return neighbouring.tag(event, relation, count)
 
 
 def dpdfd_event(*, noise_multiplier: float, batch_size: int, steps: int,
                 num_teachers: int = 1) -> dp_event.DpEvent:
   """DPDFD data-free output-gradient mechanism over a whole run.
 
-  Relation: replace (or add/remove) one private record. The teacher is trained
+  Relation: replace one private record. The teacher is trained
   on private data and is not private, so one record may change it arbitrarily:
   each of the B released rows (B, K), normalized/clipped to L2 norm <= C, moves
   by <= 2C and the concatenated release by <= 2C·sqrt(B). Noise N(0, σ²C²) per
@@ -66,7 +59,8 @@ def dpdfd_event(*, noise_multiplier: float, batch_size: int, steps: int,
   step; synthetic batches are not subsamples of private data, so no
   amplification: T Gaussians composed. Multi-teacher (n teachers on disjoint
   shards, rows summed over teachers, one N(0, σ²C²) draw per summed row): a
-  record is in one shard, so each summed row moves by <= 2C: same multiplier.
+  record is in one shard, so each summed row moves by <= 2C: same multiplier
+  (replace-one only: removing a record re-deals every shard, data/splits.py).
   Direct mode (mechanism on private inputs) has no event (docs/privacy.md).
 
   Args:
@@ -76,7 +70,7 @@ def dpdfd_event(*, noise_multiplier: float, batch_size: int, steps: int,
     num_teachers: n >= 1 disjoint-shard teachers (the event does not change).
 
   Returns:
-    `SelfComposedDpEvent(GaussianDpEvent(σ / (2·sqrt(B))), T)` (NoOp if T = 0).
+    `TaggedDpEvent(GaussianDpEvent(σ / (2·sqrt(B))), T, REPLACE_ONE)` (NoOp if T = 0).
   """
   sigma = validation.check_float("noise_multiplier", noise_multiplier, positive=False)
   batch_size = validation.check_int("batch_size", batch_size, minimum=1)
@@ -103,7 +97,7 @@ def srr_event(*, epsilon_per_query: float, num_queries: int,
     num_classes: constant candidate-set size k >= 2, or None for binary RR.
 
   Returns:
-    `SelfComposedDpEvent(RandomizedResponseDpEvent(p, k), n)` (NoOp if n = 0).
+    `TaggedDpEvent(RandomizedResponseDpEvent(p, k), n, REPLACE_ONE)` (NoOp if n = 0).
   """
   eps = validation.check_float("epsilon_per_query", epsilon_per_query, positive=True)
   num_queries = validation.check_int("num_queries", num_queries, minimum=0)
@@ -128,7 +122,7 @@ def laplace_counts_event(*, epsilon_per_round: float,
     rounds: R, number of rounds.
 
   Returns:
-    `SelfComposedDpEvent(LaplaceDpEvent(1/ε), R)` (NoOp if R = 0).
+    `TaggedDpEvent(LaplaceDpEvent(1/ε), R, REPLACE_ONE)` (NoOp if R = 0).
   """
   eps = validation.check_float("epsilon_per_round", epsilon_per_round, positive=True)
   rounds = validation.check_int("rounds", rounds, minimum=0)
@@ -148,7 +142,7 @@ def rona_event(*, noise_multiplier: float,
     num_queries: T, number of sanitized releases.
 
   Returns:
-    `SelfComposedDpEvent(GaussianDpEvent(σ/2), T)` (NoOp if T = 0).
+    `TaggedDpEvent(GaussianDpEvent(σ/2), T, REPLACE_ONE)` (NoOp if T = 0).
   """
   sigma = validation.check_float("noise_multiplier", noise_multiplier, positive=False)
   num_queries = validation.check_int("num_queries", num_queries, minimum=0)
@@ -175,188 +169,36 @@ def rona_num_queries(*, hint_epochs: int, distillation_epochs: int,
   return (hint + rounds * distill) * -(-samples // batch_size)
 
 
-def dpsgd_event(*, noise_multiplier: float, sampling_rate: float,
-                steps: int) -> dp_event.DpEvent:
+def dpsgd_event(*, noise_multiplier: float, sampling_rate: float, steps: int,
+                relation: str = ADD_REMOVE) -> dp_event.DpEvent:
   """DP-SGD: Poisson rate q, per-example clip C, noise N(0, z²C²), T steps.
 
-  Relation: add or remove one record (the clipped sum moves by <= C).
+  Relation (say which: the two figures differ, e.g. 1.10 vs 1.76 for q = 256/60000, z = 1,
+  T = 2344):
+  * `ADD_REMOVE` (default, the DP-SGD literature's and Opacus' figure): a record joins or
+    leaves the Poisson sample; the clipped sum moves by <= C.
+  * `REPLACE_ONE` (the relation of every other method here, so of the comparison tables):
+    the record in one sample slot changes; its clipped gradient moves from g to g',
+    ||g − g'|| <= 2C, and the worst case is the mixture pair (1 − q)N(0) + qN(∓C)
+    (dp_accounting's REPLACE_ONE PLD; there is no RDP for it in dp-accounting 0.6.0).
+  z stays std / C under both: the relation decides how the event is evaluated.
 
   Args:
     noise_multiplier: z; 0 means no privacy.
     sampling_rate: q in (0, 1].
     steps: T.
+    relation: `ADD_REMOVE` ("add-remove") or `REPLACE_ONE` ("replace-one").
 
   Returns:
-    `SelfComposedDpEvent(PoissonSampledDpEvent(q, GaussianDpEvent(z)), T)`.
+    `TaggedDpEvent(PoissonSampledDpEvent(q, GaussianDpEvent(z)), T, relation)` (NoOp if T = 0).
   """
   sigma = validation.check_float("noise_multiplier", noise_multiplier, positive=False)
   if not 0 < float(sampling_rate) <= 1:
     raise ValueError(f"sampling_rate must be in (0, 1], got {sampling_rate!r}")
   steps = validation.check_int("steps", steps, minimum=0)
+  neighbouring.check_relation(relation)
   return _repeat(dp_event.PoissonSampledDpEvent(
-      float(sampling_rate), dp_event.GaussianDpEvent(sigma)), steps)
-
-
-def _collect_leaves(event: dp_event.DpEvent, count: int,
-                    leaves: list[list]) -> None:
-  """Flattens Composed/SelfComposed trees into merged [leaf, count] pairs."""
-  if count == 0 or isinstance(event, dp_event.NoOpDpEvent):
-    return
-  if isinstance(event, dp_event.SelfComposedDpEvent):
-    _collect_leaves(event.event, count * event.count, leaves)
-  elif isinstance(event, dp_event.ComposedDpEvent):
-    for sub_event in event.events:
-      _collect_leaves(sub_event, count, leaves)
-  else:
-    for pair in leaves:
-      if pair[0] == event:
-        pair[1] += count
-        return
-    leaves.append([event, count])
-
-
-class _NoGuarantee(Exception):
-  """A leaf releases without noise: ε = ∞."""
-
-
-def _leaf_pld(leaf: dp_event.DpEvent, count: int, interval: float):
-  """PLD of `count` repetitions of a leaf of an RR tree (None: no-op)."""
-  pld = privacy_loss_distribution
-  if isinstance(leaf, dp_event.NonPrivateDpEvent):
-    raise _NoGuarantee()
-  if isinstance(leaf, dp_event.RandomizedResponseDpEvent):
-    if leaf.num_buckets == 1 or leaf.noise_parameter == 1:
-      return None  # The output does not depend on the input.
-    if leaf.noise_parameter == 0:
-      raise _NoGuarantee()
-    return pld.from_randomized_response(
-        noise_parameter=leaf.noise_parameter, num_buckets=leaf.num_buckets,
-        value_discretization_interval=interval,
-        neighboring_relation=NeighborRel.REPLACE_ONE).self_compose(count)
-  if isinstance(leaf, (dp_event.GaussianDpEvent, dp_event.LaplaceDpEvent)):
-    if leaf.noise_multiplier == 0:
-      raise _NoGuarantee()
-    if isinstance(leaf, dp_event.LaplaceDpEvent):
-      return pld.from_laplace_mechanism(
-          parameter=leaf.noise_multiplier,
-          value_discretization_interval=interval).self_compose(count)
-    # T unit-sensitivity Gaussians == one with std z/sqrt(T), as PLDAccountant.
-    return pld.from_gaussian_mechanism(
-        standard_deviation=leaf.noise_multiplier / math.sqrt(count),
-        value_discretization_interval=interval)
-  raise ValueError(
-      f"{type(leaf).__name__} cannot be composed with randomized response: RR "
-      "is analysed under REPLACE_ONE, this event (e.g. Poisson sampling, "
-      "ADD_OR_REMOVE_ONE) is not; account for them separately.")
-
-
-def _exact_rr(leaves: list[list], *, delta: float | None,
-              target_epsilon: float | None) -> float | None:
-  """ε (or δ) of an RR-only tree whose queries share one ε0, without rounding.
-
-  None when the tree holds other events or several ε0 (then PLD is used). See
-  `rr_composition` for why PLD's pessimistic grid overcharges small ε0.
-  """
-  rr_leaves = []
-  for leaf, count in leaves:
-    if not isinstance(leaf, dp_event.RandomizedResponseDpEvent):
-      return None
-    if leaf.num_buckets == 1 or leaf.noise_parameter == 1:
-      continue  # The output does not depend on the input.
-    if leaf.noise_parameter == 0:
-      return math.inf if delta is not None else 1.0
-    rr_leaves.append((leaf.noise_parameter, leaf.num_buckets, count))
-  if not rr_leaves:
-    return 0.0
-  if rr_composition.common_epsilon0(rr_leaves) is None:
-    return None
-  if delta is not None:
-    return rr_composition.composed_epsilon(delta, rr_leaves)
-  return rr_composition.composed_delta(target_epsilon, rr_leaves)
-
-
-def _evaluate(event: dp_event.DpEvent, accountant: str, interval: float, *,
-              delta: float | None = None,
-              target_epsilon: float | None = None) -> float:
-  """ε at `delta`, or δ at `target_epsilon`, of an event tree."""
-  if not isinstance(event, dp_event.DpEvent):
-    raise TypeError(f"event must be a dp_accounting DpEvent, got {event!r}")
-  check_accountant(accountant, interval)
-  leaves = []
-  _collect_leaves(event, 1, leaves)
-  has_rr = any(isinstance(leaf, dp_event.RandomizedResponseDpEvent)
-               for leaf, _ in leaves)
-  if accountant == "pld" and has_rr:
-    exact = _exact_rr(leaves, delta=delta, target_epsilon=target_epsilon)
-    if exact is not None:
-      return exact
-    total = None
-    try:
-      for leaf, count in leaves:
-        leaf_pld = _leaf_pld(leaf, count, interval)
-        if leaf_pld is not None:
-          total = leaf_pld if total is None else total.compose(leaf_pld)
-    except _NoGuarantee:
-      return math.inf if delta is not None else 1.0
-    if total is None:
-      return 0.0
-    if delta is not None:
-      return float(total.get_epsilon_for_delta(delta))
-    return float(total.get_delta_for_epsilon(target_epsilon))
-  if accountant == "rdp":
-    acc = rdp_privacy_accountant.RdpAccountant(neighboring_relation=(
-        NeighborRel.REPLACE_ONE if has_rr else NeighborRel.ADD_OR_REMOVE_ONE))
-  else:
-    acc = pld_privacy_accountant.PLDAccountant(
-        NeighborRel.ADD_OR_REMOVE_ONE, value_discretization_interval=interval)
-  try:
-    acc.compose(dp_event.ComposedDpEvent(
-        [dp_event.SelfComposedDpEvent(leaf, count) for leaf, count in leaves]))
-  except privacy_accountant.UnsupportedEventError as err:
-    raise ValueError(f"cannot account for this event: {err}") from err
-  if delta is not None:
-    return float(acc.get_epsilon(delta))
-  return float(acc.get_delta(target_epsilon))
-
-
-def epsilon(event: dp_event.DpEvent, *, delta: float,
-            accountant: AccountantName = "pld",
-            value_discretization_interval: float = (
-                DEFAULT_VALUE_DISCRETIZATION_INTERVAL)) -> float:
-  """ε spent by `event` at `delta`; `math.inf` if some part has no noise.
-
-  Args:
-    event: any tree of the events built in this module.
-    delta: δ in (0, 1).
-    accountant: "pld" (tight, pessimistic discretization) or "rdp" (looser;
-      dp_accounting's RR RDP under REPLACE_ONE is exact and used as is).
-    value_discretization_interval: PLD grid step.
-
-  Returns:
-    ε as a float.
-  """
-  return _evaluate(event, accountant, value_discretization_interval,
-                   delta=validation.check_delta(delta))
-
-
-def delta_for_epsilon(event: dp_event.DpEvent, *, epsilon: float,
-                      accountant: AccountantName = "pld",
-                      value_discretization_interval: float = (
-                          DEFAULT_VALUE_DISCRETIZATION_INTERVAL)) -> float:
-  """δ of `event` at ε >= 0; 1.0 if some part has no noise.
-
-  Args:
-    event: any tree of the events built in this module.
-    epsilon: ε >= 0.
-    accountant: "pld" or "rdp".
-    value_discretization_interval: PLD grid step.
-
-  Returns:
-    δ as a float.
-  """
-  eps = validation.check_float("epsilon", epsilon, positive=False)
-  return _evaluate(event, accountant, value_discretization_interval,
-                   target_epsilon=eps)
+      float(sampling_rate), dp_event.GaussianDpEvent(sigma)), steps, relation)
 
 
 def pate_event(*, noise_std: float, num_queries: int) -> dp_event.DpEvent:
@@ -379,7 +221,7 @@ def pate_event(*, noise_std: float, num_queries: int) -> dp_event.DpEvent:
     num_queries: Q, number of released histograms.
 
   Returns:
-    `SelfComposedDpEvent(GaussianDpEvent(σ/√2), Q)` (NoOp if Q = 0).
+    `TaggedDpEvent(GaussianDpEvent(σ/√2), Q, REPLACE_ONE)` (NoOp if Q = 0).
   """
   sigma = validation.check_float("noise_std", noise_std, positive=False)
   num_queries = validation.check_int("num_queries", num_queries, minimum=0)

@@ -2,8 +2,9 @@
 
 Both searches go through `dp_accounting.mechanism_calibration.calibrate_dp_mechanism`, with
 `accounting.epsilon` as the accountant (so RR trees are composed correctly, see accounting.py).
-A cheap geometric bracket is found first; PLD at tiny noise can take tens of seconds, so the
-bracket keeps the expensive evaluations few.
+A cheap geometric bracket is found first (with RDP where dp-accounting has it: not for Poisson
+sampling under replace-one), so the PLD evaluations stay few; each of them is bounded in time
+and memory anyway (`pld_grid`), and pure-Gaussian events are closed forms.
 """
 
 from typing import Callable
@@ -18,21 +19,39 @@ from dpkd_jax.privacy import validation
 _MAX_DOUBLINGS = 40  # The geometric bracket search spans 2**±40 of its start.
 
 
-class _EventTreeAccountant(privacy_accountant.PrivacyAccountant):
-  """Lets `calibrate_dp_mechanism` evaluate its ledger with `accounting.epsilon`."""
+def _has_rdp(event: dp_event.DpEvent, delta: float) -> bool:
+  """Whether the "rdp" accountant can evaluate `event` (not replace-one Poisson sampling)."""
+  try:
+    accounting.epsilon(event, delta=delta, accountant="rdp")
+  except ValueError:
+    return False
+  return True
 
-  def __init__(self, accountant: str, interval: float):
-    # Nominal relation: each event carries its own (module docstring).
+
+class _EventTreeAccountant(privacy_accountant.PrivacyAccountant):
+  """Lets `calibrate_dp_mechanism` evaluate what it composed with `accounting.epsilon`.
+
+  The events are kept as given: the base class's `ledger` is rebuilt by dp_accounting's
+  DpEventBuilder, which turns a `TaggedDpEvent` into a plain `SelfComposedDpEvent` and so
+  would drop its neighbouring relation (a replace-one DP-SGD event would be evaluated as
+  add/remove).
+  """
+
+  def __init__(self, accountant: str, interval: float | None):
+    # Nominal relation: each event carries its own (neighbouring.py).
     super().__init__(accounting.NeighborRel.ADD_OR_REMOVE_ONE)
     self._accountant, self._interval = accountant, interval
+    self._events: list[dp_event.DpEvent] = []
 
   def _maybe_compose(self, event, count, do_compose):
-    del event, count, do_compose  # The base class keeps the ledger we read.
+    if do_compose:
+      self._events.append(event if count == 1 else dp_event.SelfComposedDpEvent(event, count))
     return None
 
   def get_epsilon(self, target_delta: float) -> float:
-    return accounting.epsilon(self.ledger, delta=target_delta, accountant=self._accountant,
-                   value_discretization_interval=self._interval)
+    return accounting.epsilon(dp_event.ComposedDpEvent(list(self._events)), delta=target_delta,
+                              accountant=self._accountant,
+                              value_discretization_interval=self._interval)
 
 
 def _bracket_noise(eps_of: Callable[[float], float], target: float,
@@ -58,8 +77,7 @@ def _bracket_noise(eps_of: Callable[[float], float], target: float,
 def calibrate_noise_multiplier(
     make_event: Callable[[float], dp_event.DpEvent], *, target_epsilon: float,
     delta: float, accountant: accounting.AccountantName = "pld",
-    value_discretization_interval: float = (
-        accounting.DEFAULT_VALUE_DISCRETIZATION_INTERVAL),
+    value_discretization_interval: float | None = None,
     relative_tolerance: float = 1e-3) -> float:
   """Smallest noise parameter whose run meets (target_epsilon, delta).
 
@@ -71,7 +89,7 @@ def calibrate_noise_multiplier(
     target_epsilon: ε target (> 0).
     delta: δ in (0, 1).
     accountant: "pld" or "rdp".
-    value_discretization_interval: PLD grid step.
+    value_discretization_interval: PLD grid step (None: automatic, see `accounting.epsilon`).
     relative_tolerance: search tolerance relative to the bracket's upper end.
 
   Returns:
@@ -81,9 +99,11 @@ def calibrate_noise_multiplier(
   delta = validation.check_delta(delta)
   accounting.check_accountant(accountant, value_discretization_interval)
   validation.check_float("relative_tolerance", relative_tolerance, positive=True)
-  lo, hi = _bracket_noise(
-      lambda s: accounting.epsilon(make_event(s), delta=delta, accountant="rdp"),
-      target, start=1.0)
+  hi = 1.0
+  if accountant == "rdp" or _has_rdp(make_event(hi), delta):
+    lo, hi = _bracket_noise(
+        lambda s: accounting.epsilon(make_event(s), delta=delta, accountant="rdp"),
+        target, start=hi)
   if accountant == "pld":  # PLD ε <= RDP ε: RDP's upper end is a good start.
     lo, hi = _bracket_noise(lambda s: accounting.epsilon(
         make_event(s), delta=delta,
@@ -99,8 +119,7 @@ def calibrate_noise_multiplier(
 def calibrate_steps(
     make_event: Callable[[int], dp_event.DpEvent], *, target_epsilon: float,
     delta: float, max_steps: int, accountant: accounting.AccountantName = "pld",
-    value_discretization_interval: float = accounting.DEFAULT_VALUE_DISCRETIZATION_INTERVAL
-) -> int:
+    value_discretization_interval: float | None = None) -> int:
   """Largest number of steps T <= max_steps with ε(T) <= target_epsilon.
 
   Args:
@@ -109,7 +128,7 @@ def calibrate_steps(
     delta: δ in (0, 1).
     max_steps: upper limit (>= 1).
     accountant: "pld" or "rdp".
-    value_discretization_interval: PLD grid step.
+    value_discretization_interval: PLD grid step (None: automatic).
 
   Returns:
     T.
@@ -127,11 +146,12 @@ def calibrate_steps(
   if not fits(1):
     raise ValueError(f"target_epsilon={target} is unreachable: one step "
                      "already exceeds it")
-  # Double with cheap RDP first (PLD at huge T, i.e. tiny noise per step, is
-  # very slow); ε_PLD <= ε_RDP, so the RDP answer is a lower end for PLD.
+  # Double with cheap RDP first where it exists; ε_PLD <= ε_RDP, so the RDP
+  # answer is a lower end for PLD.
   lo = 1
-  while 2 * lo <= max_steps and fits(2 * lo, "rdp"):
-    lo *= 2
+  if _has_rdp(make_event(1), delta):
+    while 2 * lo <= max_steps and fits(2 * lo, "rdp"):
+      lo *= 2
   if not fits(lo):
     lo = 1
   while lo < max_steps and fits(min(2 * lo, max_steps)):

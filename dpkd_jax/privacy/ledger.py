@@ -5,8 +5,13 @@ would overshoot), release, then `ledger.record(event, step=...)`. `record`
 never refuses: once released, a release must be counted. ε is always
 recomputed from the recorded events with `accounting.epsilon`.
 
+One neighbouring relation per ledger: the first event that fixes one (or the constructor's
+`relation`) sets it, and `check` / `record` refuse an event under another relation (a
+replace-one ε plus an add/remove ε is neither). ε goes through `accounting.epsilon`, so
+through the same closed forms and bounded PLD grids as every other figure.
+
 JSON stores the events (explicit `event_to_dict` registry, no dynamic imports),
-δ, target, accountant and the spent ε. Loading recomputes ε and refuses a file
+δ, target, accountant, relation and the spent ε. Loading recomputes ε and refuses a file
 whose events give less than the stored figure (e.g. entries cut off); `save`
 refuses to overwrite a ledger file that holds more entries. This catches
 accidents, not an adversary who rewrites the stored figure too.
@@ -21,10 +26,12 @@ from typing import Any
 from dp_accounting import dp_event
 
 from dpkd_jax.privacy import accounting
+from dpkd_jax.privacy import neighbouring
 from dpkd_jax.privacy import validation
 
 _FORMAT = "dpkd_jax.privacy_ledger"
-_VERSION = 1
+_VERSION = 2  # 2: tagged events and the ledger's relation. Version 1 files still load.
+_READABLE_VERSIONS = (1, 2)
 # Recomputation is deterministic; the slack only absorbs float formatting.
 _RELATIVE_SLACK = 1e-9
 
@@ -48,11 +55,14 @@ def event_to_dict(event: dp_event.DpEvent) -> dict[str, Any]:
 
   Args:
     event: Gaussian, Laplace, RandomizedResponse, NoOp, NonPrivate, or a
-      PoissonSampled / SelfComposed / Composed tree of them.
+      PoissonSampled / SelfComposed / Tagged / Composed tree of them.
 
   Returns:
     A nested dict with a "type" key.
   """
+  if isinstance(event, neighbouring.TaggedDpEvent):
+    return {"type": "tagged", "relation": event.relation, "count": int(event.count),
+            "event": event_to_dict(event.event)}
   if isinstance(event, dp_event.SelfComposedDpEvent):
     return {"type": "self_composed", "count": int(event.count),
             "event": event_to_dict(event.event)}
@@ -67,7 +77,7 @@ def event_to_dict(event: dp_event.DpEvent) -> dict[str, Any]:
     if type(event) is cls:  # pylint: disable=unidiomatic-typecheck
       return {"type": name, **{f: getattr(event, f) for f in fields}}
   raise ValueError(f"cannot serialize {type(event).__name__}: supported are "
-                   f"{sorted(_LEAF_EVENTS)} and composed/self_composed/"
+                   f"{sorted(_LEAF_EVENTS)} and composed/self_composed/tagged/"
                    "poisson_sampled trees of them")
 
 
@@ -81,6 +91,9 @@ def event_from_dict(data: dict[str, Any]) -> dp_event.DpEvent:
     The DpEvent.
   """
   kind = data.get("type") if isinstance(data, dict) else None
+  if kind == "tagged":
+    return neighbouring.TaggedDpEvent(event_from_dict(data["event"]), int(data["count"]),
+                                      str(data["relation"]))
   if kind == "self_composed":
     return dp_event.SelfComposedDpEvent(event_from_dict(data["event"]),
                                         int(data["count"]))
@@ -114,20 +127,23 @@ class PrivacyLedger:
   """Append-only record of private releases against an ε budget at fixed δ."""
 
   def __init__(self, *, target_epsilon: float, delta: float,
-               accountant: accounting.AccountantName = "pld"):
+               accountant: accounting.AccountantName = "pld",
+               relation: str | None = None):
     """Creates an empty ledger.
 
     Args:
       target_epsilon: budget ε (> 0, finite).
       delta: δ in (0, 1) at which ε is reported.
       accountant: "pld" or "rdp".
+      relation: "replace-one" or "add-remove"; None: set by the first event that fixes one.
     """
     target_epsilon = validation.check_float("target_epsilon", target_epsilon, positive=True)
     delta = validation.check_delta(delta)
-    accounting.check_accountant(accountant, accounting.DEFAULT_VALUE_DISCRETIZATION_INTERVAL)
+    accounting.check_accountant(accountant, None)
     self._target_epsilon = target_epsilon
     self._delta = delta
     self._accountant = accountant
+    self._relation = None if relation is None else neighbouring.check_relation(relation)
     self._entries: list[LedgerEntry] = []
     self._spent = 0.0
 
@@ -144,12 +160,27 @@ class PrivacyLedger:
     return self._accountant
 
   @property
+  def relation(self) -> str | None:
+    """The neighbouring relation of every recorded event (None until one fixes it)."""
+    return self._relation
+
+  @property
   def entries(self) -> tuple[LedgerEntry, ...]:
     return tuple(self._entries)
 
   def composed_event(self) -> dp_event.DpEvent:
     """All recorded releases as one `ComposedDpEvent`."""
     return dp_event.ComposedDpEvent([e.event for e in self._entries])
+
+  def _relation_with(self, event: dp_event.DpEvent) -> str | None:
+    """The ledger's relation once `event` is added; raises if `event` is under another."""
+    event_to_dict(event)  # Fail now, not at save time, on unsupported types.
+    relation = neighbouring.relation_of(event)
+    if relation is not None and self._relation is not None and relation != self._relation:
+      raise ValueError(
+          f"this ledger accounts under the {self._relation} relation; the event {event} is "
+          f"{relation}: its ε would not compose (use one relation per ledger)")
+    return self._relation if relation is None else relation
 
   def _epsilon_with(self, extra: list[dp_event.DpEvent]) -> float:
     events = [e.event for e in self._entries] + extra
@@ -175,8 +206,9 @@ class PrivacyLedger:
 
     Raises:
       BudgetExceededError: it would take ε past `target_epsilon`.
+      ValueError: `event` is under another neighbouring relation than the ledger.
     """
-    event_to_dict(event)  # Fail now, not at save time, on unsupported types.
+    self._relation_with(event)
     after = self._epsilon_with([event])
     if not after <= self._target_epsilon:
       raise BudgetExceededError(
@@ -197,13 +229,18 @@ class PrivacyLedger:
 
     Returns:
       The spent ε after recording.
+
+    Raises:
+      ValueError: `event` is under another neighbouring relation than the ledger (a
+        programming error: nothing is recorded), or `step` goes backwards.
     """
-    event_to_dict(event)
+    relation = self._relation_with(event)
     step = validation.check_int("step", step, minimum=0)
     if self._entries and step < self._entries[-1].step:
       raise ValueError(f"step {step} is before the last recorded step "
                        f"{self._entries[-1].step}: the ledger is append-only")
     self._spent = self._epsilon_with([event])
+    self._relation = relation
     self._entries.append(LedgerEntry(event=event, step=step, note=str(note)))
     return self._spent
 
@@ -212,7 +249,8 @@ class PrivacyLedger:
     return json.dumps({
         "format": _FORMAT, "version": _VERSION,
         "target_epsilon": self._target_epsilon, "delta": self._delta,
-        "accountant": self._accountant, "spent_epsilon": self._spent,
+        "accountant": self._accountant, "relation": self._relation,
+        "spent_epsilon": self._spent,
         "num_entries": len(self._entries),
         "entries": [{"step": e.step, "note": e.note,
                      "event": event_to_dict(e.event)} for e in self._entries],
@@ -235,7 +273,7 @@ class PrivacyLedger:
     data = _parse(text)
     try:
       ledger = cls(target_epsilon=data["target_epsilon"], delta=data["delta"],
-                   accountant=data["accountant"])
+                   accountant=data["accountant"], relation=data.get("relation"))
       entries = data["entries"]
       if len(entries) != data["num_entries"]:
         raise ValueError(f"ledger lists {len(entries)} entries but records "
@@ -247,7 +285,15 @@ class PrivacyLedger:
       stored = float(data["spent_epsilon"])
     except (KeyError, TypeError) as err:
       raise ValueError(f"malformed privacy ledger: {err!r}") from err
-    ledger._spent = ledger._epsilon_with([])  # pylint: disable=protected-access
+    # pylint: disable=protected-access
+    # Version 1 stored no relation: the events fix it (raises if they disagree).
+    relation = neighbouring.relation_of(ledger.composed_event())
+    if relation is not None and ledger._relation not in (None, relation):
+      raise ValueError(f"ledger records relation {ledger._relation!r} but its events are "
+                       f"{relation}: it was altered")
+    ledger._relation = ledger._relation or relation
+    ledger._spent = ledger._epsilon_with([])
+    # pylint: enable=protected-access
     if ledger.spent_epsilon() < stored * (1 - _RELATIVE_SLACK):
       raise ValueError(
           f"ledger events give ε={ledger.spent_epsilon():.6g} but the file "
@@ -294,6 +340,6 @@ def _parse(text: str) -> dict[str, Any]:
   if not isinstance(data, dict) or data.get("format") != _FORMAT:
     raise ValueError("not a privacy ledger: missing format marker "
                      f"{_FORMAT!r}")
-  if data.get("version") != _VERSION:
+  if data.get("version") not in _READABLE_VERSIONS:
     raise ValueError(f"unsupported ledger version {data.get('version')!r}")
   return data
