@@ -87,6 +87,17 @@ def test_overwritten_array_bytes_are_refused_not_restored(tmp_path):
     assert isinstance(err.value, errors.UserError) and "\n" not in str(err.value)
 
 
+def test_value_checksum_catches_what_the_file_manifest_cannot(tmp_path):
+  # Without the manifest (a crash right after the save), the leaf checksum still applies.
+  arrays = {"w": jnp.linspace(0.0, 1.0, 4096, dtype=jnp.float32).reshape(64, 64)}
+  checkpoint.save(str(tmp_path), 1, arrays, {})
+  os.remove(tmp_path / "1" / checkpoint.MANIFEST_NAME)
+  data_file = _data_files(str(tmp_path), 1)[0]
+  _overwrite(data_file, os.path.getsize(data_file) // 2)
+  with pytest.raises(checkpoint.CorruptCheckpointError, match="do not match the checksum"):
+    checkpoint.restore(str(tmp_path), arrays)
+
+
 def test_unreadable_metadata_is_corrupt(tmp_path):
   checkpoint.save(str(tmp_path), 3, _arrays(), {"model": "m"})
   _overwrite(os.path.join(tmp_path, "3", "meta", "metadata"), 0)

@@ -6,10 +6,11 @@ multi-host aware: only the primary process writes). `arrays` is a pytree of arra
 anywhere); `meta` is a JSON dict (model name, dataset, shapes, ledger, ...).
 
 Integrity: `save` stores in `meta` a SHA-256 over every array leaf (path, dtype, shape and bytes,
-leaves in sorted path order, so container types do not matter). Every restore recomputes it on
-the arrays as stored (before any dtype cast) and raises `CorruptCheckpointError`, a one-line
-`UserError`, on a mismatch or on any read error of the step's files: a checkpoint with
-overwritten bytes is never used silently. Restoring also checks the saved tree paths and leaf
+leaves in sorted path order, so container types do not matter), and beside the step a manifest
+of its array files' SHA-256. Every restore first checks the files against the manifest, then
+recomputes the leaf checksum on the arrays as stored (before any dtype cast), and raises
+`CorruptCheckpointError`, a one-line `UserError`, on a mismatch or on any read error of the
+step's files: a checkpoint with overwritten bytes is never used silently. Restoring also checks the saved tree paths and leaf
 shapes against the caller's target first (`CheckpointMismatchError` names the leaves).
 """
 
@@ -19,6 +20,7 @@ import hashlib
 import json
 import os
 import shutil
+import tempfile
 import time
 import warnings
 from typing import Any, NamedTuple
@@ -31,6 +33,7 @@ from dpkd_jax import errors
 
 PyTree = Any
 CHECKSUM_KEY = "_dpkd_checksum"  # in `meta`; stripped from what `restore*` returns
+MANIFEST_NAME = "dpkd_files.sha256.json"  # in the step directory, written after the save
 _MIN_KEPT = 2
 
 
@@ -113,7 +116,51 @@ def save(directory: str, step: int, arrays: PyTree, metadata: dict[str, Any],
         force=True,
     )
     manager.wait_until_finished()
+  if jax.process_index() == 0:
+    _write_manifest(os.path.join(os.path.abspath(directory), str(int(step))))
   return digest
+
+
+def _file_digests(step_dir: str) -> dict[str, str]:
+  """SHA-256 of every file under `<step_dir>/arrays`, by path relative to `step_dir`."""
+  digests = {}
+  for root, _, files in os.walk(os.path.join(step_dir, "arrays")):
+    for name in files:
+      path = os.path.join(root, name)
+      digest = hashlib.sha256()
+      with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+          digest.update(block)
+      digests[os.path.relpath(path, step_dir)] = digest.hexdigest()
+  return digests
+
+
+def _write_manifest(step_dir: str) -> None:
+  # Lets a restore refuse a damaged file before TensorStore reads it: its decoding errors
+  # print asynchronous "Event loop is closed" tracebacks that no caller can catch.
+  with tempfile.NamedTemporaryFile("w", dir=step_dir, delete=False, suffix=".tmp") as f:
+    json.dump(_file_digests(step_dir), f)
+    f.flush()
+    os.fsync(f.fileno())
+  os.replace(f.name, os.path.join(step_dir, MANIFEST_NAME))
+
+
+def _check_manifest(directory: str, step: int) -> None:
+  """Raises CorruptCheckpointError if a file of the step's arrays differs from the manifest
+  (no manifest: a crash between the save and its manifest, or an older format; the value
+  checksum still applies)."""
+  step_dir = os.path.join(os.path.abspath(directory), str(step))
+  try:
+    with open(os.path.join(step_dir, MANIFEST_NAME), encoding="utf-8") as f:
+      expected = json.load(f)
+  except FileNotFoundError:
+    return
+  except (OSError, ValueError) as err:
+    raise _corrupt(directory, step, f"unreadable {MANIFEST_NAME}") from err
+  actual = _file_digests(step_dir)
+  for name in sorted(set(expected) | set(actual)):
+    if expected.get(name) != actual.get(name):
+      raise _corrupt(directory, step, f"file {name} differs from the one written at save time")
 
 
 def all_steps(directory: str) -> list[int]:
@@ -177,6 +224,7 @@ def read_verified(directory: str, step: int | None = None) -> Verified:
     CorruptCheckpointError: a file cannot be read, or the arrays differ from the checksum.
   """
   step = _resolve_step(directory, step)
+  _check_manifest(directory, step)
   try:
     with _manager(directory) as manager:
       restored = manager.restore(step, args=ocp.args.Composite(

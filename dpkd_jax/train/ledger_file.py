@@ -20,6 +20,11 @@ Anything else (a charge known only from a checkpoint, a run that charges somethi
 from what the file lists) is charged again: over-counting is sound, under-counting is not.
 
 A file that cannot be read as a ledger is refused with one line; it is never reset.
+
+The digests cover the checkpoint's arrays, the run's secret key data among them where a method
+checkpoints it. A digest gives no practical handle on that key (each guess of >= 62 bits costs a
+hash of the whole state), but like the checkpoints this file is a working file of the run:
+results.json carries the ledger for publication, without the digests.
 """
 
 from __future__ import annotations

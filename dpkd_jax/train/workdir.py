@@ -92,7 +92,7 @@ class _Lock:
               "started": time.strftime("%Y-%m-%d %H:%M:%S")}
       os.ftruncate(fd, 0)
       os.pwrite(fd, json.dumps(info).encode(), 0)
-    except (FileExistsError, NotADirectoryError, PermissionError, IsADirectoryError) as err:
+    except OSError as err:  # a file in the way, read-only, no space, ...
       raise errors.UserError(f"cannot use workdir {self.workdir!r}: {err.strerror or err}; "
                              "pass a writable directory as --workdir") from err
     self._fd: int | None = fd
@@ -214,9 +214,11 @@ class Run:
 
   def restore(self, target: Any) -> tuple[Any, dict[str, Any]]:
     """(arrays in the structure of `target`, metadata) of the checkpoint being resumed."""
-    if self._verified is None:
-      raise RuntimeError("nothing to restore: the run is not resuming")
-    return checkpoint.into_target(self._verified.arrays, target, self.ckpt_dir), dict(self.saved)
+    if self._verified is None or self._verified.arrays is None:
+      raise RuntimeError("nothing to restore: the run is not resuming, or restored already")
+    arrays = checkpoint.into_target(self._verified.arrays, target, self.ckpt_dir)
+    self._verified = self._verified._replace(arrays=None)  # free the host copy
+    return arrays, dict(self.saved)
 
   def ledger(self, fresh: ledger_lib.PrivacyLedger | None) -> ledger_lib.PrivacyLedger | None:
     """The ledger to continue: `fresh` for a new run, else the most spent one on disk.
