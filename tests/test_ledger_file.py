@@ -168,3 +168,10 @@ def test_fallback_after_a_finished_run_reuses_the_sealed_charge(tmp_path):
     assert run.step == 2 and len(ledger.entries) == 3
     _chunk(run, ledger, 2)
     assert len(ledger.entries) == 3
+
+
+def test_a_ledger_of_another_budget_is_refused(tmp_path):
+  _crashed_run(tmp_path)
+  with workdir.open_run(str(tmp_path), kind="test", config=CONFIG, resume=True) as run:
+    with pytest.raises(errors.UserError, match="belongs to another run"):
+      run.ledger(ledger_lib.PrivacyLedger(target_epsilon=49.0, delta=1e-5))

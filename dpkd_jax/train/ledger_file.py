@@ -127,6 +127,12 @@ class LedgerFile:
                *([restored] if restored is not None else []), *candidates, ledger]
     seals: list[str | None] = []
     self.ledger = max(options, key=_spent_key)
+    budget = lambda l: (l.target_epsilon, l.delta, l.accountant)  # noqa: E731
+    if budget(self.ledger) != budget(ledger):
+      raise errors.UserError(
+          f"the privacy ledger in {os.path.dirname(os.path.abspath(path))!r} has budget "
+          f"(ε, δ, accountant) = {budget(self.ledger)}, this run {budget(ledger)}: it belongs to "
+          "another run; use a fresh workdir")
     if stored is not None and self.ledger is stored[0]:
       seals = list(stored[1])
     base = restored if restored is not None else ledger

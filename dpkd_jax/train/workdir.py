@@ -189,7 +189,6 @@ class Run:
         moved = checkpoint.quarantine(self.ckpt_dir, step)
         warnings.warn(f"checkpoint step {step} of {workdir!r} is corrupt: moved to {moved!r}; "
                       f"resuming from step {self.step}", stacklevel=3)
-    self._steps = steps
     self._ledger: ledger_file.LedgerFile | None = None
     self._sealed: str | None = None
 
