@@ -152,3 +152,13 @@ def test_seal_must_follow_the_last_change_of_the_state(tmp_path):
     run.seal(_arrays(1))
     with pytest.raises(RuntimeError, match="differs from the one sealed"):
       run.save(1, _arrays(2), {"config": CONFIG})
+
+
+def test_a_run_without_a_ledger_charges_nothing(tmp_path):
+  with workdir.open_run(str(tmp_path), kind="test", config=CONFIG) as run:
+    with pytest.raises(RuntimeError, match="ledger"):
+      run.charge(None, step=0)
+    assert run.ledger(None) is None
+    assert run.charge(None, step=0) == float("inf")
+    run.save(1, _arrays(1), {"config": CONFIG})
+  assert not os.path.exists(tmp_path / "privacy_ledger.json")

@@ -28,6 +28,7 @@ from __future__ import annotations
 import fcntl
 import functools
 import json
+import math
 import os
 import socket
 import threading
@@ -190,6 +191,7 @@ class Run:
         warnings.warn(f"checkpoint step {step} of {workdir!r} is corrupt: moved to {moved!r}; "
                       f"resuming from step {self.step}", stacklevel=3)
     self._ledger: ledger_file.LedgerFile | None = None
+    self._ledger_opened = False
     self._sealed: str | None = None
 
   def _newest_intact(self, steps: list[int]) -> checkpoint.Verified | None:
@@ -225,6 +227,7 @@ class Run:
     Args:
       fresh: an empty ledger with the run's budget, or None for a run without one.
     """
+    self._ledger_opened = True
     if fresh is None:
       return None
     restored = ledger_file.ledger_of(self.saved) if self.resuming else None
@@ -252,9 +255,14 @@ class Run:
     return found
 
   def charge(self, event: dp_event.DpEvent, *, step: int, note: str = "") -> float:
-    """Charges the release about to happen (file written first); returns the spent ε."""
-    if self._ledger is None:
+    """Charges the release about to happen (file written first); returns the spent ε.
+
+    A run opened with `ledger(None)` (no noise: nothing to account) gets inf.
+    """
+    if not self._ledger_opened:
       raise RuntimeError("call Run.ledger() before charging")
+    if self._ledger is None:
+      return math.inf
     return self._ledger.charge(event, step=step, note=note)
 
   def seal(self, arrays: Any) -> Any:
