@@ -29,6 +29,7 @@ from dpkd_jax.train import checkpoint
 from dpkd_jax.train import evaluate as evaluate_lib
 from dpkd_jax.train import metrics as metrics_lib
 from dpkd_jax.train import sharding
+from dpkd_jax.train import workdir as workdir_lib
 from dpkd_jax.train.state import TrainState
 
 _OPTIMIZERS = ("adam", "sgd")
@@ -158,11 +159,13 @@ def _training_split(config: TeacherConfig) -> data.ArrayDataset:
   return train.subset(shards[config.shard])
 
 
+@workdir_lib.run_scope
 def train_teacher(config: TeacherConfig, workdir: str, *, progress: bool = True,
                   mesh: jax.sharding.Mesh | None = None) -> dict[str, Any]:
   """Trains a teacher, evaluates it on the test split, writes checkpoint + card.
 
-  Resumes from the latest epoch checkpoint in `workdir` if one exists (same config required).
+  Resumes from the latest intact epoch checkpoint in `workdir` if one exists (same config
+  required); the workdir is locked for the whole run.
 
   Args:
     config: the validated configuration.
@@ -173,6 +176,8 @@ def train_teacher(config: TeacherConfig, workdir: str, *, progress: bool = True,
   Returns:
     The card (also written to `<workdir>/card.json`).
   """
+  config_json = dataclasses.asdict(config)
+  run = workdir_lib.open_run(workdir, kind="teacher", config=config_json)
   mesh = sharding.data_mesh() if mesh is None else mesh
   sharding.check_divisible(config.batch_size, mesh)
   train = _training_split(config)
@@ -185,20 +190,14 @@ def train_teacher(config: TeacherConfig, workdir: str, *, progress: bool = True,
   # Named key streams, each used with fold_in(step or epoch): never reused.
   init_key, order_key, augment_key = jax.random.split(jax.random.key(config.seed), 3)
   state = TrainState.create(init_model(config, init_key), make_optimizer(config, total_steps))
-  config_json = dataclasses.asdict(config)
-  ckpt_dir = os.path.join(workdir, "checkpoints")
   start_epoch = 0
-  if checkpoint.latest_step(ckpt_dir) is not None:
-    saved_meta = checkpoint.restore_metadata(ckpt_dir)
-    if saved_meta.get("config") != config_json:
-      raise ValueError(f"{workdir!r} holds a teacher trained with another config {saved_meta.get('config')};"
-                       " use a fresh workdir")
-    arrays, saved_meta = checkpoint.restore(ckpt_dir, state.arrays())
+  if run.resuming:
+    arrays, saved_meta = run.restore(state.arrays())
     state = state.with_arrays(arrays)
     start_epoch = saved_meta["epoch"]
   state = sharding.replicate(state, mesh)
   train_step = make_train_step(config)
-  writer = metrics_lib.MetricsWriter(workdir)
+  writer = metrics_lib.MetricsWriter(workdir, resume_step=run.step)
 
   bar = tqdm.tqdm(total=total_steps, initial=start_epoch * steps_per_epoch, disable=not progress,
                   desc=f"teacher {config.model}/{config.dataset}")
@@ -217,8 +216,8 @@ def train_teacher(config: TeacherConfig, workdir: str, *, progress: bool = True,
     test_metrics = evaluate_lib.evaluate(state.parts, test)
     writer.write(int(state.step), test_metrics, prefix="test/")
     bar.set_postfix(epoch=epoch + 1, test_acc=f"{test_metrics['accuracy']:.4f}")
-    checkpoint.save(ckpt_dir, int(state.step), jax.device_get(state.arrays()),
-                    {"epoch": epoch + 1, "config": config_json})
+    run.save(int(state.step), jax.device_get(state.arrays()),
+             {"epoch": epoch + 1, "config": config_json})
   bar.close()
   writer.close()
 

@@ -1,10 +1,13 @@
-"""Orbax checkpoint round trip, metadata, step selection and mismatch errors."""
+"""Orbax checkpoint round trip, metadata, step selection, mismatch errors and checksums."""
+
+import os
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
 
+from dpkd_jax import errors
 from dpkd_jax.train import checkpoint
 
 
@@ -55,3 +58,86 @@ def test_structure_mismatch_names_missing_leaf(tmp_path):
   target = dict(_arrays(), extra=jnp.zeros(3))
   with pytest.raises(checkpoint.CheckpointMismatchError, match="extra.*missing from checkpoint"):
     checkpoint.restore(str(tmp_path), target)
+
+
+def _data_files(directory, step):
+  """Array data files of checkpoint `step`, largest first (where array bytes live)."""
+  root = os.path.join(directory, str(step), "arrays")
+  files = [os.path.join(d, f) for d, _, fs in os.walk(root) for f in fs
+           if os.path.basename(d) == "d"]
+  return sorted(files, key=os.path.getsize, reverse=True)
+
+
+def _overwrite(path, offset, count=8):
+  with open(path, "r+b") as f:
+    f.seek(offset)
+    f.write(b"\xff" * count)
+
+
+def test_overwritten_array_bytes_are_refused_not_restored(tmp_path):
+  # Before checksums, 8 bytes of 0xFF in an array file restored silently (inf/garbage).
+  arrays = {"w": jnp.linspace(0.0, 1.0, 4096, dtype=jnp.float32).reshape(64, 64)}
+  for offset_fraction in (0.25, 0.5, 0.75):
+    directory = str(tmp_path / f"c{offset_fraction}")
+    checkpoint.save(directory, 1, arrays, {"m": 1})
+    data_file = _data_files(directory, 1)[0]
+    _overwrite(data_file, int(os.path.getsize(data_file) * offset_fraction))
+    with pytest.raises(checkpoint.CorruptCheckpointError, match=r"1' is corrupt") as err:
+      checkpoint.restore(directory, arrays)
+    assert isinstance(err.value, errors.UserError) and "\n" not in str(err.value)
+
+
+def test_value_checksum_catches_what_the_file_manifest_cannot(tmp_path):
+  # Without the manifest (a crash right after the save), the leaf checksum still applies.
+  arrays = {"w": jnp.linspace(0.0, 1.0, 4096, dtype=jnp.float32).reshape(64, 64)}
+  checkpoint.save(str(tmp_path), 1, arrays, {})
+  os.remove(tmp_path / "1" / checkpoint.MANIFEST_NAME)
+  data_file = _data_files(str(tmp_path), 1)[0]
+  _overwrite(data_file, os.path.getsize(data_file) // 2)
+  with pytest.raises(checkpoint.CorruptCheckpointError, match="do not match the checksum"):
+    checkpoint.restore(str(tmp_path), arrays)
+
+
+def test_unreadable_metadata_is_corrupt(tmp_path):
+  checkpoint.save(str(tmp_path), 3, _arrays(), {"model": "m"})
+  _overwrite(os.path.join(tmp_path, "3", "meta", "metadata"), 0)
+  with pytest.raises(checkpoint.CorruptCheckpointError, match="unreadable"):
+    checkpoint.restore_metadata(str(tmp_path))
+  with pytest.raises(checkpoint.CorruptCheckpointError):
+    checkpoint.restore(str(tmp_path), _arrays())
+
+
+def test_checksum_is_stored_hidden_and_independent_of_container_types(tmp_path):
+  x, y = jnp.ones((2, 3)), jnp.arange(4)
+  assert checkpoint.checksum({"a": (x, y)}) == checkpoint.checksum({"a": [np.asarray(x), y]})
+  assert checkpoint.checksum({"a": (x, y)}) != checkpoint.checksum({"a": (x, y + 1)})
+  assert checkpoint.checksum({"a": x}) != checkpoint.checksum({"a": x.astype(jnp.int32)})
+  digest = checkpoint.save(str(tmp_path), 1, {"a": (x, y)}, {"k": 1})
+  assert digest == checkpoint.checksum({"a": (x, y)})
+  assert checkpoint.restore_metadata(str(tmp_path)) == {"k": 1}
+  verified = checkpoint.read_verified(str(tmp_path))
+  assert verified.step == 1 and verified.meta == {"k": 1}
+
+
+def test_restore_keeps_target_types_and_dtypes(tmp_path):
+  arrays = {"j": jnp.ones((2,), jnp.float32), "n": np.arange(3, dtype=np.uint8)}
+  checkpoint.save(str(tmp_path), 1, arrays, {})
+  restored, _ = checkpoint.restore(str(tmp_path), arrays)
+  assert isinstance(restored["j"], jax.Array) and isinstance(restored["n"], np.ndarray)
+  assert restored["n"].dtype == np.uint8
+  abstract = jax.tree.map(lambda a: jax.ShapeDtypeStruct(a.shape, a.dtype), arrays)
+  restored, _ = checkpoint.restore(str(tmp_path), abstract)
+  np.testing.assert_array_equal(restored["n"], arrays["n"])
+
+
+def test_keeps_at_least_two_and_quarantine_moves_a_step(tmp_path):
+  with pytest.raises(ValueError, match=">= 2"):
+    checkpoint.save(str(tmp_path), 1, _arrays(), {}, max_to_keep=1)
+  for step in (1, 2, 3):
+    checkpoint.save(str(tmp_path / "c"), step, _arrays(), {"s": step})
+  assert checkpoint.all_steps(str(tmp_path / "c")) == [2, 3]
+  moved = checkpoint.quarantine(str(tmp_path / "c"), 3)
+  assert checkpoint.all_steps(str(tmp_path / "c")) == [2]
+  assert checkpoint.read_moved_metadata(moved) == {"s": 3}
+  checkpoint.save(str(tmp_path / "c"), 3, _arrays(), {"s": 3})  # the step can be saved again
+  assert checkpoint.latest_step(str(tmp_path / "c")) == 3

@@ -1,6 +1,9 @@
-"""CSV + TensorBoard metric writer."""
+"""CSV + TensorBoard metric writer, and de-duplication of replayed steps on resume."""
 
+import csv
+import glob
 import os
+import struct
 
 from dpkd_jax.train import metrics
 
@@ -21,3 +24,57 @@ def test_appends_across_writers(tmp_path):
   metrics.MetricsWriter(str(tmp_path), tensorboard=False).write(1, {"a": 1.0})
   metrics.MetricsWriter(str(tmp_path), tensorboard=False).write(2, {"a": 2.0})
   assert metrics.read_metrics(str(tmp_path))["a"] == [(1, 1.0), (2, 2.0)]
+
+
+def _rows(path):
+  with open(path, newline="") as f:
+    return list(csv.reader(f))
+
+
+def test_resumed_writer_drops_rows_after_the_restored_step(tmp_path):
+  # Before: a resumed run replaying steps 3..4 appended them a second time.
+  writer = metrics.MetricsWriter(str(tmp_path), tensorboard=False)
+  for step in range(1, 5):
+    writer.write(step, {"loss": float(step)})
+  writer.close()
+  resumed = metrics.MetricsWriter(str(tmp_path), tensorboard=False, resume_step=2)
+  for step in (3, 4):
+    resumed.write(step, {"loss": 10.0 * step})
+  assert metrics.read_metrics(str(tmp_path))["loss"] == [(1, 1.0), (2, 2.0), (3, 30.0), (4, 40.0)]
+
+
+def test_torn_last_row_is_dropped(tmp_path):
+  metrics.MetricsWriter(str(tmp_path), tensorboard=False).write(1, {"a": 1.0, "b": 2.0})
+  with open(tmp_path / "metrics.csv", "a") as f:
+    f.write("2,a,0.12")  # a crash in the middle of a write: no end of line
+  assert metrics.drop_rows_after(str(tmp_path / "metrics.csv"), 5) == 1
+  assert _rows(tmp_path / "metrics.csv") == [["step", "name", "value"], ["1", "a", "1.0"],
+                                             ["1", "b", "2.0"]]
+  assert metrics.drop_rows_after(str(tmp_path / "nothing.csv"), 5) == 0
+
+
+def _events(path):
+  """Event protos of one TFRecord event file (length, crc, payload, crc)."""
+  from tensorboardX.proto import event_pb2  # pylint: disable=g-import-not-at-top
+
+  with open(path, "rb") as f:
+    data = f.read()
+  offset, events = 0, []
+  while offset < len(data):
+    (length,) = struct.unpack("<Q", data[offset:offset + 8])
+    event = event_pb2.Event()
+    event.ParseFromString(data[offset + 12:offset + 12 + length])
+    events.append(event)
+    offset += 12 + length + 4
+  return events
+
+
+def test_resumed_tensorboard_file_purges_replayed_steps(tmp_path):
+  metrics.MetricsWriter(str(tmp_path)).close()
+  writer = metrics.MetricsWriter(str(tmp_path), resume_step=7)
+  writer.write(8, {"x": 1.0})
+  writer.close()
+  files = glob.glob(str(tmp_path / "tb" / "events.out.tfevents.*"))
+  starts = [e.step for path in files for e in _events(path) if e.HasField("session_log")
+            and e.session_log.status == e.session_log.START]
+  assert starts == [8]  # TensorBoard hides earlier events with step >= 8

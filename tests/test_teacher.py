@@ -2,6 +2,7 @@
 
 import json
 import os
+import shutil
 
 import jax
 import pytest
@@ -121,3 +122,18 @@ def test_cifar10_path_runs_end_to_end_on_mock_data(tmp_path):
   assert card["input_shape"] == [32, 32, 3]
   assert 0.0 <= card["test_accuracy"] <= 1.0
   assert teacher.TeacherConfig(dataset="cifar10", model="lenet5").use_augment
+
+
+def test_corrupt_teacher_checkpoint_is_refused(trained, tmp_path):
+  # Before: overwritten bytes in the teacher's arrays loaded silently (a different teacher).
+  copy = str(tmp_path / "teacher")
+  shutil.copytree(trained[0], copy)
+  ckpt_dir = os.path.join(copy, "checkpoints")
+  root = os.path.join(ckpt_dir, str(checkpoint.latest_step(ckpt_dir)), "arrays")
+  data_file = max((os.path.join(d, f) for d, _, fs in os.walk(root) for f in fs
+                   if os.path.basename(d) == "d"), key=os.path.getsize)
+  with open(data_file, "r+b") as f:
+    f.seek(os.path.getsize(data_file) // 2)
+    f.write(b"\xff" * 8)
+  with pytest.raises(checkpoint.CorruptCheckpointError, match="is corrupt"):
+    teacher.load_teacher(copy, dataset="digits")

@@ -64,6 +64,7 @@ from dpkd_jax.train import checkpoint
 from dpkd_jax.train import evaluate
 from dpkd_jax.train import metrics as metrics_lib
 from dpkd_jax.train import outputs
+from dpkd_jax.train import workdir as workdir_lib
 from dpkd_jax.train.state import TrainState
 
 # Named key streams split once from the root key (a stream is never used for two purposes).
@@ -378,6 +379,7 @@ def _next_queries(config: DFPATEConfig, state: TrainState, key: jax.Array, round
   return pool[dfpate_student.select_queries(probs, config.queries_per_round)]
 
 
+@workdir_lib.run_scope
 def train_dfpate(config: DFPATEConfig, workdir: str, *, resume: bool = False,
                  progress: bool = True) -> dict[str, Any]:
   """Runs data-free PATE (module docstring); returns and writes results.json.
@@ -393,15 +395,8 @@ def train_dfpate(config: DFPATEConfig, workdir: str, *, resume: bool = False,
     The results dict.
   """
   info, clock = config.info, outputs.RunClock()
-  ckpt_dir = os.path.join(workdir, "checkpoints")
-  resuming = checkpoint.latest_step(ckpt_dir) is not None
-  if resuming and not resume:
-    raise ValueError(f"{workdir!r} already holds a run; pass resume=True or use a fresh workdir")
-  saved = checkpoint.restore_metadata(ckpt_dir) if resuming else {}
-  if resuming and saved.get("config") != _config_json(config):
-    raise ValueError(f"{workdir!r} holds a run with another config; use a fresh workdir")
-  root_seed = (seeds.ResolvedSeed(*saved["root_seed"]) if resuming
-               else seeds.resolve_seed(config.seed))
+  run = workdir_lib.open_run(workdir, kind="DF-PATE", config=_config_json(config), resume=resume)
+  root_seed = run.root_seed(config.seed)
   keys = dict(zip(_STREAMS, jax.random.split(jax.random.key(root_seed.value), len(_STREAMS))))
   noise_std = config.resolved_noise_std()
   total_epsilon = _epsilon(config, noise_std)
@@ -434,28 +429,23 @@ def train_dfpate(config: DFPATEConfig, workdir: str, *, resume: bool = False,
   images = np.zeros((0, *info.image_shape), np.uint8)
   released = np.zeros((0, num_classes), np.float32)  # noisy histograms (public)
   budget = config.target_epsilon if config.target_epsilon is not None else total_epsilon
-  ledger = (ledger_lib.PrivacyLedger(target_epsilon=budget, delta=config.delta)
-            if config.use_teachers and noise_std > 0 else None)
+  ledger = run.ledger(ledger_lib.PrivacyLedger(target_epsilon=budget, delta=config.delta)
+                      if config.use_teachers and noise_std > 0 else None)
   start, history = 0, []
-  if ledger is not None and not resuming and query_model is not None:
-    model_event = config.query_model_event()
-    ledger.check(model_event)
-    ledger.record(model_event, step=0, note="DP query model: second moment, "
-                  f"{config.query_model_config().kmeans_iterations} k-means steps, variances")
-  if resuming:
+  if ledger is not None and not run.resuming and query_model is not None:
+    run.charge(config.query_model_event(), step=0, note="DP query model: second moment, "
+               f"{config.query_model_config().kmeans_iterations} k-means steps, variances")
+  if run.resuming:
     template = {"student": state.arrays(), "images": images, "released": released}
-    meta = checkpoint.restore_metadata(ckpt_dir)
-    template["images"] = np.zeros((meta["answered"], *info.image_shape), np.uint8)
-    template["released"] = np.zeros((meta["answered"], num_classes), np.float32)
-    arrays, meta = checkpoint.restore(ckpt_dir, template)
+    template["images"] = np.zeros((run.saved["answered"], *info.image_shape), np.uint8)
+    template["released"] = np.zeros((run.saved["answered"], num_classes), np.float32)
+    arrays, meta = run.restore(template)
     state = state.with_arrays(arrays["student"])
     images, released = np.asarray(arrays["images"]), np.asarray(arrays["released"])
     start, history = int(meta["round"]), list(meta["accuracy"])
-    if ledger is not None:
-      ledger = ledger_lib.PrivacyLedger.from_json(meta["ledger"])
 
   event = accounting.pate_event(noise_std=noise_std, num_queries=config.queries_per_round)
-  writer = metrics_lib.MetricsWriter(workdir)
+  writer = metrics_lib.MetricsWriter(workdir, resume_step=start)
   bar = tqdm.tqdm(total=config.rounds, initial=start, disable=not progress,
                   desc=f"DF-PATE {config.dataset} rounds")
   queries = images[-config.queries_per_round:]
@@ -463,9 +453,8 @@ def train_dfpate(config: DFPATEConfig, workdir: str, *, resume: bool = False,
     queries = _next_queries(config, state, jax.random.fold_in(keys["queries"], round_index),
                             round_index, query_model)
     if ledger is not None:  # account before releasing: a crash never under-counts
-      ledger.check(event)
-      ledger.record(event, step=round_index, note=f"round {round_index}: "
-                    f"{config.queries_per_round} noisy vote histograms, σ={noise_std:.4g}")
+      run.charge(event, step=round_index, note=f"round {round_index}: "
+                 f"{config.queries_per_round} noisy vote histograms, σ={noise_std:.4g}")
     if ensemble is not None:
       histogram = aggregation.vote_histogram(
           dfpate_teachers.ensemble_logits(ensemble, queries, info), votes=config.votes)
@@ -489,6 +478,7 @@ def train_dfpate(config: DFPATEConfig, workdir: str, *, resume: bool = False,
         state, *training_set, jax.random.fold_in(keys["student"], round_index),
         info=info, target=config.target, epochs=config.student_epochs,
         batch_size=config.student_batch_size)
+    host_arrays = run.seal({"student": state.arrays(), "images": images, "released": released})
     history.append(evaluate.evaluate(state.parts, test)["accuracy"])
     spent = total_epsilon if ledger is None else ledger.spent_epsilon()
     writer.write(round_index + 1, {"loss": loss, "answered": float(weights.sum()),
@@ -496,13 +486,11 @@ def train_dfpate(config: DFPATEConfig, workdir: str, *, resume: bool = False,
     writer.write(round_index + 1, {"accuracy": history[-1]}, prefix="test/")
     bar.update(1)
     bar.set_postfix(acc=f"{history[-1]:.4f}", eps=f"{spent:.4g}")
-    checkpoint.save(ckpt_dir, round_index + 1,
-                    {"student": jax.device_get(state.arrays()), "images": images,
-                     "released": released},
-                    {"config": _config_json(config), "round": round_index + 1,
-                     "accuracy": history, "answered": int(len(images)),
-                     "ledger": None if ledger is None else ledger.to_json(),
-                     "root_seed": list(root_seed)})
+    run.save(round_index + 1, host_arrays,
+             {"config": _config_json(config), "round": round_index + 1,
+              "accuracy": history, "answered": int(len(images)),
+              "ledger": None if ledger is None else ledger.to_json(),
+              "root_seed": list(root_seed)})
   bar.close()
   writer.close()
   dpdfd.save_sample_grid(np.asarray(data.normalize(queries[:64], info)), info,

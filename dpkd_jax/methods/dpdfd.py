@@ -38,6 +38,7 @@ from dpkd_jax.train import evaluate
 from dpkd_jax.train import metrics as metrics_lib
 from dpkd_jax.train import outputs
 from dpkd_jax.train import sharding
+from dpkd_jax.train import workdir as workdir_lib
 from dpkd_jax.train.state import TrainState
 
 
@@ -202,9 +203,13 @@ def save_sample_grid(images: np.ndarray, info: data.DatasetInfo, path: str, *, c
   plt.imsave(path, grid[..., 0] if c == 1 else grid, cmap="gray" if c == 1 else None)
 
 
+@workdir_lib.run_scope
 def train_dpdfd(config: DPDFDConfig, workdir: str, *, progress: bool = True,
                 mesh: jax.sharding.Mesh | None = None) -> dict[str, Any]:
   """Runs DPDFD (resuming from `workdir` if it holds a checkpoint of the same config).
+
+  The workdir is locked for the whole run (`train.workdir`); each chunk of steps is charged to
+  the ledger (and privacy_ledger.json) before it runs.
 
   Returns:
     The results dict (also written to `<workdir>/results.json`).
@@ -214,6 +219,7 @@ def train_dpdfd(config: DPDFDConfig, workdir: str, *, progress: bool = True,
     BudgetExceededError: the ledger restored from `workdir` has no budget left for a step.
   """
   clock = outputs.RunClock()
+  run = workdir_lib.open_run(workdir, kind="DPDFD", config=_config_json(config))
   mesh = sharding.data_mesh() if mesh is None else mesh
   sharding.check_divisible(config.batch_size, mesh)
   ensemble, cards = load_teachers(config)
@@ -225,34 +231,27 @@ def train_dpdfd(config: DPDFDConfig, workdir: str, *, progress: bool = True,
       noise_multiplier=privacy_plan.noise_multiplier, batch_size=config.batch_size, steps=n,
       num_teachers=len(cards))
 
-  ckpt_dir = os.path.join(workdir, "checkpoints")
-  resuming = checkpoint.latest_step(ckpt_dir) is not None
-  saved = checkpoint.restore_metadata(ckpt_dir) if resuming else {}
-  if resuming and saved.get("config") != _config_json(config):
-    raise ValueError(f"{workdir!r} holds a DPDFD run with another config; use a fresh workdir")
   # The root seed is secret unless the user chose it; a resumed run continues with its own.
-  root_seed = (seeds.ResolvedSeed(*saved["root_seed"]) if "root_seed" in saved
-               else seeds.resolve_seed(config.seed))
+  root_seed = run.root_seed(config.seed)
   init_key, train_key = jax.random.split(jax.random.key(root_seed.value))
   state = init_state(config, init_key)
   # The ledger's budget: the target in sound mode; in paper mode (or without a target) the
   # sound ε of the planned run, so that the ledger still refuses anything beyond the plan.
   budget = (config.target_epsilon if config.accounting == "sound" and config.target_epsilon
             else privacy_plan.sound_epsilon)
-  ledger = None if nonprivate else ledger_lib.PrivacyLedger(target_epsilon=budget, delta=config.delta)
+  ledger = run.ledger(
+      None if nonprivate else ledger_lib.PrivacyLedger(target_epsilon=budget, delta=config.delta))
   start = 0
-  if resuming:
-    arrays, meta = checkpoint.restore(ckpt_dir, state.arrays())
+  if run.resuming:
+    arrays, meta = run.restore(state.arrays())
     state = state.with_arrays(arrays)
     start = int(meta["step"])
-    if ledger is not None:
-      ledger = ledger_lib.PrivacyLedger.from_json(meta["ledger"])
 
   state = sharding.replicate(state, mesh)
   ensemble = sharding.replicate(ensemble, mesh)
   replicated_train_key = sharding.replicate(train_key, mesh)  # one key for all hosts
   train_step = dpdfd_step.make_train_step(step_config, ensemble.graphdef)
-  writer = metrics_lib.MetricsWriter(workdir)
+  writer = metrics_lib.MetricsWriter(workdir, resume_step=start)
   bar = tqdm.tqdm(total=privacy_plan.steps, initial=start, disable=not progress,
                   desc=f"DPDFD {config.dataset}")
   accuracy = math.nan
@@ -260,13 +259,13 @@ def train_dpdfd(config: DPDFDConfig, workdir: str, *, progress: bool = True,
   while step < privacy_plan.steps:
     chunk = min(config.eval_every - step % config.eval_every, privacy_plan.steps - step)
     if ledger is not None:  # account before releasing: a crash never under-counts
-      ledger.check(event_of(chunk))
-      ledger.record(event_of(chunk), step=step, note=f"steps {step}..{step + chunk - 1}")
+      run.charge(event_of(chunk), step=step, note=f"steps {step}..{step + chunk - 1}")
     for _ in range(chunk):
       state, step_metrics = train_step(state, ensemble.params, ensemble.batch_stats,
                                        jax.random.fold_in(replicated_train_key, step))
       step += 1
       bar.update(1)
+    host_arrays = run.seal(state.arrays())  # before any output of these releases
     step_metrics = jax.device_get(step_metrics)
     accuracy = evaluate.evaluate(state.student.parts, test)["accuracy"]
     spent = math.inf if ledger is None else ledger.spent_epsilon()
@@ -275,11 +274,11 @@ def train_dpdfd(config: DPDFDConfig, workdir: str, *, progress: bool = True,
     writer.write(step, {**step_metrics, **privacy_metrics}, prefix="train/")
     writer.write(step, {"accuracy": accuracy}, prefix="test/")
     bar.set_postfix(loss=f"{step_metrics['student_loss']:.3f}", acc=f"{accuracy:.4f}", eps=f"{spent:.3g}")
-    checkpoint.save(ckpt_dir, step, jax.device_get(state.arrays()),
-                    {"config": _config_json(config), "step": step,
-                     "ledger": None if ledger is None else ledger.to_json(),
-                     "plan": dataclasses.asdict(privacy_plan),
-                     "root_seed": list(root_seed)})
+    run.save(step, host_arrays,
+             {"config": _config_json(config), "step": step,
+              "ledger": None if ledger is None else ledger.to_json(),
+              "plan": dataclasses.asdict(privacy_plan),
+              "root_seed": list(root_seed)})
   bar.close()
   writer.close()
   if start == step and step > 0:

@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import dataclasses
 import math
-import os
 import warnings
 from typing import Any
 
@@ -41,6 +40,7 @@ from dpkd_jax.privacy import validation
 from dpkd_jax.train import evaluate
 from dpkd_jax.train import metrics as metrics_lib
 from dpkd_jax.train import outputs
+from dpkd_jax.train import workdir as workdir_lib
 from dpkd_jax.train.state import TrainState
 
 NOT_DP_REASON = ("direct mode is not DP: the private inputs reach the update through the "
@@ -160,8 +160,11 @@ def paper_epsilon(config: DirectConfig, steps: int) -> float | None:
         steps=steps, delta=config.delta)
 
 
+@workdir_lib.run_scope
 def train_direct(config: DirectConfig, workdir: str, *, progress: bool = True) -> dict[str, Any]:
   """Trains `config.model` on the private train split with the direct mechanism.
+
+  Not resumable: the workdir is locked for the run, and a rerun in it replaces the metrics.
 
   Returns:
     Results (also `<workdir>/results.json`, and `record.json`): test accuracy, `epsilon` =
@@ -171,7 +174,8 @@ def train_direct(config: DirectConfig, workdir: str, *, progress: bool = True) -
   clock = outputs.RunClock()
   warnings.warn(f"{NOT_DP_REASON}; the paper-formula ε it reports is not a guarantee.",
                 paper_accounting.PaperAccountingWarning, stacklevel=2)
-  os.makedirs(workdir, exist_ok=True)
+  run = workdir_lib.open_run(workdir, kind="DPDFD direct", config=dataclasses.asdict(config),
+                             resumable=False)
   info = data.DATASETS[config.dataset]
   train = data.load(config.dataset, "train", data_dir=config.data_dir)
   test = data.load(config.dataset, "test", data_dir=config.data_dir)
@@ -187,8 +191,8 @@ def train_direct(config: DirectConfig, workdir: str, *, progress: bool = True) -
                                    rngs=nnx.Rngs(init_key))
   state = TrainState.create(core.split(model), optax.adam(config.learning_rate))
   step_fn = jax.jit(build_direct_step(config.step_config()), donate_argnums=0)
-  writer = metrics_lib.MetricsWriter(workdir)
-  private_writer = outputs.PrivateDiagnosticsWriter(workdir)  # the loss of private batches
+  writer = metrics_lib.MetricsWriter(workdir, resume_step=run.step)
+  private_writer = outputs.PrivateDiagnosticsWriter(workdir, resume_step=run.step)  # private loss
   accuracy = math.nan
   for step in tqdm.trange(config.steps, disable=not progress, desc=f"direct {config.dataset}"):
     indices, mask = data.poisson_batch(jax.random.fold_in(sample_key, step), len(train), q,

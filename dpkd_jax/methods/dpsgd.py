@@ -32,7 +32,6 @@ import dataclasses
 import functools
 import json
 import math
-import os
 import time
 from typing import Any, NamedTuple
 
@@ -51,11 +50,11 @@ from dpkd_jax.privacy import calibration
 from dpkd_jax.privacy import ledger as ledger_lib
 from dpkd_jax.privacy import seeds
 from dpkd_jax.privacy import validation
-from dpkd_jax.train import checkpoint
 from dpkd_jax.train import evaluate as evaluate_lib
 from dpkd_jax.train import metrics as metrics_lib
 from dpkd_jax.train import outputs
 from dpkd_jax.train import sharding
+from dpkd_jax.train import workdir as workdir_lib
 from dpkd_jax.train.state import TrainState
 from dpkd_jax.methods.dpsgd_step import make_train_step
 
@@ -215,15 +214,17 @@ def init_model(config: DPSGDConfig, key: jax.Array) -> core.ModelParts:
       norm=config.norm, rngs=nnx.Rngs(key)))
 
 
+@workdir_lib.run_scope
 def train_dpsgd(config: DPSGDConfig, workdir: str, *, resume: bool = False,
                 stop_at_step: int | None = None, progress: bool = True,
                 mesh: Mesh | None = None) -> dict[str, Any]:
   """Trains with DP-SGD, keeps the privacy ledger, evaluates on the test split.
 
-  Each expected epoch (ceil(N/B) steps) the ledger checks its event against the budget before
-  it runs (`BudgetExceededError`), records it after, then a checkpoint is written. A run cut
-  mid-epoch resumes from the last checkpoint and replays the same keys: the replayed releases
-  equal the lost ones and cost no extra privacy.
+  Each expected epoch (ceil(N/B) steps) is charged to the ledger before it runs
+  (`BudgetExceededError` if over budget; `workdir.Run.charge` writes privacy_ledger.json
+  first), then a checkpoint is written. A run cut mid-epoch resumes from the last intact
+  checkpoint and replays the same keys: the replayed releases equal the lost ones and reuse
+  their charges (`train.ledger_file`). The workdir is locked for the whole run.
 
   Args:
     config: the validated configuration.
@@ -240,6 +241,8 @@ def train_dpsgd(config: DPSGDConfig, workdir: str, *, resume: bool = False,
   clock = outputs.RunClock()
   if stop_at_step is not None:
     validation.check_int("stop_at_step", stop_at_step, minimum=1)
+  config_json = dataclasses.asdict(config)
+  run = workdir_lib.open_run(workdir, kind="DP-SGD", config=config_json, resume=resume)
   mesh = sharding.data_mesh() if mesh is None else mesh
   train = data.load(config.dataset, "train", data_dir=config.data_dir, download=config.download)
   test = data.load(config.dataset, "test", data_dir=config.data_dir, download=config.download)
@@ -249,31 +252,20 @@ def train_dpsgd(config: DPSGDConfig, workdir: str, *, resume: bool = False,
   root_key = jax.random.key(root_seed.value)
   state = TrainState.create(init_model(config, jax.random.split(root_key, 3)[0]),
                             make_optimizer(config))
-  nonprivate = plan.noise_multiplier == 0  # ε = inf: no ledger can hold it
-  ledger = None if nonprivate else ledger_lib.PrivacyLedger(
-      target_epsilon=plan.target_epsilon, delta=config.delta, relation=accounting.REPLACE_ONE)
-  config_json = dataclasses.asdict(config)
-  ckpt_dir = os.path.join(workdir, "checkpoints")
-  if checkpoint.latest_step(ckpt_dir) is not None:
-    if not resume:
-      raise ValueError(f"{workdir!r} already holds a DP-SGD checkpoint: pass resume=True "
-                       "(--resume) to continue it, or use a fresh workdir")
-    saved_config = checkpoint.restore_metadata(ckpt_dir).get("config")
-    if saved_config != config_json:
-      raise ValueError(f"{workdir!r} holds a run with another config {saved_config}; "
-                       "use a fresh workdir")
-    arrays, meta = checkpoint.restore(
-        ckpt_dir, {"state": state.arrays(), "rng": jax.random.key_data(root_key)})
+  if run.resuming:
+    arrays, _ = run.restore({"state": state.arrays(), "rng": jax.random.key_data(root_key)})
     state = state.with_arrays(arrays["state"])
     root_key = jax.random.wrap_key_data(arrays["rng"])
-    ledger = None if nonprivate else ledger_lib.PrivacyLedger.from_json(meta["ledger"])
+  nonprivate = plan.noise_multiplier == 0  # ε = inf: no ledger can hold it
+  ledger = run.ledger(None if nonprivate else ledger_lib.PrivacyLedger(
+      target_epsilon=plan.target_epsilon, delta=config.delta, relation=accounting.REPLACE_ONE))
   # Named streams, each used with fold_in(step): a key is never reused.
   _, sample_key, noise_key = jax.random.split(root_key, 3)
   state = sharding.replicate(state, mesh)
   train_step = make_train_step(config, mesh, noise_multiplier=plan.noise_multiplier)
-  writer = metrics_lib.MetricsWriter(workdir)
+  writer = metrics_lib.MetricsWriter(workdir, resume_step=run.step)
   # The step's metrics come from private batches: written apart, and only if asked for.
-  private_writer = (outputs.PrivateDiagnosticsWriter(workdir)
+  private_writer = (outputs.PrivateDiagnosticsWriter(workdir, resume_step=run.step)
                     if config.log_private_diagnostics else None)
   spent_of = lambda: math.inf if ledger is None else ledger.spent_epsilon()  # noqa: E731
 
@@ -287,8 +279,8 @@ def train_dpsgd(config: DPSGDConfig, workdir: str, *, resume: bool = False,
     event = accounting.dpsgd_event(noise_multiplier=plan.noise_multiplier,
                                    sampling_rate=plan.sampling_rate, steps=chunk_steps,
                                    relation=accounting.REPLACE_ONE)
-    if ledger is not None:  # Before the releases: raises BudgetExceededError if over budget.
-      ledger.check(event)
+    # Before the releases: raises BudgetExceededError if over budget (inf without a ledger).
+    run.charge(event, step=step + chunk_steps, note="dpsgd")
     for _ in range(chunk_steps):
       indices, mask = data.poisson_batch(jax.random.fold_in(sample_key, step), len(train),
                                          plan.sampling_rate, max_batch_size=plan.max_batch_size)
@@ -302,19 +294,16 @@ def train_dpsgd(config: DPSGDConfig, workdir: str, *, resume: bool = False,
         private_writer.write(step, step_metrics, prefix="train/")
         postfix["loss"] = f"{step_metrics['loss']:.3f}"
         bar.set_postfix(postfix)
-    spent = spent_of() if ledger is None else ledger.record(event, step=step, note="dpsgd")
+    host_arrays = run.seal({"state": state.arrays(), "rng": jax.random.key_data(root_key)})
+    spent = spent_of()
     test_metrics = evaluate_lib.evaluate(state.parts, test)
     # A non-private run has no finite ε to plot: results.json says inf.
     writer.write(step, {**test_metrics, **({"epsilon": spent} if ledger else {})},
                  prefix="test/")
     postfix.update(eps=f"{spent:.3f}", test_acc=f"{test_metrics['accuracy']:.4f}")
     bar.set_postfix(postfix)
-    checkpoint.save(ckpt_dir, step, jax.device_get(
-        {"state": state.arrays(), "rng": jax.random.key_data(root_key)}),
-        {"config": config_json, "plan": plan._asdict(),
-         "ledger": None if ledger is None else ledger.to_json()})
-    if ledger is not None and jax.process_index() == 0:
-      ledger.save(os.path.join(workdir, "privacy_ledger.json"))
+    run.save(step, host_arrays, {"config": config_json, "plan": plan._asdict(),
+                                 "ledger": None if ledger is None else ledger.to_json()})
   bar.close()
   writer.close()
   if private_writer is not None:

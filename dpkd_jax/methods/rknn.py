@@ -36,7 +36,6 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
-import os
 import time
 from typing import Any
 
@@ -53,10 +52,10 @@ from dpkd_jax.privacy import accounting
 from dpkd_jax.privacy import ledger as ledger_lib
 from dpkd_jax.privacy import seeds
 from dpkd_jax.privacy import validation
-from dpkd_jax.train import checkpoint
 from dpkd_jax.train import evaluate as evaluate_lib
 from dpkd_jax.train import metrics as metrics_lib
 from dpkd_jax.train import outputs
+from dpkd_jax.train import workdir as workdir_lib
 
 MODES = ("central", "local")
 
@@ -206,6 +205,7 @@ def _noisy_counts(config: RKNNConfig, key: jax.Array, private_embeddings: np.nda
                                        epsilon=config.epsilon_per_round, **common)
 
 
+@workdir_lib.run_scope
 def train_rknn(config: RKNNConfig, workdir: str, *, progress: bool = True) -> dict[str, Any]:
   """Runs reverse k-NN labelling and trains the student (module docstring).
 
@@ -218,9 +218,8 @@ def train_rknn(config: RKNNConfig, workdir: str, *, progress: bool = True) -> di
     The results (also `<workdir>/results.json`).
   """
   clock = outputs.RunClock()
-  ckpt_dir = os.path.join(workdir, "checkpoints")
-  if checkpoint.latest_step(ckpt_dir) is not None:
-    raise ValueError(f"{workdir!r} already holds a reverse k-NN run; use a fresh workdir")
+  config_json = dataclasses.asdict(config)
+  run = workdir_lib.open_run(workdir, kind="reverse k-NN", config=config_json, resumable=False)
   start_time, start_cpu = time.time(), time.process_time()
   seed = seeds.resolve_seed(config.seed)
   root_key = jax.random.key(seed.value)
@@ -242,10 +241,9 @@ def train_rknn(config: RKNNConfig, workdir: str, *, progress: bool = True) -> di
   private_embeddings = representation.embed(private.images)  # (N, d)
 
   planned_event = dp_event.SelfComposedDpEvent(round_event(config), config.rounds)
-  ledger = ledger_lib.PrivacyLedger(
-      target_epsilon=accounting.epsilon(planned_event, delta=config.delta), delta=config.delta)
-  writer = metrics_lib.MetricsWriter(workdir)
-  config_json = dataclasses.asdict(config)
+  ledger = run.ledger(ledger_lib.PrivacyLedger(
+      target_epsilon=accounting.epsilon(planned_event, delta=config.delta), delta=config.delta))
+  writer = metrics_lib.MetricsWriter(workdir, resume_step=0)
   steps_per_round = num_public // min(config.student.batch_size, num_public) * (
       config.student.epochs)
 
@@ -263,10 +261,10 @@ def train_rknn(config: RKNNConfig, workdir: str, *, progress: bool = True) -> di
                                  num_iterations=config.kmeans_iterations,
                                  num_restarts=config.kmeans_restarts)
     event = round_event(config)
-    ledger.check(event)  # Before the release: raises BudgetExceededError if over budget.
+    # Before the release: raises BudgetExceededError if over budget.
+    spent = run.charge(event, step=round_index + 1, note=f"rknn {config.mode} round")
     noisy_counts = _noisy_counts(config, jax.random.fold_in(noise_key, round_index),
                                  private_embeddings, private.labels, clusters.centres)
-    spent = ledger.record(event, step=round_index + 1, note=f"rknn {config.mode} round")
     assignments = np.asarray(clusters.assignments)
     public_labels[queried] = np.asarray(rknn_votes.propagate_labels(noisy_counts,
                                                                     assignments))
@@ -285,12 +283,10 @@ def train_rknn(config: RKNNConfig, workdir: str, *, progress: bool = True) -> di
     writer.write(round_index + 1, {"label_accuracy": label_accuracy,
                                    "student_accuracy": test_metrics["accuracy"],
                                    "epsilon": spent}, prefix="round/")
-    checkpoint.save(ckpt_dir, round_index + 1, jax.device_get(
+    run.save(round_index + 1, jax.device_get(
         {"student": {"params": student.params, "batch_stats": student.batch_stats},
          "public_labels": public_labels, "rng": jax.random.key_data(root_key)}),
         {"config": config_json, "round": round_index + 1, "ledger": ledger.to_json()})
-    if jax.process_index() == 0:
-      ledger.save(os.path.join(workdir, "privacy_ledger.json"))
   writer.close()
 
   results = {

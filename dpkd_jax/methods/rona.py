@@ -39,7 +39,6 @@ import dataclasses
 import itertools
 import json
 import math
-import os
 import time
 from typing import Any
 
@@ -60,11 +59,11 @@ from dpkd_jax.privacy import accounting
 from dpkd_jax.privacy import ledger as ledger_lib
 from dpkd_jax.privacy import seeds
 from dpkd_jax.privacy import validation
-from dpkd_jax.train import checkpoint
 from dpkd_jax.train import evaluate as evaluate_lib
 from dpkd_jax.train import metrics as metrics_lib
 from dpkd_jax.train import outputs
 from dpkd_jax.train import sharding
+from dpkd_jax.train import workdir as workdir_lib
 
 _TRAINING_PHASES = ("hint", "self", "distill")
 # Forward passes that re-estimate BatchNorm statistics after a private epoch: with momentum 0.9
@@ -205,14 +204,16 @@ def _query_batches(key: jax.Array, indices: np.ndarray, batch_size: int):
     yield np.resize(chunk, batch_size), mask
 
 
+@workdir_lib.run_scope
 def train_rona(config: RONAConfig, workdir: str, *, resume: bool = False,
                stop_after_units: int | None = None, progress: bool = True,
                mesh: Mesh | None = None, latency_seconds: float = 1.0) -> dict[str, Any]:
   """Runs RONA, keeps the privacy ledger, writes the compression report.
 
   The ledger checks and records each epoch's queries before they are released (a crash never
-  under-counts); a resumed run restores the ledger of its last checkpoint and replays the
-  same keys, so replayed releases equal the lost ones.
+  under-counts; privacy_ledger.json is written first); a resumed run continues the most-spent
+  ledger on disk and replays the same keys, so replayed releases equal the lost ones and reuse
+  their charges (`train.ledger_file`). The workdir is locked for the whole run.
 
   Args:
     config: the validated configuration.
@@ -229,6 +230,8 @@ def train_rona(config: RONAConfig, workdir: str, *, resume: bool = False,
     The results (also `<workdir>/results.json`).
   """
   start_time, start_cpu, clock = time.time(), time.process_time(), outputs.RunClock()
+  config_json = dataclasses.asdict(config)
+  run = workdir_lib.open_run(workdir, kind="RONA", config=config_json, resume=resume)
   mesh = sharding.data_mesh() if mesh is None else mesh
   for size in (config.batch_size, config.self_learning_batch_size):
     sharding.check_divisible(size, mesh)
@@ -251,34 +254,26 @@ def train_rona(config: RONAConfig, workdir: str, *, resume: bool = False,
       learning_rate=config.learning_rate, teacher_hint_shape=teacher_hint_shape,
       key=jax.random.fold_in(root_key, 0))
   private = plan.noise_multiplier > 0 and plan.num_queries > 0
-  ledger = ledger_lib.PrivacyLedger(target_epsilon=plan.budget_epsilon,
-                                    delta=config.delta) if private else None
   bounds = {kind: rona_step.BoundState.zeros() for kind in ("hint", "distill")}
   # Each stage keeps its own Adam moments: the second moments of a noisy stage are orders of
   # magnitude above those of self learning and would otherwise freeze its updates for
   # ~1/(1 - b2) = 1000 steps.
   opt_states = {phase: state.tx.init(state.params) for phase in _TRAINING_PHASES}
   selected = np.zeros((config.num_query_samples,), np.int32)
-  config_json, unit, executed = dataclasses.asdict(config), 0, 0
-  ckpt_dir = os.path.join(workdir, "checkpoints")
+  unit, executed = 0, 0
 
   def checkpoint_arrays() -> dict[str, Any]:
     return {"state": state.arrays(), "rng": jax.random.key_data(root_key), "selected": selected,
             "bounds": {k: b._asdict() for k, b in bounds.items()}, "opt_states": opt_states}
 
-  if checkpoint.latest_step(ckpt_dir) is not None:
-    if not resume:
-      raise ValueError(f"{workdir!r} already holds a RONA checkpoint: pass resume=True "
-                       "(--resume) to continue it, or use a fresh workdir")
-    if checkpoint.restore_metadata(ckpt_dir).get("config") != config_json:
-      raise ValueError(f"{workdir!r} holds a RONA run with another config; use a fresh workdir")
-    arrays, meta = checkpoint.restore(ckpt_dir, checkpoint_arrays())
+  if run.resuming:
+    arrays, meta = run.restore(checkpoint_arrays())
     state, root_key = state.with_arrays(arrays["state"]), jax.random.wrap_key_data(arrays["rng"])
     bounds = {k: rona_step.BoundState(**b) for k, b in arrays["bounds"].items()}
     opt_states = arrays["opt_states"]
     selected, unit, executed = np.asarray(arrays["selected"]), meta["unit"], meta["executed"]
-    if ledger is not None:
-      ledger = ledger_lib.PrivacyLedger.from_json(meta["ledger"])
+  ledger = run.ledger(ledger_lib.PrivacyLedger(target_epsilon=plan.budget_epsilon,
+                                               delta=config.delta) if private else None)
   # Named streams, each used with fold_in(unit) then fold_in(batch): no key is reused.
   order_key, noise_key, select_key = (jax.random.fold_in(root_key, i) for i in (1, 2, 3))
 
@@ -294,7 +289,7 @@ def train_rona(config: RONAConfig, workdir: str, *, resume: bool = False,
       for kind in ("hint", "distill")}
   self_step = rona_step.make_self_learning_step(info, mesh)
   batch_stats_step = rona_step.make_batch_stats_step(info, mesh)
-  writer = metrics_lib.MetricsWriter(workdir)
+  writer = metrics_lib.MetricsWriter(workdir, resume_step=unit)
   units = schedule(config)
   stop = len(units) if stop_after_units is None else min(len(units), unit + stop_after_units)
   bar = tqdm.tqdm(total=len(units), initial=unit, disable=not progress,
@@ -321,8 +316,7 @@ def train_rona(config: RONAConfig, workdir: str, *, resume: bool = False,
       if ledger is not None:  # account before releasing: a crash never under-counts
         event = accounting.rona_event(noise_multiplier=plan.noise_multiplier,
                                       num_queries=plan.queries_per_epoch)
-        ledger.check(event)
-        ledger.record(event, step=unit, note=f"{phase} round {round_index} epoch {epoch}")
+        run.charge(event, step=unit, note=f"{phase} round {round_index} epoch {epoch}")
       batches = _query_batches(jax.random.fold_in(unit_order, 1), queries, config.batch_size)
       for b, (indices, mask) in enumerate(batches):
         images, mask = sharding.shard_batch((public.images[indices], mask), mesh)
@@ -339,6 +333,7 @@ def train_rona(config: RONAConfig, workdir: str, *, resume: bool = False,
     bar.update(1)
     if phase in _TRAINING_PHASES:
       opt_states[phase] = state.opt_state
+    host_arrays = run.seal(checkpoint_arrays())  # before any output of this unit's releases
     if phase != "select":
       test_metrics = evaluate_lib.evaluate(rona_step.student_parts(state, student_graphdef), test)
       epsilon = ledger.spent_epsilon() if ledger is not None else plan.planned_epsilon
@@ -348,12 +343,10 @@ def train_rona(config: RONAConfig, workdir: str, *, resume: bool = False,
       writer.write(unit, scalars, prefix="train/")
       writer.write(unit, test_metrics, prefix="test/")
       bar.set_postfix(phase=phase, acc=f"{test_metrics['accuracy']:.4f}", eps=f"{epsilon:.3g}")
-    checkpoint.save(ckpt_dir, unit, jax.device_get(checkpoint_arrays()),
-                    {"config": config_json, "unit": unit, "executed": executed,
-                     "plan": plan._asdict(),
-                     "ledger": None if ledger is None else ledger.to_json()})
-    if ledger is not None and jax.process_index() == 0:
-      ledger.save(os.path.join(workdir, "privacy_ledger.json"))
+    run.save(unit, host_arrays,
+             {"config": config_json, "unit": unit, "executed": executed,
+              "plan": plan._asdict(),
+              "ledger": None if ledger is None else ledger.to_json()})
   bar.close()
   writer.close()
 

@@ -71,6 +71,7 @@ from dpkd_jax.train import evaluate
 from dpkd_jax.train import metrics as metrics_lib
 from dpkd_jax.train import outputs
 from dpkd_jax.train import sharding
+from dpkd_jax.train import workdir as workdir_lib
 from dpkd_jax.train.state import TrainState
 
 FIRST_PRIORS = ("uniform", "student")
@@ -272,6 +273,7 @@ def _save_grid(config: SRRConfig, generator: core.ModelParts, key: jax.Array, me
   dpdfd.save_sample_grid(np.asarray(images[:64]), config.info, path)
 
 
+@workdir_lib.run_scope
 def train_srr(config: SRRConfig, workdir: str, *, resume: bool = False, progress: bool = True,
               mesh: jax.sharding.Mesh | None = None) -> dict[str, Any]:
   """Runs DP-DFD with selective RR (module docstring).
@@ -292,6 +294,7 @@ def train_srr(config: SRRConfig, workdir: str, *, resume: bool = False, progress
     BudgetExceededError: the restored ledger has no budget for another stage.
   """
   clock = outputs.RunClock()
+  run = workdir_lib.open_run(workdir, kind="SRR", config=_config_json(config), resume=resume)
   mesh = sharding.data_mesh() if mesh is None else mesh
   for size in (config.batch_size, config.pretrain_batch_size):
     sharding.check_divisible(size, mesh)
@@ -301,30 +304,21 @@ def train_srr(config: SRRConfig, workdir: str, *, resume: bool = False, progress
   test = data.load(config.dataset, "test", data_dir=config.data_dir)
   privacy_plan = config.plan()
 
-  ckpt_dir = os.path.join(workdir, "checkpoints")
-  resuming = checkpoint.latest_step(ckpt_dir) is not None
-  if resuming and not resume:
-    raise ValueError(f"{workdir!r} already holds an SRR run; pass resume=True or use a fresh workdir")
-  saved = checkpoint.restore_metadata(ckpt_dir) if resuming else {}
-  if resuming and saved.get("config") != _config_json(config):
-    raise ValueError(f"{workdir!r} holds an SRR run with another config; use a fresh workdir")
-  root_seed = (seeds.ResolvedSeed(*saved["root_seed"]) if resuming
-               else seeds.resolve_seed(config.seed))
+  root_seed = run.root_seed(config.seed)
   init_key, pretrain_key, stage_key = jax.random.split(jax.random.key(root_seed.value), 3)
   student, generator = init_models(config, init_key)
-  if not resuming:  # a resumed run restores its (fine-tuned) generator below
+  if not run.resuming:  # a resumed run restores its (fine-tuned) generator below
     generator = _generator_prior(config, generator, teacher.parts, workdir, pretrain_key,
                                  progress, mesh)
   state = init_state(config, student, generator, stages=privacy_plan.stages)
   noisy = math.isfinite(privacy_plan.epsilon_per_query)
   budget = config.target_epsilon or privacy_plan.labels_epsilon
-  ledger = ledger_lib.PrivacyLedger(target_epsilon=budget, delta=config.delta) if noisy else None
+  ledger = run.ledger(
+      ledger_lib.PrivacyLedger(target_epsilon=budget, delta=config.delta) if noisy else None)
   start, history = 0, []
-  if resuming:
-    arrays, meta = checkpoint.restore(ckpt_dir, state.arrays())
+  if run.resuming:
+    arrays, meta = run.restore(state.arrays())
     state, start, history = state.with_arrays(arrays), int(meta["stage"]), list(meta["accuracy"])
-    if ledger is not None:
-      ledger = ledger_lib.PrivacyLedger.from_json(meta["ledger"])
 
   state = sharding.replicate(state, mesh)
   teacher_label_fn = srr_stage.make_teacher_label_fn(
@@ -332,17 +326,17 @@ def train_srr(config: SRRConfig, workdir: str, *, resume: bool = False, progress
   generator_step = srr_generator.make_finetune_step(state.student.graphdef)
   event = (accounting.srr_event(epsilon_per_query=privacy_plan.epsilon_per_query,
                                 num_queries=config.samples_per_stage) if noisy else None)
-  writer = metrics_lib.MetricsWriter(workdir)
+  writer = metrics_lib.MetricsWriter(workdir, resume_step=start)
   bar = tqdm.tqdm(total=privacy_plan.stages, initial=start, disable=not progress,
                   desc=f"SRR {config.dataset} stages")
   for stage in range(start, privacy_plan.stages):
     if ledger is not None:  # account before releasing: a crash never under-counts
-      ledger.check(event)
-      ledger.record(event, step=stage, note=f"stage {stage}: {config.samples_per_stage} SRR labels")
+      run.charge(event, step=stage, note=f"stage {stage}: {config.samples_per_stage} SRR labels")
     stage_config = config.stage_config(epsilon=privacy_plan.epsilon_per_query, stage=stage)
     result = srr_stage.run_stage(state, jax.random.fold_in(stage_key, stage), stage_config,
                                  teacher_label_fn, generator_step=generator_step, mesh=mesh)
     state = result.state
+    host_arrays = run.seal(state.arrays())  # before any output of this stage's release
     history.append(evaluate.evaluate(state.student.parts, test)["accuracy"])
     spent = math.inf if ledger is None else ledger.spent_epsilon()
     writer.write(stage + 1, {**result.metrics, **({"labels_epsilon": spent} if noisy else {})},
@@ -350,10 +344,10 @@ def train_srr(config: SRRConfig, workdir: str, *, resume: bool = False, progress
     writer.write(stage + 1, {"accuracy": history[-1]}, prefix="test/")
     bar.update(1)
     bar.set_postfix(acc=f"{history[-1]:.4f}", eps=f"{spent:.4g}")
-    checkpoint.save(ckpt_dir, stage + 1, jax.device_get(state.arrays()),
-                    {"config": _config_json(config), "stage": stage + 1, "accuracy": history,
-                     "ledger": None if ledger is None else ledger.to_json(),
-                     "plan": dataclasses.asdict(privacy_plan), "root_seed": list(root_seed)})
+    run.save(stage + 1, host_arrays,
+             {"config": _config_json(config), "stage": stage + 1, "accuracy": history,
+              "ledger": None if ledger is None else ledger.to_json(),
+              "plan": dataclasses.asdict(privacy_plan), "root_seed": list(root_seed)})
   bar.close()
   writer.close()
 

@@ -1,30 +1,59 @@
-"""Orbax checkpoints with a JSON metadata item and a shape check before restoring.
+"""Orbax checkpoints with a JSON metadata item, a checksum, and a shape check before restoring.
 
 Layout: `<directory>/<step>/{arrays,meta}` managed by `ocp.CheckpointManager` (atomic writes,
-`max_to_keep`, multi-host aware: only the primary process writes). `arrays` is a pytree of
-arrays (no pickle anywhere); `meta` is a JSON dict (model name, dataset, shapes, ledger, ...).
-Restoring checks the saved tree structure and leaf shapes against the caller's target first, so a
-checkpoint of another model fails with a message naming the mismatching leaves instead of an
-Orbax internal error.
+`max_to_keep` >= 2 so that a corrupt newest checkpoint leaves an older one to fall back to;
+multi-host aware: only the primary process writes). `arrays` is a pytree of arrays (no pickle
+anywhere); `meta` is a JSON dict (model name, dataset, shapes, ledger, ...).
+
+Integrity: `save` stores in `meta` a SHA-256 over every array leaf (path, dtype, shape and bytes,
+leaves in sorted path order, so container types do not matter), and beside the step a manifest
+of its array files' SHA-256. Every restore first checks the files against the manifest, then
+recomputes the leaf checksum on the arrays as stored (before any dtype cast), and raises
+`CorruptCheckpointError`, a one-line `UserError`, on a mismatch or on any read error of the
+step's files: a checkpoint with overwritten bytes is never used silently. Restoring also checks the saved tree paths and leaf
+shapes against the caller's target first (`CheckpointMismatchError` names the leaves).
 """
 
 from __future__ import annotations
 
+import hashlib
+import json
 import os
-from typing import Any
+import shutil
+import tempfile
+import time
+import warnings
+from typing import Any, NamedTuple
 
 import jax
 import numpy as np
 import orbax.checkpoint as ocp
 
+from dpkd_jax import errors
+
 PyTree = Any
+CHECKSUM_KEY = "_dpkd_checksum"  # in `meta`; stripped from what `restore*` returns
+MANIFEST_NAME = "dpkd_files.sha256.json"  # in the step directory, written after the save
+_MIN_KEPT = 2
 
 
 class CheckpointMismatchError(ValueError):
   """The checkpoint on disk does not fit the model/state it is being restored into."""
 
 
-def _manager(directory: str, max_to_keep: int | None = 2) -> ocp.CheckpointManager:
+class CorruptCheckpointError(errors.UserError):
+  """A checkpoint's files cannot be read or do not match the checksum stored at save time."""
+
+
+class Verified(NamedTuple):
+  """A checkpoint read and checked: `arrays` as stored (NumPy, Orbax containers), `meta`."""
+
+  step: int
+  arrays: PyTree
+  meta: dict[str, Any]
+
+
+def _manager(directory: str, max_to_keep: int | None = _MIN_KEPT) -> ocp.CheckpointManager:
   # Explicit handlers so that item metadata (shapes) can be read before any restore.
   return ocp.CheckpointManager(
       os.path.abspath(directory),
@@ -34,49 +63,6 @@ def _manager(directory: str, max_to_keep: int | None = 2) -> ocp.CheckpointManag
           "meta": ocp.JsonCheckpointHandler(),
       },
   )
-
-
-def save(directory: str, step: int, arrays: PyTree, metadata: dict[str, Any],
-         *, max_to_keep: int | None = 2) -> None:
-  """Saves `arrays` and JSON `metadata` as checkpoint `step` (blocks until written)."""
-  with _manager(directory, max_to_keep) as manager:
-    manager.save(
-        int(step),
-        args=ocp.args.Composite(
-            arrays=ocp.args.StandardSave(arrays),
-            meta=ocp.args.JsonSave(metadata),
-        ),
-        force=True,
-    )
-    manager.wait_until_finished()
-
-
-def latest_step(directory: str) -> int | None:
-  """The newest saved step in `directory`, or None if there is none."""
-  if not os.path.isdir(directory):
-    return None
-  with _manager(directory) as manager:
-    return manager.latest_step()
-
-
-def restore_metadata(directory: str, *, step: int | None = None) -> dict[str, Any]:
-  """Reads only the JSON metadata of a checkpoint (cheap; used to rebuild the model)."""
-  with _manager(directory) as manager:
-    step = _resolve_step(manager, directory, step)
-    restored = manager.restore(step, args=ocp.args.Composite(meta=ocp.args.JsonRestore()))
-    return dict(restored["meta"])
-
-
-def _resolve_step(manager: ocp.CheckpointManager, directory: str, step: int | None) -> int:
-  steps = manager.all_steps()
-  if not steps:
-    raise FileNotFoundError(f"no checkpoint found in {os.path.abspath(directory)!r}")
-  if step is None:
-    return max(steps)
-  if step not in steps:
-    raise FileNotFoundError(
-        f"checkpoint step {step} not found in {os.path.abspath(directory)!r}; available: {sorted(steps)}")
-  return step
 
 
 def _path_str(path: tuple[Any, ...]) -> str:
@@ -93,12 +79,173 @@ def _path_str(path: tuple[Any, ...]) -> str:
   return "/".join(parts)
 
 
+def _leaves_by_path(tree: PyTree) -> dict[str, Any]:
+  return {_path_str(p): x for p, x in jax.tree_util.tree_flatten_with_path(tree)[0]}
+
+
+def checksum(arrays: PyTree) -> str:
+  """SHA-256 hex digest of every leaf's path, dtype, shape and C-order bytes (sorted paths)."""
+  digest = hashlib.sha256()
+  for path, leaf in sorted(_leaves_by_path(arrays).items()):
+    value = np.ascontiguousarray(np.asarray(leaf))
+    digest.update(f"{path}\0{value.dtype.str}\0{value.shape}\0".encode())
+    digest.update(value.tobytes())
+  return digest.hexdigest()
+
+
+def save(directory: str, step: int, arrays: PyTree, metadata: dict[str, Any],
+         *, max_to_keep: int | None = _MIN_KEPT) -> str:
+  """Saves host `arrays` and JSON `metadata` (plus their checksum) as checkpoint `step`.
+
+  Blocks until written. `max_to_keep` must be None (all) or >= 2: a corrupt newest checkpoint
+  must leave one to fall back to. Returns the checksum stored.
+  """
+  if max_to_keep is not None and max_to_keep < _MIN_KEPT:
+    raise ValueError(f"max_to_keep must be None or >= {_MIN_KEPT}, got {max_to_keep}")
+  arrays = jax.device_get(arrays)
+  digest = checksum(arrays)
+  meta = {**{k: v for k, v in metadata.items() if k != CHECKSUM_KEY},
+          CHECKSUM_KEY: {"sha256": digest}}
+  with _manager(directory, max_to_keep) as manager:
+    manager.save(
+        int(step),
+        args=ocp.args.Composite(
+            arrays=ocp.args.StandardSave(arrays),
+            meta=ocp.args.JsonSave(meta),
+        ),
+        force=True,
+    )
+    manager.wait_until_finished()
+  if jax.process_index() == 0:
+    _write_manifest(os.path.join(os.path.abspath(directory), str(int(step))))
+  return digest
+
+
+def _file_digests(step_dir: str) -> dict[str, str]:
+  """SHA-256 of every file under `<step_dir>/arrays`, by path relative to `step_dir`."""
+  digests = {}
+  for root, _, files in os.walk(os.path.join(step_dir, "arrays")):
+    for name in files:
+      path = os.path.join(root, name)
+      digest = hashlib.sha256()
+      with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+          digest.update(block)
+      digests[os.path.relpath(path, step_dir)] = digest.hexdigest()
+  return digests
+
+
+def _write_manifest(step_dir: str) -> None:
+  # Lets a restore refuse a damaged file before TensorStore reads it: its decoding errors
+  # print asynchronous "Event loop is closed" tracebacks that no caller can catch.
+  with tempfile.NamedTemporaryFile("w", dir=step_dir, delete=False, suffix=".tmp") as f:
+    json.dump(_file_digests(step_dir), f)
+    f.flush()
+    os.fsync(f.fileno())
+  os.replace(f.name, os.path.join(step_dir, MANIFEST_NAME))
+
+
+def _check_manifest(directory: str, step: int) -> None:
+  """Raises CorruptCheckpointError if a file of the step's arrays differs from the manifest
+  (no manifest: a crash between the save and its manifest, or an older format; the value
+  checksum still applies)."""
+  step_dir = os.path.join(os.path.abspath(directory), str(step))
+  try:
+    with open(os.path.join(step_dir, MANIFEST_NAME), encoding="utf-8") as f:
+      expected = json.load(f)
+  except FileNotFoundError:
+    return
+  except (OSError, ValueError) as err:
+    raise _corrupt(directory, step, f"unreadable {MANIFEST_NAME}") from err
+  actual = _file_digests(step_dir)
+  for name in sorted(set(expected) | set(actual)):
+    if expected.get(name) != actual.get(name):
+      raise _corrupt(directory, step, f"file {name} differs from the one written at save time")
+
+
+def all_steps(directory: str) -> list[int]:
+  """Saved steps in `directory`, oldest first ([] if there are none)."""
+  if not os.path.isdir(directory):
+    return []
+  with _manager(directory) as manager:
+    return sorted(manager.all_steps())
+
+
+def latest_step(directory: str) -> int | None:
+  """The newest saved step in `directory`, or None if there is none."""
+  steps = all_steps(directory)
+  return steps[-1] if steps else None
+
+
+def _resolve_step(directory: str, step: int | None) -> int:
+  steps = all_steps(directory)
+  if not steps:
+    raise FileNotFoundError(f"no checkpoint found in {os.path.abspath(directory)!r}")
+  if step is None:
+    return steps[-1]
+  if step not in steps:
+    raise FileNotFoundError(
+        f"checkpoint step {step} not found in {os.path.abspath(directory)!r}; available: {steps}")
+  return step
+
+
+def _corrupt(directory: str, step: int, why: str) -> CorruptCheckpointError:
+  where = os.path.join(os.path.abspath(directory), str(step))
+  return CorruptCheckpointError(f"checkpoint {where!r} is corrupt ({why})")
+
+
+def restore_metadata(directory: str, *, step: int | None = None) -> dict[str, Any]:
+  """Reads only the JSON metadata of a checkpoint (cheap; used to rebuild the model)."""
+  step = _resolve_step(directory, step)
+  try:
+    with _manager(directory) as manager:
+      meta = dict(manager.restore(step, args=ocp.args.Composite(meta=ocp.args.JsonRestore()))["meta"])
+  except Exception as err:  # pylint: disable=broad-except
+    raise _corrupt(directory, step, f"unreadable metadata: {type(err).__name__}") from err
+  meta.pop(CHECKSUM_KEY, None)
+  return meta
+
+
+def read_moved_metadata(step_dir: str) -> dict[str, Any]:
+  """The JSON metadata of one step directory moved out of its manager (see `quarantine`)."""
+  with open(os.path.join(step_dir, "meta", "metadata"), encoding="utf-8") as f:
+    meta = json.load(f)
+  if not isinstance(meta, dict):
+    raise ValueError(f"{step_dir!r}: metadata is not a JSON object")
+  meta.pop(CHECKSUM_KEY, None)
+  return meta
+
+
+def read_verified(directory: str, step: int | None = None) -> Verified:
+  """Reads checkpoint `step` (default newest) as stored and checks its checksum.
+
+  Raises:
+    FileNotFoundError: no checkpoint (or not that step).
+    CorruptCheckpointError: a file cannot be read, or the arrays differ from the checksum.
+  """
+  step = _resolve_step(directory, step)
+  _check_manifest(directory, step)
+  try:
+    with _manager(directory) as manager:
+      restored = manager.restore(step, args=ocp.args.Composite(
+          arrays=ocp.args.StandardRestore(), meta=ocp.args.JsonRestore()))
+    arrays, meta = restored["arrays"], dict(restored["meta"])
+  except Exception as err:  # pylint: disable=broad-except
+    # Whatever a damaged file makes Orbax/TensorStore raise counts as corruption.
+    raise _corrupt(directory, step, f"unreadable: {type(err).__name__}") from err
+  stored = meta.pop(CHECKSUM_KEY, None)
+  if stored is None:  # written before checksums existed: readable, but cannot be verified
+    warnings.warn(f"checkpoint {directory!r} step {step} has no checksum (older format): "
+                  "its integrity cannot be verified", stacklevel=2)
+  elif not isinstance(stored, dict) or stored.get("sha256") != checksum(arrays):
+    raise _corrupt(directory, step, "its arrays do not match the checksum written at save time")
+  return Verified(step, arrays, meta)
+
+
 def _check_shapes(saved: PyTree, target: PyTree, directory: str) -> None:
   """Raises CheckpointMismatchError listing leaves whose path or shape differ."""
-  saved_leaves = {_path_str(p): tuple(x.shape)
-                  for p, x in jax.tree_util.tree_flatten_with_path(saved)[0]}
-  target_leaves = {_path_str(p): tuple(np.shape(x))
-                   for p, x in jax.tree_util.tree_flatten_with_path(target)[0]}
+  saved_leaves = {p: tuple(np.shape(x)) for p, x in _leaves_by_path(saved).items()}
+  target_leaves = {p: tuple(np.shape(x)) for p, x in _leaves_by_path(target).items()}
   problems = []
   for path in sorted(set(saved_leaves) | set(target_leaves)):
     if path not in target_leaves:
@@ -114,32 +261,55 @@ def _check_shapes(saved: PyTree, target: PyTree, directory: str) -> None:
         f"checkpoint {os.path.abspath(directory)!r} does not match the requested model:\n  {shown}{more}")
 
 
+def into_target(saved: PyTree, target: PyTree, directory: str) -> PyTree:
+  """The verified `saved` arrays in the structure, dtypes and placement of `target`.
+
+  Leaves are matched by path; a `jax.Array` (or `ShapeDtypeStruct` with a sharding) target leaf
+  gets a device array on the target's sharding, anything else a NumPy array.
+  """
+  _check_shapes(saved, target, directory)
+  by_path = _leaves_by_path(saved)
+
+  def convert(path, leaf):
+    value = np.asarray(by_path[_path_str(path)], dtype=np.dtype(leaf.dtype) if hasattr(
+        leaf, "dtype") else None)
+    sharding = getattr(leaf, "sharding", None)
+    if isinstance(leaf, (jax.Array, jax.ShapeDtypeStruct)) and sharding is not None:
+      return jax.device_put(value, sharding)
+    return value
+
+  return jax.tree_util.tree_map_with_path(convert, target)
+
+
 def restore(directory: str, target: PyTree, *, step: int | None = None) -> tuple[PyTree, dict[str, Any]]:
   """Restores (arrays, metadata) into the structure, shapes and dtypes of `target`.
 
   Args:
     directory: checkpoint directory given to `save`.
     target: a pytree like the saved `arrays` (concrete arrays or `jax.ShapeDtypeStruct`s).
-    step: which step; default the latest.
+    step: which step; default the latest (no fallback: a corrupt one raises).
 
   Returns:
     (arrays, metadata).
 
   Raises:
     FileNotFoundError: no checkpoint (or not that step).
+    CorruptCheckpointError: unreadable, or the arrays differ from their checksum.
     CheckpointMismatchError: saved tree paths or shapes differ from `target`.
   """
-  with _manager(directory) as manager:
-    step = _resolve_step(manager, directory, step)
-    saved_tree = manager.item_metadata(step)["arrays"]
-    saved_tree = getattr(saved_tree, "tree", saved_tree)  # handler metadata wraps the tree
-    _check_shapes(saved_tree, target, directory)
-    abstract = jax.tree.map(ocp.utils.to_shape_dtype_struct, target)
-    restored = manager.restore(
-        step,
-        args=ocp.args.Composite(
-            arrays=ocp.args.StandardRestore(abstract),
-            meta=ocp.args.JsonRestore(),
-        ),
-    )
-    return restored["arrays"], dict(restored["meta"])
+  verified = read_verified(directory, step)
+  return into_target(verified.arrays, target, directory), verified.meta
+
+
+def quarantine(directory: str, step: int) -> str:
+  """Moves checkpoint `step` out of `directory` (into `<directory>.corrupt/`) and returns where.
+
+  Kept for inspection rather than deleted; the run can then save that step again. Only the
+  coordinator process moves files; the others just return the destination.
+  """
+  target_dir = os.path.abspath(directory) + ".corrupt"
+  destination = os.path.join(target_dir, f"{step}-{time.strftime('%Y%m%d-%H%M%S')}-{os.getpid()}")
+  if jax.process_index() == 0:
+    os.makedirs(target_dir, exist_ok=True)
+    shutil.move(os.path.join(os.path.abspath(directory), str(step)), destination)
+  return destination

@@ -2,40 +2,98 @@
 
 Written from process 0 only so that multi-host runs produce one log. Values are pulled to the
 host lazily by the caller (log the previous step's metrics so dispatch never stalls).
+
+A resumed run replays the steps after its checkpoint, so it passes `resume_step` (the restored
+step, 0 for a fresh run): rows with a larger step are dropped from the CSV before anything is
+appended, and TensorBoard is told to purge events after that step (the `purge_step` of the new
+event file; TensorBoard hides older events at or beyond it). The log then holds each step once.
 """
 
 from __future__ import annotations
 
 import csv
+import glob
 import os
+import tempfile
 from typing import Mapping
 
 import jax
 import numpy as np
 
+_HEADER = ["step", "name", "value"]
+
+
+def _is_whole(row: list[str]) -> bool:
+  """False for a row torn by a crash in the middle of a write."""
+  try:
+    return len(row) == 3 and int(row[0]) >= 0 and bool(row[1]) and float(row[2]) is not None
+  except ValueError:
+    return False
+
+
+def drop_rows_after(path: str, step: int) -> int:
+  """Rewrites the long-format CSV `path` without rows whose step exceeds `step` (atomically).
+
+  Rows torn by a crash mid-write are dropped too.
+
+  Returns:
+    How many rows were dropped (0 if the file does not exist).
+  """
+  if not os.path.exists(path):
+    return 0
+  with open(path, newline="") as f:
+    text = f.read()
+  torn = bool(text) and not text.endswith("\n")  # the last row was cut short, even if it parses
+  rows = list(csv.reader(text.splitlines()))[:-1 if torn else None]
+  if rows and rows[0] != _HEADER:
+    raise ValueError(f"{path!r} is not a metrics CSV (header {rows[0]}, expected {_HEADER})")
+  kept = [row for row in rows[1:] if _is_whole(row) and int(row[0]) <= step]
+  dropped = max(len(rows) - 1, 0) - len(kept) + torn
+  if dropped:
+    with tempfile.NamedTemporaryFile("w", dir=os.path.dirname(os.path.abspath(path)),
+                                     delete=False, suffix=".tmp", newline="") as f:
+      csv.writer(f).writerows([_HEADER, *kept])
+    os.replace(f.name, path)  # a crash leaves the old file whole
+  return dropped
+
 
 class MetricsWriter:
-  """Appends scalar metrics to `<workdir>/metrics.csv` and TensorBoard events in `<workdir>/tb`.
+  """Appends scalar metrics to `<workdir>/<csv_name>` and TensorBoard events in `<workdir>/<tb_dir>`.
 
   The CSV is in long format (`step,name,value`, one row per scalar) so that metrics logged at
   different cadences (train every step, eval every epoch) share one file without header churn.
   """
 
-  def __init__(self, workdir: str, *, tensorboard: bool = True):
+  def __init__(self, workdir: str, *, tensorboard: bool = True, resume_step: int | None = None,
+               csv_name: str = "metrics.csv", tb_dir: str = "tb"):
+    """Opens the log.
+
+    Args:
+      workdir: run directory (created).
+      tensorboard: also write TensorBoard events.
+      resume_step: the step the run (re)starts from; rows and events after it are dropped.
+        None keeps everything (plain append).
+      csv_name, tb_dir: file and directory names inside `workdir`.
+    """
     self._active = jax.process_index() == 0
-    self._csv_path = os.path.join(workdir, "metrics.csv")
+    self._csv_path = os.path.join(workdir, csv_name)
     self._tb = None
     if not self._active:
       return
     os.makedirs(workdir, exist_ok=True)
+    if resume_step is not None:
+      drop_rows_after(self._csv_path, resume_step)
     if not os.path.exists(self._csv_path):
       with open(self._csv_path, "w", newline="") as f:
-        csv.writer(f).writerow(["step", "name", "value"])
+        csv.writer(f).writerow(_HEADER)
     if tensorboard:
       # tensorboardX writes the event format without needing TensorFlow.
       from tensorboardX import SummaryWriter  # pylint: disable=g-import-not-at-top
 
-      self._tb = SummaryWriter(os.path.join(workdir, "tb"))
+      tb_path = os.path.join(workdir, tb_dir)
+      earlier = glob.glob(os.path.join(tb_path, "events.out.tfevents.*"))
+      purge = resume_step + 1 if resume_step is not None and earlier else None
+      self._tb = SummaryWriter(tb_path, purge_step=purge)
 
   def write(self, step: int, metrics: Mapping[str, float], *, prefix: str = "") -> None:
     """Writes the scalars of `metrics` for `step`, names prefixed (e.g. 'train/')."""
@@ -53,10 +111,10 @@ class MetricsWriter:
       self._tb.close()
 
 
-def read_metrics(workdir: str) -> dict[str, list[tuple[int, float]]]:
+def read_metrics(workdir: str, csv_name: str = "metrics.csv") -> dict[str, list[tuple[int, float]]]:
   """Reads `<workdir>/metrics.csv` back as {name: [(step, value), ...]}."""
   series: dict[str, list[tuple[int, float]]] = {}
-  with open(os.path.join(workdir, "metrics.csv"), newline="") as f:
+  with open(os.path.join(workdir, csv_name), newline="") as f:
     for row in csv.DictReader(f):
       series.setdefault(row["name"], []).append((int(row["step"]), float(row["value"])))
   return series

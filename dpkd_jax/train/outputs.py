@@ -26,9 +26,9 @@ import tempfile
 import time
 from typing import Any, Mapping
 
-import numpy as np
 
 from dpkd_jax.train import distributed
+from dpkd_jax.train import metrics as metrics_lib
 from dpkd_jax.train import records
 
 PRIVATE_KEY = "private_diagnostics"
@@ -53,37 +53,29 @@ class RunClock:
 class PrivateDiagnosticsWriter:
   """Writes private scalars to `<workdir>/private_diagnostics.csv` (long format, as
   `metrics.csv`) and TensorBoard events in `<workdir>/private_diagnostics_tb/`, every tag
-  prefixed `private_diagnostics/`. Files are created at the first write only (process 0)."""
+  prefixed `private_diagnostics/`. Files are created at the first write only (process 0); a
+  resumed run (`resume_step`) drops the rows after its checkpoint at once, as `MetricsWriter`."""
 
-  def __init__(self, workdir: str, *, tensorboard: bool = True):
-    self._workdir, self._tensorboard, self._tb = workdir, tensorboard, None
-    self._active = distributed.is_coordinator()
+  def __init__(self, workdir: str, *, tensorboard: bool = True, resume_step: int | None = None):
+    self._workdir, self._tensorboard, self._resume_step = workdir, tensorboard, resume_step
+    self._writer: metrics_lib.MetricsWriter | None = None
     self.path = os.path.join(workdir, PRIVATE_CSV)
+    if distributed.is_coordinator() and resume_step is not None:
+      metrics_lib.drop_rows_after(self.path, resume_step)
 
   def write(self, step: int, metrics: Mapping[str, Any], *, prefix: str = "") -> None:
     """Appends the scalars of `metrics` for `step`, named `private_diagnostics/<prefix><k>`."""
-    if not self._active or not metrics:
+    if not distributed.is_coordinator() or not metrics:
       return
-    rows = [(int(step), f"{PRIVATE_TAG_PREFIX}{prefix}{k}", float(np.asarray(v)))
-            for k, v in metrics.items()]
-    new = not os.path.exists(self.path)
-    os.makedirs(self._workdir, exist_ok=True)
-    with open(self.path, "a", newline="") as f:
-      writer = csv.writer(f)
-      if new:
-        writer.writerow(["step", "name", "value"])
-      writer.writerows(rows)
-    if self._tensorboard:
-      if self._tb is None:
-        from tensorboardX import SummaryWriter  # pylint: disable=g-import-not-at-top
-
-        self._tb = SummaryWriter(os.path.join(self._workdir, PRIVATE_TB_DIR))
-      for step_, name, value in rows:
-        self._tb.add_scalar(name, value, step_)
+    if self._writer is None:
+      self._writer = metrics_lib.MetricsWriter(
+          self._workdir, tensorboard=self._tensorboard, resume_step=self._resume_step,
+          csv_name=PRIVATE_CSV, tb_dir=PRIVATE_TB_DIR)
+    self._writer.write(step, metrics, prefix=f"{PRIVATE_TAG_PREFIX}{prefix}")
 
   def close(self) -> None:
-    if self._tb is not None:
-      self._tb.close()
+    if self._writer is not None:
+      self._writer.close()
 
 
 def read_private_diagnostics(workdir: str) -> dict[str, list[tuple[int, float]]]:

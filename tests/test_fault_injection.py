@@ -1,0 +1,68 @@
+"""Fault injection on the CLIs (issue 17, "Done when"): `benchmarks/fault_injection.py`.
+
+kill -9 at a random release then resume, overwritten checkpoint bytes, a concurrent start and a
+dataset missing offline, each on tiny digits runs compared with an uninterrupted run. The kill
+points come from a random seed (set DPKD_FAULT_SEED to replay one); the report of what was
+tried is printed in the pytest summary.
+"""
+
+import importlib.util
+import os
+import pathlib
+import random
+import sys
+
+import pytest
+
+_SCRIPT = pathlib.Path(__file__).resolve().parents[1] / "benchmarks" / "fault_injection.py"
+
+
+@pytest.fixture(scope="module")
+def injected(tmp_path_factory, request):
+  spec = importlib.util.spec_from_file_location("fault_injection", _SCRIPT)
+  module = importlib.util.module_from_spec(spec)
+  sys.modules[spec.name] = module  # its dataclass resolves annotations through sys.modules
+  spec.loader.exec_module(module)
+  seed = int(os.environ.get("DPKD_FAULT_SEED", random.SystemRandom().randrange(2**32)))
+  outcomes = module.run_all(str(tmp_path_factory.mktemp("faults")), seed)
+  report = [f"fault injection (DPKD_FAULT_SEED={seed}):",
+            *("  " + outcome.line() for outcome in outcomes.values())]
+  capture = request.config.pluginmanager.get_plugin("capturemanager")
+  with capture.global_and_fixture_disabled():  # the report shows even without -s
+    print("\n" + "\n".join(report))
+  return module, outcomes
+
+
+def _check(injected, key):
+  module, outcomes = injected
+  problems = outcomes[key].problems
+  if problems and all(p == module.TRACEBACK_NOT_LINE for p in problems):
+    pytest.xfail("the CLI prints this UserError as a traceback: the one-line exit-2 handler "
+                 "of the CLIs (issue 17 point 12) is not on this branch")
+  assert not problems, outcomes[key].line()
+
+
+@pytest.mark.parametrize("method", ["dpsgd", "dpdfd"])
+def test_kill_9_at_a_random_release_then_resume_loses_nothing(injected, method):
+  if method == "dpdfd":
+    _check(injected, "dpdfd_ref")
+  _check(injected, f"kill_{method}")
+
+
+def test_overwritten_newest_checkpoint_falls_back_to_the_same_end(injected):
+  _check(injected, "corrupt")
+
+
+def test_every_checkpoint_overwritten_is_refused_in_one_line(injected):
+  _check(injected, "all_corrupt")
+
+
+def test_second_run_in_a_busy_workdir_is_refused_and_the_first_unharmed(injected):
+  _check(injected, "concurrent")
+
+
+@pytest.mark.xfail(strict=False, reason="the offline fail-fast of the data loader (issue 17 "
+                   "point 11) is another change; on this branch a missing mnist.npz falls into "
+                   "a tensorflow-datasets download that hangs offline")
+def test_missing_data_offline_fails_fast_in_one_line(injected):
+  _check(injected, "offline")
