@@ -25,6 +25,7 @@ import dpkd_jax
 from dpkd_jax import data
 from dpkd_jax import models
 from dpkd_jax.models import core
+from dpkd_jax.privacy import seeds
 from dpkd_jax.train import checkpoint
 from dpkd_jax.train import evaluate as evaluate_lib
 from dpkd_jax.train import metrics as metrics_lib
@@ -183,7 +184,7 @@ def train_teacher(config: TeacherConfig, workdir: str, *, progress: bool = True,
   total_steps = steps_per_epoch * config.epochs
 
   # Named key streams, each used with fold_in(step or epoch): never reused.
-  init_key, order_key, augment_key = jax.random.split(jax.random.key(config.seed), 3)
+  init_key, order_key, augment_key = jax.random.split(seeds.root_key(config.seed), 3)
   state = TrainState.create(init_model(config, init_key), make_optimizer(config, total_steps))
   config_json = dataclasses.asdict(config)
   ckpt_dir = os.path.join(workdir, "checkpoints")

@@ -402,7 +402,7 @@ def train_dfpate(config: DFPATEConfig, workdir: str, *, resume: bool = False,
     raise ValueError(f"{workdir!r} holds a run with another config; use a fresh workdir")
   root_seed = (seeds.ResolvedSeed(*saved["root_seed"]) if resuming
                else seeds.resolve_seed(config.seed))
-  keys = dict(zip(_STREAMS, jax.random.split(jax.random.key(root_seed.value), len(_STREAMS))))
+  keys = dict(zip(_STREAMS, jax.random.split(seeds.root_key(root_seed), len(_STREAMS))))
   noise_std = config.resolved_noise_std()
   total_epsilon = _epsilon(config, noise_std)
   if config.target_epsilon is not None and total_epsilon > config.target_epsilon:

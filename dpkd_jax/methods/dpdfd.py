@@ -230,7 +230,7 @@ def train_dpdfd(config: DPDFDConfig, workdir: str, *, progress: bool = True,
   # The root seed is secret unless the user chose it; a resumed run continues with its own.
   root_seed = (seeds.ResolvedSeed(*saved["root_seed"]) if "root_seed" in saved
                else seeds.resolve_seed(config.seed))
-  init_key, train_key = jax.random.split(jax.random.key(root_seed.value))
+  init_key, train_key = jax.random.split(seeds.root_key(root_seed))
   state = init_state(config, init_key)
   # The ledger's budget: the target in sound mode; in paper mode (or without a target) the
   # sound ε of the planned run, so that the ledger still refuses anything beyond the plan.
@@ -282,9 +282,9 @@ def train_dpdfd(config: DPDFDConfig, workdir: str, *, progress: bool = True,
   if start == step and step > 0:
     accuracy = evaluate.evaluate(state.student.parts, test)["accuracy"]
 
-  # A stream of its own (init_key is otherwise only split inside init_state): key(seed + 1)
-  # would be the root key of the run with the next seed.
-  grid_key = jax.random.fold_in(init_key, 1)
+  # A stream of its own: init_state takes split(init_key) = fold_in(init_key, 0 and 1) (1 is
+  # the generator's init), so the grid takes tag 2; key(seed + 1) would be another run's root.
+  grid_key = jax.random.fold_in(init_key, 2)
   save_sample_grid(generate(state.generator, grid_key, 64, config.latent_dim),
                    config.info, os.path.join(workdir, "samples.png"))
   results = {
@@ -329,7 +329,7 @@ def sample(workdir: str, num: int, *, seed: int, out_path: str | None = None) ->
   if num < 1:
     raise ValueError(f"num must be >= 1, got {num}")
   config, state, _ = load_run(workdir)
-  images = generate(state.generator, jax.random.key(seed), num, config.latent_dim)
+  images = generate(state.generator, seeds.root_key(seed), num, config.latent_dim)
   logits = jax.jit(lambda x: core.apply(state.student.graphdef, state.student.params,
                                         state.student.batch_stats, x, train=False)[0].logits)
   labels = np.concatenate([np.argmax(np.asarray(logits(images[i:i + 500])), -1)

@@ -220,7 +220,7 @@ def train_rknn(config: RKNNConfig, workdir: str, *, progress: bool = True) -> di
     raise ValueError(f"{workdir!r} already holds a reverse k-NN run; use a fresh workdir")
   start_time, start_cpu = time.time(), time.process_time()
   seed = seeds.resolve_seed(config.seed)
-  root_key = jax.random.key(seed.value)
+  root_key = seeds.root_key(seed)
   # Named streams, each used once or with fold_in(round): a key is never reused.
   rep_key, kmeans_key, noise_key, student_key = jax.random.split(root_key, 4)
 
