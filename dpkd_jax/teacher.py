@@ -3,7 +3,8 @@
 A teacher is trained on the private data (or one disjoint shard of it, for multi-teacher
 methods) and is the sensitive model that the DP methods convert. Its artefacts in `workdir`:
   checkpoints/<step>/   Orbax: params, batch_stats, optimizer state, step
-  card.json             dataset, model, split, seed, test accuracy, parameter count, config
+  card.json             dataset, model, split (shard and the sharded split's size and
+                        digest: `teacher_partition`), seed, test accuracy, params, config
   metrics.csv, tb/      training curves (CSV + TensorBoard)
 """
 
@@ -24,7 +25,9 @@ from flax import nnx
 import dpkd_jax
 from dpkd_jax import data
 from dpkd_jax import models
+from dpkd_jax import teacher_partition
 from dpkd_jax.models import core
+from dpkd_jax.privacy import seeds
 from dpkd_jax.train import checkpoint
 from dpkd_jax.train import evaluate as evaluate_lib
 from dpkd_jax.train import metrics as metrics_lib
@@ -151,12 +154,14 @@ def init_model(config: TeacherConfig, key: jax.Array) -> core.ModelParts:
   return core.split(model)
 
 
-def _training_split(config: TeacherConfig) -> data.ArrayDataset:
+def _training_split(config: TeacherConfig) -> tuple[data.ArrayDataset, dict[str, Any]]:
+  """(this teacher's shard of the train split, the card fields naming that split)."""
   train = data.load(config.dataset, "train", data_dir=config.data_dir, download=config.download)
+  source = teacher_partition.source_fields(train)  # lets ensembles prove disjoint shards
   if config.num_shards == 1:
-    return train
+    return train, source
   shards = data.shard_indices(len(train), config.num_shards, seed=config.shard_seed)
-  return train.subset(shards[config.shard])
+  return train.subset(shards[config.shard]), source
 
 
 @workdir_lib.run_scope
@@ -180,7 +185,7 @@ def train_teacher(config: TeacherConfig, workdir: str, *, progress: bool = True,
   run = workdir_lib.open_run(workdir, kind="teacher", config=config_json)
   mesh = sharding.data_mesh() if mesh is None else mesh
   sharding.check_divisible(config.batch_size, mesh)
-  train = _training_split(config)
+  train, source = _training_split(config)
   test = data.load(config.dataset, "test", data_dir=config.data_dir, download=config.download)
   if len(train) < config.batch_size:
     raise ValueError(f"training split has {len(train)} examples < batch_size={config.batch_size}")
@@ -188,7 +193,7 @@ def train_teacher(config: TeacherConfig, workdir: str, *, progress: bool = True,
   total_steps = steps_per_epoch * config.epochs
 
   # Named key streams, each used with fold_in(step or epoch): never reused.
-  init_key, order_key, augment_key = jax.random.split(jax.random.key(config.seed), 3)
+  init_key, order_key, augment_key = jax.random.split(seeds.root_key(config.seed), 3)
   state = TrainState.create(init_model(config, init_key), make_optimizer(config, total_steps))
   start_epoch = 0
   if run.resuming:
@@ -229,7 +234,7 @@ def train_teacher(config: TeacherConfig, workdir: str, *, progress: bool = True,
       "num_classes": config.info.num_classes,
       "input_shape": list(config.info.image_shape),
       "split": {"num_shards": config.num_shards, "shard": config.shard, "shard_seed": config.shard_seed,
-                "num_train_examples": len(train)},
+                "num_train_examples": len(train), **source},
       "seed": config.seed,
       "test_accuracy": final["accuracy"],
       "test_loss": final["loss"],

@@ -166,6 +166,16 @@ def test_multi_teacher_has_the_same_event():
           == accounting.dpdfd_event(**kwargs))
 
 
+def test_a_record_reaching_m_teachers_divides_the_multiplier_by_m():
+  # Each summed row moves by 2Cm: the event of sigma / m.
+  kwargs = dict(batch_size=64, steps=3, num_teachers=5)
+  assert (accounting.dpdfd_event(noise_multiplier=50.0, teachers_per_record=5, **kwargs)
+          == accounting.dpdfd_event(noise_multiplier=10.0, **kwargs))
+  for bad, match in ((0, "teachers_per_record"), (6, "exceeds num_teachers")):
+    with pytest.raises(ValueError, match=match):
+      accounting.dpdfd_event(noise_multiplier=1.0, teachers_per_record=bad, **kwargs)
+
+
 def test_rona_event_and_query_count():
   assert accounting.rona_event(noise_multiplier=4.0, num_queries=3) == (
       accounting.TaggedDpEvent(dp_event.GaussianDpEvent(2.0), 3, accounting.REPLACE_ONE))

@@ -43,6 +43,22 @@ def test_calibrated_dpdfd_steps_is_the_maximum_that_fits():
       target_epsilon=100.0, delta=DELTA, max_steps=50, **kwargs) == 50
 
 
+def test_dpdfd_calibration_charges_each_teacher_a_record_reaches():
+  # m teachers per record: m times the noise for the same epsilon, and m times fewer steps'
+  # worth of budget at a given sigma.
+  kw = dict(target_epsilon=2.0, delta=DELTA, batch_size=64)
+  one = calibration.calibrate_dpdfd_noise_multiplier(steps=10, **kw)
+  three = calibration.calibrate_dpdfd_noise_multiplier(steps=10, num_teachers=3,
+                                                       teachers_per_record=3, **kw)
+  assert three == pytest.approx(3 * one, rel=1e-2)
+  assert accounting.epsilon(accounting.dpdfd_event(
+      noise_multiplier=three, batch_size=64, steps=10, num_teachers=3, teachers_per_record=3),
+      delta=DELTA) <= 2.0
+  steps = dict(noise_multiplier=3 * one, max_steps=100, **kw)
+  assert calibration.calibrate_dpdfd_steps(**steps, num_teachers=3, teachers_per_record=3) == 10
+  assert calibration.calibrate_dpdfd_steps(**steps) > 10
+
+
 def test_calibrated_srr_queries_is_the_maximum_that_fits():
   def make(n):
     return accounting.srr_event(epsilon_per_query=0.2, num_queries=n)

@@ -3,6 +3,7 @@
 import json
 import math
 import os
+import shutil
 import warnings
 
 import chex
@@ -13,6 +14,7 @@ import pytest
 import tensorflow_datasets as tfds
 
 from dpkd_jax import data
+from dpkd_jax import errors
 from dpkd_jax import teacher as teacher_lib
 from dpkd_jax.methods import dpdfd
 from dpkd_jax.methods import dpdfd_privacy
@@ -308,9 +310,9 @@ def test_sample_release(finished_run, tmp_path):
 
 
 def test_multi_teacher_ensemble_step(teacher_dir):
-  config = _config(teacher_dir, teacher_dirs=(teacher_dir, teacher_dir, teacher_dir))
-  ensemble, cards = dpdfd.load_teachers(config)
-  assert ensemble.size == 3 and len(cards) == 3
+  config = _config(teacher_dir, teacher_dirs=(teacher_dir, "b", "c"))  # 3 teachers
+  ensemble = dpdfd_step.TeacherEnsemble.stack([teacher_lib.load_teacher(teacher_dir).parts] * 3)
+  assert ensemble.size == 3
   step_cfg = config.step_config()
   # Three identical teachers: the aggregate's noiseless part equals one teacher's bounded rows,
   # and the noise on the mean is sigma*C/n.
@@ -322,8 +324,46 @@ def test_multi_teacher_ensemble_step(teacher_dir):
   state, metrics = step(dpdfd.init_state(config, jax.random.key(0)), ensemble.params,
                         ensemble.batch_stats, jax.random.key(1))
   assert np.isfinite(float(metrics["student_loss"]))
-  # Accounting: one record sits in one shard -> the same event as a single teacher.
-  assert config.plan().sound_epsilon == pytest.approx(_config(teacher_dir).plan().sound_epsilon)
+  # Accounting: a record in one shard of one partition (m = 1) -> the one-teacher event; by
+  # default (no cards) every teacher may hold it: sensitivity 3x.
+  single = _config(teacher_dir).plan().sound_epsilon
+  assert config.plan(teachers_per_record=1).sound_epsilon == pytest.approx(single)
+  worst = accounting.epsilon(accounting.dpdfd_event(
+      noise_multiplier=10.0, batch_size=16, steps=4, num_teachers=3, teachers_per_record=3),
+      delta=1e-5)
+  assert config.plan().sound_epsilon == pytest.approx(worst) and worst > 2 * single
+
+
+def test_the_same_teacher_twice_is_refused(teacher_dir, tmp_path):
+  # `--teacher_dirs=T,T` used to run with the one-teacher epsilon (sensitivity 2x reported 1x).
+  copied = str(tmp_path / "copy")
+  shutil.copytree(teacher_dir, copied)
+  for dirs in ((teacher_dir, teacher_dir), (teacher_dir, copied)):
+    with pytest.raises(errors.UserError, match="twice|same teacher"):
+      dpdfd.train_dpdfd(_config(teacher_dir, teacher_dirs=dirs), str(tmp_path / "run"),
+                        progress=False)
+  assert not os.path.exists(tmp_path / "run" / "results.json")
+
+
+def test_overlapping_teachers_are_charged_per_record(teacher_dir, tmp_path, capsys):
+  # Two whole-data teachers (another seed): one record reaches both, so each summed row
+  # moves by 4C and epsilon is that of sigma / 2.
+  other = str(tmp_path / "other")
+  teacher_lib.train_teacher(teacher_lib.TeacherConfig(
+      dataset="digits", model="lenet5", epochs=1, batch_size=64, learning_rate=3e-3, seed=1),
+      other, progress=False)
+  config = _config(teacher_dir, teacher_dirs=(teacher_dir, other), steps=2)
+  with warnings.catch_warnings():
+    warnings.simplefilter("ignore", paper_accounting.PaperAccountingWarning)
+    results = dpdfd.train_dpdfd(config, str(tmp_path / "run"), progress=False)
+  expected = accounting.epsilon(accounting.dpdfd_event(
+      noise_multiplier=10.0, batch_size=16, steps=2, num_teachers=2, teachers_per_record=2),
+      delta=1e-5)
+  one_teacher = accounting.epsilon(accounting.dpdfd_event(
+      noise_multiplier=10.0, batch_size=16, steps=2), delta=1e-5)
+  assert results["epsilon"] == pytest.approx(expected, rel=1e-9) and expected > one_teacher
+  assert results["teachers_per_record"] == 2
+  assert "may reach 2 teachers" in capsys.readouterr().out
 
 
 def test_cifar10_runs_end_to_end_on_mock_data(tmp_path):

@@ -397,7 +397,7 @@ def train_dfpate(config: DFPATEConfig, workdir: str, *, resume: bool = False,
   info, clock = config.info, outputs.RunClock()
   run = workdir_lib.open_run(workdir, kind="DF-PATE", config=_config_json(config), resume=resume)
   root_seed = run.root_seed(config.seed)
-  keys = dict(zip(_STREAMS, jax.random.split(jax.random.key(root_seed.value), len(_STREAMS))))
+  keys = dict(zip(_STREAMS, jax.random.split(seeds.root_key(root_seed), len(_STREAMS))))
   noise_std = config.resolved_noise_std()
   total_epsilon = _epsilon(config, noise_std)
   if config.target_epsilon is not None and total_epsilon > config.target_epsilon:

@@ -46,8 +46,14 @@ from dp_accounting import dp_event
 
 from dpkd_jax.privacy import validation
 
-# Streams of the fit key (one purpose each).
-_FIT_STREAMS = ("moment", "init", "kmeans", "variance")
+# Streams of the fit key, stream i = fold_in(key, i) (= split(key, n)[i] for any n, so a
+# stream appended here leaves the others unchanged). One purpose each: "redraw" feeds the
+# data-independent re-draws of dead centroids, which must never share a key with the noise of
+# the Lloyd releases ("kmeans"); they did when the re-draw took fold_in(key_t, 1), which IS
+# split(key_t)[1], the key of the count noise.
+_FIT_STREAMS = ("moment", "init", "kmeans", "variance", "redraw")
+# The two draws of one Lloyd release, `fold_in(key, tag)` (the values split(key) gave).
+_SUMS_TAG, _COUNTS_TAG = 0, 1
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -169,7 +175,7 @@ def noisy_cluster_sums(key: jax.Array, y: jax.Array, centroids: jax.Array, *,
   """One DP Lloyd release: per-cluster sums of y (rows of norm <= bound) and counts, noised.
 
   Args:
-    key: a `jax.random.key`, used once.
+    key: a `jax.random.key`; the sums' noise uses fold_in(key, 0), the counts' fold_in(key, 1).
     y: (N, m) rows clipped to L2 norm <= bound.
     centroids: (k, m) current (public) centroids.
     noise_multiplier: z; noise std z * 2 bound on sums, z * 2 on counts.
@@ -182,7 +188,7 @@ def noisy_cluster_sums(key: jax.Array, y: jax.Array, centroids: jax.Array, *,
   onehot = jax.nn.one_hot(_assign(y, centroids), k, dtype=jnp.float32)  # (N, k)
   sums = onehot.T @ y  # (k, m)
   counts = onehot.sum(0)  # (k,)
-  key_s, key_c = jax.random.split(key)
+  key_s, key_c = jax.random.fold_in(key, _SUMS_TAG), jax.random.fold_in(key, _COUNTS_TAG)
   sums = sums + noise_multiplier * 2 * bound * jax.random.normal(key_s, sums.shape)
   counts = counts + noise_multiplier * 2 * jax.random.normal(key_c, counts.shape)
   return sums, counts
@@ -231,7 +237,7 @@ def fit_query_model(key: jax.Array, images: np.ndarray,
                                       noise_multiplier=config.kmeans_noise_multiplier,
                                       bound=config.projection_bound)
     alive = counts >= max(config.min_count, 1.0)
-    redraw = draw(jax.random.fold_in(key_t, 1), k)
+    redraw = draw(jax.random.fold_in(keys["redraw"], t), k)
     centroids = jnp.where(alive[:, None], sums / jnp.maximum(counts, 1.0)[:, None], redraw)
   # Variances around the final centroids; clusters re-drawn in the last step get counts 0.
   counts = jnp.where(counts >= max(config.min_count, 1.0), counts, 0.0)

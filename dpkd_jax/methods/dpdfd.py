@@ -26,6 +26,7 @@ from flax import nnx
 from dpkd_jax import data
 from dpkd_jax import models
 from dpkd_jax import teacher as teacher_lib
+from dpkd_jax import teacher_partition
 from dpkd_jax.methods import dpdfd_privacy
 from dpkd_jax.methods import dpdfd_step
 from dpkd_jax.models import core
@@ -53,7 +54,8 @@ class DPDFDConfig:
     accounting: "sound" (default) or "paper" (Theorem 3 reconstruction; warned, sound ε beside).
     l2_norm_bound, stability, bound_method: C, e and "normalize"/"clip" of A_{C,sigma}.
     dataset: the private dataset (its test split evaluates the student).
-    teacher_dirs: one workdir per teacher (`experiments.teacher`); n > 1 = disjoint-shard ensemble.
+    teacher_dirs: one workdir per teacher (`experiments.teacher`); n > 1 = an ensemble, whose
+      accounting uses the most teachers one record can reach (`teacher_partition`).
     student_model, student_norm, generator_model, generator_channels, latent_dim: networks
       (`generator_channels` is DAFL's width, 128 in the paper; 64 quarters the CPU cost).
     steps, batch_size: DPDFD iterations (upper bound when a target ε is given) and B.
@@ -133,19 +135,25 @@ class DPDFDConfig:
         feature_weight=self.feature_weight, one_hot_weight=self.one_hot_weight,
         batch_size=self.batch_size, latent_dim=self.latent_dim)
 
-  def plan(self) -> dpdfd_privacy.PrivacyPlan:
+  def plan(self, teachers_per_record: int | None = None) -> dpdfd_privacy.PrivacyPlan:
+    """The privacy plan; `teachers_per_record` m defaults to every teacher (worst case):
+    pass `teacher_partition.teachers_per_record(cards)` for what the cards prove."""
     return dpdfd_privacy.plan(
         noise_multiplier=self.noise_multiplier, target_epsilon=self.target_epsilon,
         delta=self.delta, steps=self.steps, batch_size=self.batch_size,
         l2_norm_bound=self.l2_norm_bound, num_teachers=len(self.teacher_dirs),
+        teachers_per_record=(len(self.teacher_dirs) if teachers_per_record is None
+                             else teachers_per_record),
         accounting_mode=self.accounting)
 
 
 def load_teachers(config: DPDFDConfig) -> tuple[dpdfd_step.TeacherEnsemble, list[dict[str, Any]]]:
-  """Loads and checks every teacher against the dataset; all must share one architecture."""
+  """Loads and checks every teacher against the dataset; all must share one architecture,
+  and none may appear twice (`teacher_partition.check_distinct`: a UserError)."""
   info = config.info
   loaded = [teacher_lib.load_teacher(d, dataset=config.dataset, num_classes=info.num_classes,
                                      input_shape=info.image_shape) for d in config.teacher_dirs]
+  teacher_partition.check_distinct(config.teacher_dirs, [t.card for t in loaded])
   archs = {(t.card["model"], t.card["norm"]) for t in loaded}
   if len(archs) > 1:
     raise ValueError(f"all teachers must share one architecture, got {sorted(archs)}")
@@ -223,17 +231,20 @@ def train_dpdfd(config: DPDFDConfig, workdir: str, *, progress: bool = True,
   mesh = sharding.data_mesh() if mesh is None else mesh
   sharding.check_divisible(config.batch_size, mesh)
   ensemble, cards = load_teachers(config)
+  overlap = teacher_partition.teachers_per_record(cards)
+  if overlap.teachers_per_record > 1 and distributed.is_coordinator():
+    print(f"DPDFD accounting: {overlap.reason}", flush=True)
   test = data.load(config.dataset, "test", data_dir=config.data_dir)
-  privacy_plan = config.plan()
+  privacy_plan = config.plan(overlap.teachers_per_record)
   nonprivate = privacy_plan.noise_multiplier == 0
   step_config = config.step_config(privacy_plan.noise_multiplier)
   event_of = lambda n: accounting.dpdfd_event(  # noqa: E731
       noise_multiplier=privacy_plan.noise_multiplier, batch_size=config.batch_size, steps=n,
-      num_teachers=len(cards))
+      num_teachers=len(cards), teachers_per_record=privacy_plan.teachers_per_record)
 
   # The root seed is secret unless the user chose it; a resumed run continues with its own.
   root_seed = run.root_seed(config.seed)
-  init_key, train_key = jax.random.split(jax.random.key(root_seed.value))
+  init_key, train_key = jax.random.split(seeds.root_key(root_seed))
   state = init_state(config, init_key)
   # The ledger's budget: the target in sound mode; in paper mode (or without a target) the
   # sound ε of the planned run, so that the ledger still refuses anything beyond the plan.
@@ -284,9 +295,9 @@ def train_dpdfd(config: DPDFDConfig, workdir: str, *, progress: bool = True,
   if start == step and step > 0:
     accuracy = evaluate.evaluate(state.student.parts, test)["accuracy"]
 
-  # A stream of its own (init_key is otherwise only split inside init_state): key(seed + 1)
-  # would be the root key of the run with the next seed.
-  grid_key = jax.random.fold_in(init_key, 1)
+  # A stream of its own: init_state takes split(init_key) = fold_in(init_key, 0 and 1) (1 is
+  # the generator's init), so the grid takes tag 2; key(seed + 1) would be another run's root.
+  grid_key = jax.random.fold_in(init_key, 2)
   save_sample_grid(generate(state.generator, grid_key, 64, config.latent_dim),
                    config.info, os.path.join(workdir, "samples.png"))
   epsilon = math.inf if ledger is None else ledger.spent_epsilon()
@@ -294,7 +305,8 @@ def train_dpdfd(config: DPDFDConfig, workdir: str, *, progress: bool = True,
       "method": "dpdfd",
       "test_accuracy": accuracy,
       "epsilon": epsilon,
-      "epsilon_accountant": "dp_accounting PLD, teacher not private (sensitivity 2C*sqrt(B))",
+      "epsilon_accountant": "dp_accounting PLD, teacher not private (sensitivity 2C*m*sqrt(B),"
+                            f" m = {privacy_plan.teachers_per_record} teachers per record)",
       "paper_epsilon": privacy_plan.paper_epsilon,
       "paper_epsilon_warning": "DPDFD Theorem 3 (reconstruction): NOT a valid guarantee",
       "delta": config.delta,
@@ -303,6 +315,8 @@ def train_dpdfd(config: DPDFDConfig, workdir: str, *, progress: bool = True,
       "accounting_used_for_budget": config.accounting,
       "seed": root_seed.public_description(),
       "num_teachers": len(cards),
+      "teachers_per_record": privacy_plan.teachers_per_record,
+      "teacher_partition": overlap.reason,
       "student_params": models.count_params(state.student.params),
       "config": _config_json(config),
       # The teachers' test accuracy is a noiseless function of their private training data
@@ -337,7 +351,7 @@ def sample(workdir: str, num: int, *, seed: int, out_path: str | None = None) ->
   if num < 1:
     raise ValueError(f"num must be >= 1, got {num}")
   config, state, _ = load_run(workdir)
-  images = generate(state.generator, jax.random.key(seed), num, config.latent_dim)
+  images = generate(state.generator, seeds.root_key(seed), num, config.latent_dim)
   logits = jax.jit(lambda x: core.apply(state.student.graphdef, state.student.params,
                                         state.student.batch_stats, x, train=False)[0].logits)
   labels = np.concatenate([np.argmax(np.asarray(logits(images[i:i + 500])), -1)

@@ -185,7 +185,7 @@ def train_direct(config: DirectConfig, workdir: str, *, progress: bool = True) -
                      f"{len(train)} private records")
   max_batch_size = config.max_batch_size or data.suggested_max_batch_size(len(train), q)
   root_seed = seeds.resolve_seed(config.seed)
-  init_key, sample_key, noise_key = jax.random.split(jax.random.key(root_seed.value), 3)
+  init_key, sample_key, noise_key = jax.random.split(seeds.root_key(root_seed), 3)
   model = models.create_classifier(config.model, num_classes=info.num_classes,
                                    input_shape=info.image_shape, norm=config.norm,
                                    rngs=nnx.Rngs(init_key))

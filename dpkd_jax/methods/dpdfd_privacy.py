@@ -7,8 +7,8 @@
 * target ε, no sigma: sigma calibrated so that the requested steps fit the target.
 
 `accounting="sound"` (default) calibrates with `dp_accounting` on the event of the executed
-noise (`accounting.dpdfd_event`: Gaussian with multiplier sigma/(2 sqrt(B)) per step, the
-teacher not private). `accounting="paper"` calibrates with the paper's Theorem 3 (our
+noise (`accounting.dpdfd_event`: Gaussian with multiplier sigma/(2m sqrt(B)) per step, the
+teacher not private, m = the most teachers one record reaches). `accounting="paper"` calibrates with the paper's Theorem 3 (our
 reconstruction, `paper_accounting.paper_dpdfd_epsilon`), warns, and the sound ε of the same run
 is always reported beside it: the paper figure is never shown alone.
 """
@@ -37,6 +37,8 @@ class PrivacyPlan:
     paper_epsilon: the paper-formula ε of the same run (None if sigma = 0).
     delta: δ.
     accounting: which of the two set the steps/sigma ("sound" or "paper").
+    teachers_per_record: m, the most teachers one record reaches (`teacher_partition`); the
+      sound ε is that of sensitivity m times one teacher's.
   """
 
   noise_multiplier: float
@@ -45,6 +47,7 @@ class PrivacyPlan:
   paper_epsilon: float | None
   delta: float
   accounting: str
+  teachers_per_record: int = 1
 
 
 def _paper_epsilon(sigma: float, l2_norm_bound: float, steps: int, delta: float) -> float | None:
@@ -84,8 +87,11 @@ def check_request(*, noise_multiplier: float | None, target_epsilon: float | Non
 
 def plan(*, noise_multiplier: float | None, target_epsilon: float | None, delta: float,
          steps: int, batch_size: int, l2_norm_bound: float, num_teachers: int = 1,
-         accounting_mode: str = "sound") -> PrivacyPlan:
+         teachers_per_record: int = 1, accounting_mode: str = "sound") -> PrivacyPlan:
   """Resolves sigma and the step count; see the module docstring.
+
+  `teachers_per_record` (m, see `accounting.dpdfd_event`) enters the sound ε and its
+  calibration; the paper formula knows nothing of it.
 
   Raises:
     ValueError: inconsistent or impossible requests (sigma <= 0 with a target ε, a target that
@@ -95,8 +101,8 @@ def plan(*, noise_multiplier: float | None, target_epsilon: float | None, delta:
                 steps=steps, accounting_mode=accounting_mode)
   def sound(sigma, t):
     return accounting.epsilon(accounting.dpdfd_event(
-        noise_multiplier=sigma, batch_size=batch_size, steps=t, num_teachers=num_teachers),
-        delta=delta)
+        noise_multiplier=sigma, batch_size=batch_size, steps=t, num_teachers=num_teachers,
+        teachers_per_record=teachers_per_record), delta=delta)
 
   sigma, run_steps = noise_multiplier, steps
   if target_epsilon is not None:
@@ -104,11 +110,12 @@ def plan(*, noise_multiplier: float | None, target_epsilon: float | None, delta:
       if sigma is None:
         sigma = calibration.calibrate_dpdfd_noise_multiplier(
             target_epsilon=target_epsilon, delta=delta, batch_size=batch_size, steps=steps,
-            num_teachers=num_teachers)
+            num_teachers=num_teachers, teachers_per_record=teachers_per_record)
       else:
         run_steps = calibration.calibrate_dpdfd_steps(
             target_epsilon=target_epsilon, delta=delta, noise_multiplier=sigma,
-            batch_size=batch_size, max_steps=steps, num_teachers=num_teachers)
+            batch_size=batch_size, max_steps=steps, num_teachers=num_teachers,
+            teachers_per_record=teachers_per_record)
     else:
       warnings.warn("accounting='paper': steps/sigma are set by the DPDFD paper's Theorem 3"
                     " (a reconstruction), which is NOT a valid guarantee for this mechanism;"
@@ -131,4 +138,5 @@ def plan(*, noise_multiplier: float | None, target_epsilon: float | None, delta:
   return PrivacyPlan(noise_multiplier=float(sigma), steps=int(run_steps),
                      sound_epsilon=sound_epsilon,
                      paper_epsilon=_paper_epsilon(sigma, l2_norm_bound, run_steps, delta),
-                     delta=delta, accounting=accounting_mode)
+                     delta=delta, accounting=accounting_mode,
+                     teachers_per_record=teachers_per_record)

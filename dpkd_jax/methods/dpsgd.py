@@ -249,7 +249,7 @@ def train_dpsgd(config: DPSGDConfig, workdir: str, *, resume: bool = False,
   plan = make_plan(config, num_examples=len(train), num_devices=mesh.shape[sharding.DATA_AXIS])
 
   root_seed = seeds.resolve_seed(config.seed)  # a resumed run restores its key below
-  root_key = jax.random.key(root_seed.value)
+  root_key = seeds.root_key(root_seed)
   state = TrainState.create(init_model(config, jax.random.split(root_key, 3)[0]),
                             make_optimizer(config))
   if run.resuming:

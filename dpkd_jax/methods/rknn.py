@@ -222,7 +222,7 @@ def train_rknn(config: RKNNConfig, workdir: str, *, progress: bool = True) -> di
   run = workdir_lib.open_run(workdir, kind="reverse k-NN", config=config_json, resumable=False)
   start_time, start_cpu = time.time(), time.process_time()
   seed = seeds.resolve_seed(config.seed)
-  root_key = jax.random.key(seed.value)
+  root_key = seeds.root_key(seed)
   # Named streams, each used once or with fold_in(round): a key is never reused.
   rep_key, kmeans_key, noise_key, student_key = jax.random.split(root_key, 4)
 

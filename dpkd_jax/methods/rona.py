@@ -248,7 +248,7 @@ def train_rona(config: RONAConfig, workdir: str, *, resume: bool = False,
   teacher_hint_shape = rona_teachers.hint_shape(big.parts, info)
 
   root_seed = seeds.resolve_seed(config.seed)  # a resumed run restores its key below
-  root_key = jax.random.key(root_seed.value)
+  root_key = seeds.root_key(root_seed)
   state, student_graphdef = rona_step.init_student(
       config.student_model, info=info, norm=config.student_norm,
       learning_rate=config.learning_rate, teacher_hint_shape=teacher_hint_shape,

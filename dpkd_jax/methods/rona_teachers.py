@@ -25,6 +25,7 @@ from dpkd_jax import data
 from dpkd_jax import models
 from dpkd_jax import teacher as teacher_lib
 from dpkd_jax.models import core
+from dpkd_jax.privacy import seeds
 from dpkd_jax.train import checkpoint
 from dpkd_jax.train import evaluate as evaluate_lib
 from dpkd_jax.train import sharding
@@ -61,7 +62,7 @@ def train_public_teacher(config: teacher_lib.TeacherConfig, public: data.ArrayDa
     raise ValueError(f"public split has {len(public)} examples < batch_size={config.batch_size}")
   test = data.load(config.dataset, "test", data_dir=config.data_dir, download=config.download)
   total_steps = len(public) // config.batch_size * config.epochs
-  init_key, order_key, augment_key = jax.random.split(jax.random.key(config.seed), 3)
+  init_key, order_key, augment_key = jax.random.split(seeds.root_key(config.seed), 3)
   state = TrainState.create(teacher_lib.init_model(config, init_key),
                             teacher_lib.make_optimizer(config, total_steps))
   state = sharding.replicate(state, mesh)
@@ -139,6 +140,8 @@ def load_or_train_aux_teacher(config, public: data.ArrayDataset, public_split: d
   """
   aux_dir = config.aux_teacher_dir or os.path.join(workdir, "aux_teacher")
   if config.aux_teacher_dir is None and not os.path.exists(os.path.join(aux_dir, "card.json")):
+    # The teacher's seed on purpose (its recipe): init and batch-order keys equal the teacher's.
+    # Legitimate reuse: public, data-independent draws of two non-private models, never noise.
     recipe = dataclasses.replace(
         teacher_lib.TeacherConfig(**teacher.card["config"]), epochs=config.teacher_epochs,
         seed=config.teacher_seed, num_shards=1, shard=0, data_dir=config.data_dir,

@@ -74,6 +74,9 @@ from dpkd_jax.train import sharding
 from dpkd_jax.train import workdir as workdir_lib
 from dpkd_jax.train.state import TrainState
 
+# Sample-grid key fold_in(init_key, 2): init_models' split(init_key) holds tags 0 and 1.
+_GRID_TAG = 2
+
 FIRST_PRIORS = ("uniform", "student")
 
 
@@ -255,12 +258,12 @@ def pretrain(config: SRRConfig, workdir: str, *, progress: bool = True,
   teacher = teacher_lib.load_teacher(config.teacher_dir, dataset=config.dataset,
                                      num_classes=info.num_classes, input_shape=info.image_shape)
   init_key, pretrain_key, _ = jax.random.split(
-      jax.random.key(seeds.resolve_seed(config.seed).value), 3)
+      seeds.root_key(seeds.resolve_seed(config.seed)), 3)
   _, generator = init_models(config, init_key)
   generator = srr_generator.pretrain_generator(
       config.pretrain_config(), generator, teacher.parts, workdir, pretrain_key,
       identity=config.generator_identity(), progress=progress, mesh=mesh)
-  _save_grid(config, generator, jax.random.fold_in(init_key, 1), mesh,
+  _save_grid(config, generator, jax.random.fold_in(init_key, _GRID_TAG), mesh,
              os.path.join(workdir, "samples.png"))
   return generator
 
@@ -305,7 +308,7 @@ def train_srr(config: SRRConfig, workdir: str, *, resume: bool = False, progress
   privacy_plan = config.plan()
 
   root_seed = run.root_seed(config.seed)
-  init_key, pretrain_key, stage_key = jax.random.split(jax.random.key(root_seed.value), 3)
+  init_key, pretrain_key, stage_key = jax.random.split(seeds.root_key(root_seed), 3)
   student, generator = init_models(config, init_key)
   if not run.resuming:  # a resumed run restores its (fine-tuned) generator below
     generator = _generator_prior(config, generator, teacher.parts, workdir, pretrain_key,
@@ -351,7 +354,7 @@ def train_srr(config: SRRConfig, workdir: str, *, resume: bool = False, progress
   bar.close()
   writer.close()
 
-  _save_grid(config, state.generator.parts, jax.random.fold_in(init_key, 1), mesh,
+  _save_grid(config, state.generator.parts, jax.random.fold_in(init_key, _GRID_TAG), mesh,
              os.path.join(workdir, "samples.png"))
   results = _results(config, privacy_plan, ledger, history, root_seed, teacher.card, state,
                      workdir)

@@ -48,36 +48,40 @@ def _repeat(event: dp_event.DpEvent, count: int,
 
 
 def dpdfd_event(*, noise_multiplier: float, batch_size: int, steps: int,
-                num_teachers: int = 1) -> dp_event.DpEvent:
+                num_teachers: int = 1, teachers_per_record: int = 1) -> dp_event.DpEvent:
   """DPDFD data-free output-gradient mechanism over a whole run.
 
-  Relation: replace one private record. The teacher is trained
-  on private data and is not private, so one record may change it arbitrarily:
-  each of the B released rows (B, K), normalized/clipped to L2 norm <= C, moves
-  by <= 2C and the concatenated release by <= 2C·sqrt(B). Noise N(0, σ²C²) per
-  coordinate gives noise multiplier σC / (2C·sqrt(B)) = σ / (2·sqrt(B)) per
-  step; synthetic batches are not subsamples of private data, so no
-  amplification: T Gaussians composed. Multi-teacher (n teachers on disjoint
-  shards, rows summed over teachers, one N(0, σ²C²) draw per summed row): a
-  record is in one shard, so each summed row moves by <= 2C: same multiplier
-  (replace-one only: removing a record re-deals every shard, data/splits.py).
-  Direct mode (mechanism on private inputs) has no event (docs/privacy.md).
+  Relation: replace one private record. The teacher is trained on private data and is
+  not private, so one record may change it arbitrarily: each of the B released rows (B, K), normalized/clipped to L2 norm <= C,
+  moves by <= 2C and the concatenated release by <= 2C·sqrt(B). Noise N(0, σ²C²) per
+  coordinate gives noise multiplier σC / (2C·sqrt(B)) = σ / (2·sqrt(B)) per step; synthetic
+  batches are not subsamples of private data, so no amplification: T Gaussians composed.
+  Multi-teacher (rows summed over n teachers, one N(0, σ²C²) draw per summed row): a record
+  that can reach m teachers moves each summed row by <= 2Cm, so the multiplier is
+  σ / (2m·sqrt(B)). m = 1 needs disjoint shards of ONE partition (`teacher_partition` checks
+  the cards; replace-one only, since removing a record re-deals every shard); unproven
+  overlap must pass m = n. Direct mode (mechanism on private inputs) has no event
+  (docs/privacy.md).
 
   Args:
     noise_multiplier: σ of Algorithm 1 (noise std σ·C); 0 means no privacy.
     batch_size: B, rows released per step.
     steps: T, number of releases.
-    num_teachers: n >= 1 disjoint-shard teachers (the event does not change).
+    num_teachers: n >= 1 teachers whose rows are summed.
+    teachers_per_record: m in [1, n], the most teachers one private record can reach.
 
   Returns:
-    `TaggedDpEvent(GaussianDpEvent(σ / (2·sqrt(B))), T, REPLACE_ONE)` (NoOp if T = 0).
+    `TaggedDpEvent(GaussianDpEvent(σ / (2m·sqrt(B))), T, REPLACE_ONE)` (NoOp if T = 0).
   """
   sigma = validation.check_float("noise_multiplier", noise_multiplier, positive=False)
   batch_size = validation.check_int("batch_size", batch_size, minimum=1)
   steps = validation.check_int("steps", steps, minimum=0)
-  validation.check_int("num_teachers", num_teachers, minimum=1)
+  num_teachers = validation.check_int("num_teachers", num_teachers, minimum=1)
+  m = validation.check_int("teachers_per_record", teachers_per_record, minimum=1)
+  if m > num_teachers:
+    raise ValueError(f"teachers_per_record={m} exceeds num_teachers={num_teachers}")
   return _repeat(
-      dp_event.GaussianDpEvent(sigma / (2.0 * math.sqrt(batch_size))), steps)
+      dp_event.GaussianDpEvent(sigma / (2.0 * m * math.sqrt(batch_size))), steps)
 
 
 def srr_event(*, epsilon_per_query: float, num_queries: int,

@@ -173,12 +173,13 @@ def calibrate_steps(
 
 def calibrate_dpdfd_noise_multiplier(
     *, target_epsilon: float, delta: float, batch_size: int, steps: int,
-    num_teachers: int = 1, accountant: accounting.AccountantName = "pld") -> float:
+    num_teachers: int = 1, teachers_per_record: int = 1,
+    accountant: accounting.AccountantName = "pld") -> float:
   """σ of DPDFD's Algorithm 1 for (target_epsilon, delta) at fixed B, T >= 1.
 
   Args:
     target_epsilon, delta, accountant: as in `calibrate_noise_multiplier`.
-    batch_size, steps, num_teachers: as in `accounting.dpdfd_event`.
+    batch_size, steps, num_teachers, teachers_per_record: as in `accounting.dpdfd_event`.
 
   Returns:
     σ (noise std σ·C per coordinate).
@@ -186,19 +187,21 @@ def calibrate_dpdfd_noise_multiplier(
   validation.check_int("steps", steps, minimum=1)
   return calibrate_noise_multiplier(
       lambda sigma: accounting.dpdfd_event(noise_multiplier=sigma, batch_size=batch_size,
-                                steps=steps, num_teachers=num_teachers),
+                                steps=steps, num_teachers=num_teachers,
+                                teachers_per_record=teachers_per_record),
       target_epsilon=target_epsilon, delta=delta, accountant=accountant)
 
 
 def calibrate_dpdfd_steps(
     *, target_epsilon: float, delta: float, noise_multiplier: float,
-    batch_size: int, max_steps: int, num_teachers: int = 1,
+    batch_size: int, max_steps: int, num_teachers: int = 1, teachers_per_record: int = 1,
     accountant: accounting.AccountantName = "pld") -> int:
   """Most DPDFD steps (<= max_steps) meeting (target_epsilon, delta) at σ.
 
   Args:
     target_epsilon, delta, max_steps, accountant: as in `calibrate_steps`.
-    noise_multiplier, batch_size, num_teachers: as in `accounting.dpdfd_event`.
+    noise_multiplier, batch_size, num_teachers, teachers_per_record: as in
+      `accounting.dpdfd_event`.
 
   Returns:
     T.
@@ -206,6 +209,7 @@ def calibrate_dpdfd_steps(
   return calibrate_steps(
       lambda steps: accounting.dpdfd_event(noise_multiplier=noise_multiplier,
                                 batch_size=batch_size, steps=steps,
-                                num_teachers=num_teachers),
+                                num_teachers=num_teachers,
+                                teachers_per_record=teachers_per_record),
       target_epsilon=target_epsilon, delta=delta, max_steps=max_steps,
       accountant=accountant)

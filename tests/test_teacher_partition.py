@@ -1,0 +1,84 @@
+"""Which teachers one record can reach, from the cards (dpkd_jax/teacher_partition.py)."""
+
+import copy
+import os
+
+import pytest
+
+from dpkd_jax import data
+from dpkd_jax import teacher
+from dpkd_jax import teacher_partition
+from dpkd_jax.errors import UserError
+
+_N = 1442  # digits' train split
+
+
+def _card(shard=0, *, num_shards=3, shard_seed=0, digest="d" * 64, seed=0, n=_N):
+  return {"dataset": "digits", "model": "lenet5", "seed": seed, "test_accuracy": 0.5,
+          "train_seconds_this_run": 1.0,
+          "split": {"num_shards": num_shards, "shard": shard, "shard_seed": shard_seed,
+                    "num_train_examples": n // num_shards + (shard < n % num_shards),
+                    "source_split": "train", "num_source_examples": n,
+                    "source_sha256": digest}}
+
+
+def test_one_teacher_reaches_each_record_once():
+  assert teacher_partition.teachers_per_record([_card()]).teachers_per_record == 1
+
+
+def test_distinct_shards_of_one_partition_give_one():
+  overlap = teacher_partition.teachers_per_record([_card(0), _card(1), _card(2)])
+  assert overlap == (1, "3 teachers on distinct shards of one partition")
+
+
+def test_shared_shards_count_their_teachers():
+  cards = [_card(0), _card(0, seed=1), _card(0, seed=2), _card(1)]
+  assert teacher_partition.teachers_per_record(cards).teachers_per_record == 3
+  # Whole-data teachers (num_shards = 1) all share shard 0.
+  whole = [_card(0, num_shards=1), _card(0, num_shards=1, seed=1)]
+  assert teacher_partition.teachers_per_record(whole).teachers_per_record == 2
+
+
+@pytest.mark.parametrize("change", [
+    dict(shard_seed=1), dict(num_shards=4), dict(digest="e" * 64), dict(n=_N - 1),
+], ids=["shard_seed", "num_shards", "other data", "other size"])
+def test_other_partitions_assume_the_worst(change):
+  cards = [_card(0), _card(1), _card(2, **change)]
+  overlap = teacher_partition.teachers_per_record(cards)
+  assert overlap.teachers_per_record == 3 and "different partitions" in overlap.reason
+
+
+def test_cards_without_their_source_assume_the_worst():
+  old = _card(1)
+  for name in ("source_split", "num_source_examples", "source_sha256"):
+    del old["split"][name]
+  overlap = teacher_partition.teachers_per_record([_card(0), old])
+  assert overlap.teachers_per_record == 2 and "do not record" in overlap.reason
+  wrong_size = _card(1)
+  wrong_size["split"]["num_train_examples"] += 1  # not a shard of data.shard_indices
+  assert teacher_partition.teachers_per_record([_card(0), wrong_size]).teachers_per_record == 2
+
+
+def test_the_same_teacher_twice_is_a_user_error(tmp_path):
+  a, b = str(tmp_path / "a"), str(tmp_path / "b")
+  os.makedirs(a)
+  os.symlink(a, b)
+  for dirs in ((a, a), (a, a + os.sep), (a, b)):
+    with pytest.raises(UserError, match="twice"):
+      teacher_partition.check_distinct(dirs, [_card(0), _card(1)])
+  rerun = copy.deepcopy(_card(0))
+  rerun["train_seconds_this_run"] = 2.0  # the same training again: only timings differ
+  with pytest.raises(UserError, match="same teacher"):
+    teacher_partition.check_distinct((a, str(tmp_path / "c")), [_card(0), rerun])
+  teacher_partition.check_distinct((a, str(tmp_path / "c")), [_card(0), _card(0, seed=1)])
+
+
+def test_cards_of_one_all_shards_run_prove_disjoint_shards(tmp_path):
+  # What `experiments.teacher --num_shards=2 --all_shards` writes.
+  cards = [teacher.train_teacher(teacher.TeacherConfig(
+      dataset="digits", model="lenet5_half", epochs=1, batch_size=64, num_shards=2, shard=i),
+      str(tmp_path / f"shard_{i}"), progress=False) for i in range(2)]
+  source = teacher_partition.source_fields(data.load("digits", "train"))
+  assert all(card["split"].items() >= source.items() for card in cards)
+  assert source["num_source_examples"] == _N and len(source["source_sha256"]) == 64
+  assert teacher_partition.teachers_per_record(cards).teachers_per_record == 1
