@@ -220,8 +220,9 @@ def multi_teacher_output_gradients(
   which changes each of the B summed rows by at most 2C: the sum (B, K) has L2 sensitivity
   2 C sqrt(B), noise std sigma C, so the accountant's noise multiplier is again
   sigma / (2 sqrt(B)). Dividing by n scales both: on the returned mean the noise std is
-  sigma C / n and the L2 sensitivity 2 C sqrt(B) / n (ratio unchanged). If the shards are
-  not disjoint, this analysis does not hold.
+  sigma C / n and the L2 sensitivity 2 C sqrt(B) / n (ratio unchanged). If one record can
+  reach m teachers (shards not proven disjoint), each summed row moves by <= 2Cm: account
+  with `dpdfd_event(..., teachers_per_record=m)` (noise multiplier sigma / (2m sqrt(B))).
 
   Args:
     key: a `jax.random.key`, used once for the (B, K) noise draw.

@@ -82,16 +82,6 @@ def is_coordinator() -> bool:
   return jax.process_index() == 0
 
 
-def broadcast_from_coordinator(value: int) -> int:
-  """The coordinator's `value` on every process (identity on a single host)."""
-  if jax.process_count() == 1:
-    return value
-  # Two int32 halves: x64 may be off, and seeds have up to 62 bits.
-  halves = np.array([value >> 31, value & (2**31 - 1)], np.int32)
-  high, low = (int(v) for v in multihost_utils.broadcast_one_to_all(halves))
-  return (high << 31) | low
-
-
 def _leaf_to_global(leaf: Any, sharding: jax.sharding.Sharding) -> Any:
   if isinstance(leaf, jax.Array) and jax.dtypes.issubdtype(leaf.dtype, jax.dtypes.prng_key):
     impl = jax.random.key_impl(leaf)
