@@ -1,5 +1,7 @@
 """Data: dataset sources, deterministic splits, and the batch/augmentation pipeline."""
 
+from dpkd_jax.data.arrays import ArrayDataset
+from dpkd_jax.data.arrays import DatasetInfo
 from dpkd_jax.data.pipeline import augment
 from dpkd_jax.data.pipeline import denormalize
 from dpkd_jax.data.pipeline import epoch_batches
@@ -8,12 +10,10 @@ from dpkd_jax.data.pipeline import normalize
 from dpkd_jax.data.pipeline import poisson_batch
 from dpkd_jax.data.pipeline import random_translate
 from dpkd_jax.data.pipeline import suggested_max_batch_size
-from dpkd_jax.data.sources import ArrayDataset
 from dpkd_jax.data.sources import clear_cache
 from dpkd_jax.data.sources import DATA_DIR_ENV_VAR
 from dpkd_jax.data.sources import DataNotFoundError
 from dpkd_jax.data.sources import DATASETS
-from dpkd_jax.data.sources import DatasetInfo
 from dpkd_jax.data.sources import load
 from dpkd_jax.data.splits import partition
 from dpkd_jax.data.splits import private_public_split

@@ -19,7 +19,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from dpkd_jax.data.sources import ArrayDataset, DatasetInfo
+from dpkd_jax.data.arrays import ArrayDataset, DatasetInfo
 
 ArrayLike = np.ndarray | jax.Array
 

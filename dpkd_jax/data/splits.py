@@ -17,12 +17,9 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 import math
-from typing import TYPE_CHECKING
-
 import numpy as np
 
-if TYPE_CHECKING:  # Import only for annotations: `sources` imports this module.
-  from dpkd_jax.data.sources import ArrayDataset
+from dpkd_jax.data.arrays import ArrayDataset
 
 # Tolerance under which fractions that sum to 1 are treated as an exact cover.
 _SUM_TOLERANCE = 1e-9
