@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-from typing import TYPE_CHECKING, Any, Callable
+from typing import Any, Callable
 
 import jax
 import jax.flatten_util
@@ -24,9 +24,7 @@ from dpkd_jax.models import core
 from dpkd_jax.privacy import validation
 from dpkd_jax.train import sharding
 from dpkd_jax.train.state import TrainState
-
-if TYPE_CHECKING:
-  from dpkd_jax.methods.dpsgd import DPSGDConfig
+from dpkd_jax.methods.dpsgd_config import DPSGDConfig
 
 PyTree = Any
 
