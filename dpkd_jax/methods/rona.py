@@ -18,6 +18,8 @@ After every private epoch the student's BatchNorm running statistics are re-esti
 uniformly drawn public batches (`rona_step.build_batch_stats_step`: selected queries are
 atypical by design).
 
+The config is in `rona_config.py`.
+
 Privacy (replace-one record of the *sensitive* split; docstrings of `rona_step` and
 `rona_privacy`): the teacher is not private, so each query bounds the whole (S, ...) knowledge
 batch to Frobenius norm B and adds N(0, σ²B²): sensitivity 2B, noise multiplier σ/2 per query
@@ -49,16 +51,15 @@ from jax.sharding import Mesh
 
 import dpkd_jax
 from dpkd_jax import data
-from dpkd_jax import models
 from dpkd_jax.methods import compression_report
 from dpkd_jax.methods import query_selection
 from dpkd_jax.methods import rona_privacy
 from dpkd_jax.methods import rona_step
 from dpkd_jax.methods import rona_teachers
+from dpkd_jax.methods.rona_config import RONAConfig  # Re-exported: rona.RONAConfig.
 from dpkd_jax.privacy import accounting
 from dpkd_jax.privacy import ledger as ledger_lib
 from dpkd_jax.privacy import seeds
-from dpkd_jax.privacy import validation
 from dpkd_jax.train import evaluate as evaluate_lib
 from dpkd_jax.train import metrics as metrics_lib
 from dpkd_jax.train import outputs
@@ -69,113 +70,6 @@ _TRAINING_PHASES = ("hint", "self", "distill")
 # Forward passes that re-estimate BatchNorm statistics after a private epoch: with momentum 0.9
 # the statistics of the epoch's last (possibly atypical) query batch weigh 0.9**50 < 1% after.
 _BATCH_STATS_BATCHES = 50
-
-
-@dataclasses.dataclass(frozen=True, kw_only=True)
-class RONAConfig:
-  """A RONA run; privacy fields first. Validated at construction, before any compute.
-
-  Attributes:
-    noise_multiplier: σ (noise std σB), or None to calibrate it for `target_epsilon`; 0 is a
-      non-private compression run (ε = ∞).
-    target_epsilon, delta: the budget (ε, δ); δ of every reported ε.
-    bound_mode: "adaptive" (auxiliary teacher's running mean norm), "fixed" (give
-      `hint_l2_bound` and `distill_l2_bound`) or "none" (raw knowledge, σ = 0 only).
-    dataset, public_fraction, split_seed: data and the seeded public/sensitive split.
-    teacher_dir, aux_teacher_dir: trained teachers to load (the auxiliary one trained by this
-      module on the same split; used by the adaptive bound only), else trained in the workdir
-      with `teacher_model`, `teacher_epochs`, `teacher_batch_size`, `teacher_seed`.
-    student_model, student_norm: a name in `rona_step.STUDENTS` and its norm.
-    hint_epochs Th, rounds R, self_learning_epochs Ts, distillation_epochs Td,
-      num_query_samples |x_q|, batch_size S (query batch), self_learning_batch_size,
-      temperature τ, query_selection (a name in `query_selection.SELECTORS`), learning_rate
-      (Adam, one optimizer through all stages).
-    seed: root of student init, batch order, selection and noise; None draws a secret one.
-    data_dir, download: as for `data.load`.
-  """
-
-  noise_multiplier: float | None = None
-  target_epsilon: float | None = None
-  delta: float = 1e-5
-  bound_mode: str = "adaptive"
-  hint_l2_bound: float | None = None
-  distill_l2_bound: float | None = None
-  dataset: str
-  public_fraction: float = 0.4
-  split_seed: int = 0
-  teacher_dir: str | None = None
-  aux_teacher_dir: str | None = None
-  teacher_model: str = "small_cnn"
-  teacher_epochs: int = 5
-  teacher_batch_size: int = 128
-  teacher_seed: int = 0
-  student_model: str = "compact_5k"
-  student_norm: str = "batch"
-  hint_epochs: int = 2
-  rounds: int = 3
-  self_learning_epochs: int = 1
-  distillation_epochs: int = 1
-  num_query_samples: int = 2000
-  batch_size: int = 256
-  self_learning_batch_size: int = 128
-  temperature: float = 4.0
-  query_selection: str = "k_center"
-  learning_rate: float = 1e-3
-  seed: int | None = None
-  data_dir: str | None = None
-  download: bool = False
-
-  def __post_init__(self):
-    if (self.noise_multiplier is None) == (self.target_epsilon is None):
-      raise ValueError(f"give exactly one of noise_multiplier and target_epsilon, got "
-                       f"noise_multiplier={self.noise_multiplier!r}, "
-                       f"target_epsilon={self.target_epsilon!r}")
-    if self.target_epsilon is not None:
-      validation.check_float("target_epsilon", self.target_epsilon, positive=True)
-    validation.check_delta(self.delta)
-    self.sanitize_configs(1.0 if self.noise_multiplier is None else self.noise_multiplier)
-    if self.aux_teacher_dir is not None and self.bound_mode != "adaptive":
-      raise ValueError(f"aux_teacher_dir is only used by the adaptive bound, got "
-                       f"bound_mode={self.bound_mode!r}")
-    for name, table in (("dataset", data.DATASETS), ("teacher_model", models.CLASSIFIERS),
-                        ("student_model", rona_step.STUDENTS),
-                        ("query_selection", query_selection.SELECTORS)):
-      if getattr(self, name) not in table:
-        raise ValueError(f"unknown {name} {getattr(self, name)!r}; known: {sorted(table)}")
-    if self.student_norm not in models.NORMS:
-      raise ValueError(f"student_norm must be one of {models.NORMS}, got {self.student_norm!r}")
-    if not (isinstance(self.public_fraction, float) and 0 < self.public_fraction < 1):
-      raise ValueError(f"public_fraction must be a float in (0, 1), got {self.public_fraction!r}")
-    for name, minimum in (("split_seed", 0), ("teacher_epochs", 1), ("teacher_batch_size", 1),
-                          ("teacher_seed", 0), ("hint_epochs", 0), ("rounds", 0),
-                          ("self_learning_epochs", 0), ("distillation_epochs", 0),
-                          ("num_query_samples", 1), ("batch_size", 1),
-                          ("self_learning_batch_size", 1)):
-      validation.check_int(name, getattr(self, name), minimum=minimum)
-    rona_privacy.check_schedule(rounds=self.rounds, self_learning_epochs=self.self_learning_epochs,
-                                distillation_epochs=self.distillation_epochs)
-    for name in ("temperature", "learning_rate"):
-      validation.check_float(name, getattr(self, name), positive=True)
-    if self.seed is not None:
-      validation.check_int("seed", self.seed, minimum=0)
-
-  @property
-  def info(self) -> data.DatasetInfo:
-    return data.DATASETS[self.dataset]
-
-  def sanitize_configs(self, noise_multiplier: float) -> dict[str, rona_step.SanitizeConfig]:
-    """The hint and distillation sanitizers at σ (validates the bound flags)."""
-    return {kind: rona_step.SanitizeConfig(noise_multiplier=noise_multiplier,
-                                           bound_mode=self.bound_mode, l2_bound=bound)
-            for kind, bound in (("hint", self.hint_l2_bound),
-                                ("distill", self.distill_l2_bound))}
-
-  def num_queries(self) -> int:
-    """T = (Th + R·Td)·ceil(|x_q|/S), the planned number of sanitized releases."""
-    return accounting.rona_num_queries(
-        hint_epochs=self.hint_epochs, distillation_epochs=self.distillation_epochs,
-        rounds=self.rounds, num_query_samples=self.num_query_samples,
-        batch_size=self.batch_size)
 
 
 def schedule(config: RONAConfig) -> list[tuple[str, int, int]]:

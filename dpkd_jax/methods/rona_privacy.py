@@ -14,15 +14,13 @@ from __future__ import annotations
 
 import math
 import warnings
-from typing import TYPE_CHECKING, NamedTuple
+from typing import NamedTuple
 
+from dpkd_jax.methods.rona_config import RONAConfig
+from dpkd_jax.methods.rona_step import BoundState
 from dpkd_jax.privacy import accounting
 from dpkd_jax.privacy import calibration
 from dpkd_jax.privacy import paper_accounting
-
-if TYPE_CHECKING:
-  from dpkd_jax.methods.rona import RONAConfig
-  from dpkd_jax.methods.rona_step import BoundState
 
 
 class RONAPlan(NamedTuple):
@@ -36,16 +34,6 @@ class RONAPlan(NamedTuple):
   paper_epsilon_per_query: float | None
   paper_epsilon_warning: str | None
   budget_epsilon: float
-
-
-def check_schedule(*, rounds: int, self_learning_epochs: int, distillation_epochs: int) -> None:
-  """Refuses a schedule whose hint queries would spend ε on a classifier never trained."""
-  if rounds == 0:
-    raise ValueError("rounds must be >= 1: with rounds=0 the student's classifier is never "
-                     "trained, yet its hint epochs spend privacy budget")
-  if self_learning_epochs + distillation_epochs == 0:
-    raise ValueError("self_learning_epochs and distillation_epochs are both 0: the student's "
-                     "classifier would never be trained; give at least one epoch of either")
 
 
 def make_plan(config: RONAConfig) -> RONAPlan:
