@@ -50,6 +50,7 @@ from dp_accounting import dp_event
 from flax import nnx
 
 from dpkd_jax import data
+from dpkd_jax import errors
 from dpkd_jax import models
 from dpkd_jax.data import procedural
 from dpkd_jax.methods import dfpate_query_model
@@ -396,10 +397,11 @@ def train_dfpate(config: DFPATEConfig, workdir: str, *, resume: bool = False,
   ckpt_dir = os.path.join(workdir, "checkpoints")
   resuming = checkpoint.latest_step(ckpt_dir) is not None
   if resuming and not resume:
-    raise ValueError(f"{workdir!r} already holds a run; pass resume=True or use a fresh workdir")
+    raise errors.UserError(f"{workdir!r} already holds a run; pass resume=True (--resume) or use "
+                           "a fresh workdir")
   saved = checkpoint.restore_metadata(ckpt_dir) if resuming else {}
   if resuming and saved.get("config") != _config_json(config):
-    raise ValueError(f"{workdir!r} holds a run with another config; use a fresh workdir")
+    raise errors.UserError(f"{workdir!r} holds a run with another config; use a fresh workdir")
   root_seed = (seeds.ResolvedSeed(*saved["root_seed"]) if resuming
                else seeds.resolve_seed(config.seed))
   keys = dict(zip(_STREAMS, jax.random.split(jax.random.key(root_seed.value), len(_STREAMS))))

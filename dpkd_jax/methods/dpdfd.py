@@ -23,6 +23,7 @@ import tqdm
 from flax import nnx
 
 from dpkd_jax import data
+from dpkd_jax import errors
 from dpkd_jax import models
 from dpkd_jax import teacher as teacher_lib
 from dpkd_jax.methods import dpdfd_privacy
@@ -226,7 +227,8 @@ def train_dpdfd(config: DPDFDConfig, workdir: str, *, progress: bool = True,
   resuming = checkpoint.latest_step(ckpt_dir) is not None
   saved = checkpoint.restore_metadata(ckpt_dir) if resuming else {}
   if resuming and saved.get("config") != _config_json(config):
-    raise ValueError(f"{workdir!r} holds a DPDFD run with another config; use a fresh workdir")
+    raise errors.UserError(f"{workdir!r} holds a DPDFD run with another config; use a fresh "
+                           "workdir")
   # The root seed is secret unless the user chose it; a resumed run continues with its own.
   root_seed = (seeds.ResolvedSeed(*saved["root_seed"]) if "root_seed" in saved
                else seeds.resolve_seed(config.seed))

@@ -32,6 +32,7 @@ import tqdm
 from flax import nnx
 
 from dpkd_jax import data
+from dpkd_jax import errors
 from dpkd_jax import models
 from dpkd_jax.methods import dpdfd_step
 from dpkd_jax.models import core
@@ -168,16 +169,16 @@ def train_direct(config: DirectConfig, workdir: str, *, progress: bool = True) -
     Results (also `<workdir>/results.json`): test accuracy, `epsilon` = inf with the reason,
     the warned paper-formula ε, σ, C, steps, config.
   """
-  warnings.warn(f"{NOT_DP_REASON}; the paper-formula ε it reports is not a guarantee.",
-                paper_accounting.PaperAccountingWarning, stacklevel=2)
-  os.makedirs(workdir, exist_ok=True)
   info = data.DATASETS[config.dataset]
   train = data.load(config.dataset, "train", data_dir=config.data_dir)
   test = data.load(config.dataset, "test", data_dir=config.data_dir)
   q = config.expected_batch_size / len(train)
-  if q > 1:
-    raise ValueError(f"expected_batch_size {config.expected_batch_size} exceeds the "
-                     f"{len(train)} private records")
+  if q > 1:  # checked before the workdir exists: a refused run writes nothing
+    raise errors.UserError(f"expected_batch_size {config.expected_batch_size} exceeds the "
+                           f"{len(train)} private records")
+  warnings.warn(f"{NOT_DP_REASON}; the paper-formula ε it reports is not a guarantee.",
+                paper_accounting.PaperAccountingWarning, stacklevel=2)
+  os.makedirs(workdir, exist_ok=True)
   max_batch_size = config.max_batch_size or data.suggested_max_batch_size(len(train), q)
   root_seed = seeds.resolve_seed(config.seed)
   init_key, sample_key, noise_key = jax.random.split(jax.random.key(root_seed.value), 3)

@@ -37,6 +37,7 @@ from jax.sharding import Mesh
 
 import dpkd_jax
 from dpkd_jax import data
+from dpkd_jax import errors
 from dpkd_jax import models
 from dpkd_jax.models import core
 from dpkd_jax.privacy import accounting
@@ -155,8 +156,8 @@ def make_plan(config: DPSGDConfig, *, num_examples: int, num_devices: int) -> DP
     or z = 0 (no noise: ε = ∞, no budget can hold the run).
   """
   if config.expected_batch_size > num_examples:
-    raise ValueError(f"expected_batch_size={config.expected_batch_size} exceeds the "
-                     f"{num_examples} private training examples")
+    raise errors.UserError(f"expected_batch_size={config.expected_batch_size} exceeds the "
+                           f"{num_examples} private training examples")
   q = config.expected_batch_size / num_examples
   steps = config.steps if config.steps is not None else math.ceil(config.epochs / q)
   # Default M: the overflow-safe size rounded up to a multiple of the device count.
@@ -242,12 +243,12 @@ def train_dpsgd(config: DPSGDConfig, workdir: str, *, resume: bool = False,
   ckpt_dir = os.path.join(workdir, "checkpoints")
   if checkpoint.latest_step(ckpt_dir) is not None:
     if not resume:
-      raise ValueError(f"{workdir!r} already holds a DP-SGD checkpoint: pass resume=True "
-                       "(--resume) to continue it, or use a fresh workdir")
+      raise errors.UserError(f"{workdir!r} already holds a DP-SGD checkpoint: pass resume=True "
+                             "(--resume) to continue it, or use a fresh workdir")
     saved_config = checkpoint.restore_metadata(ckpt_dir).get("config")
     if saved_config != config_json:
-      raise ValueError(f"{workdir!r} holds a run with another config {saved_config}; "
-                       "use a fresh workdir")
+      raise errors.UserError(f"{workdir!r} holds a run with another config {saved_config}; "
+                             "use a fresh workdir")
     arrays, meta = checkpoint.restore(
         ckpt_dir, {"state": state.arrays(), "rng": jax.random.key_data(root_key)})
     state = state.with_arrays(arrays["state"])

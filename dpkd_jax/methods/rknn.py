@@ -45,6 +45,7 @@ from dp_accounting import dp_event
 
 import dpkd_jax
 from dpkd_jax import data
+from dpkd_jax import errors
 from dpkd_jax import representations
 from dpkd_jax.methods import rknn_student
 from dpkd_jax.methods import rknn_votes
@@ -217,7 +218,7 @@ def train_rknn(config: RKNNConfig, workdir: str, *, progress: bool = True) -> di
   """
   ckpt_dir = os.path.join(workdir, "checkpoints")
   if checkpoint.latest_step(ckpt_dir) is not None:
-    raise ValueError(f"{workdir!r} already holds a reverse k-NN run; use a fresh workdir")
+    raise errors.UserError(f"{workdir!r} already holds a reverse k-NN run; use a fresh workdir")
   start_time, start_cpu = time.time(), time.process_time()
   seed = seeds.resolve_seed(config.seed)
   root_key = jax.random.key(seed.value)

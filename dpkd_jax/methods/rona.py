@@ -50,6 +50,7 @@ from jax.sharding import Mesh
 
 import dpkd_jax
 from dpkd_jax import data
+from dpkd_jax import errors
 from dpkd_jax import models
 from dpkd_jax.methods import compression_report
 from dpkd_jax.methods import query_selection
@@ -244,8 +245,8 @@ def train_rona(config: RONAConfig, workdir: str, *, resume: bool = False,
   test = data.load(config.dataset, "test", data_dir=config.data_dir, download=config.download)
   _, public = data.private_public_split(train, config.public_fraction, seed=config.split_seed)
   if config.num_query_samples > len(public):
-    raise ValueError(f"num_query_samples={config.num_query_samples} exceeds the "
-                     f"{len(public)} public samples")
+    raise errors.UserError(f"num_query_samples={config.num_query_samples} exceeds the "
+                           f"{len(public)} public samples")
   plan = rona_privacy.make_plan(config)
   big, aux = rona_teachers.teachers(config, public_split_card(config, len(public)), public,
                                     workdir, progress=progress, mesh=mesh)
@@ -275,10 +276,11 @@ def train_rona(config: RONAConfig, workdir: str, *, resume: bool = False,
 
   if checkpoint.latest_step(ckpt_dir) is not None:
     if not resume:
-      raise ValueError(f"{workdir!r} already holds a RONA checkpoint: pass resume=True "
-                       "(--resume) to continue it, or use a fresh workdir")
+      raise errors.UserError(f"{workdir!r} already holds a RONA checkpoint: pass resume=True "
+                             "(--resume) to continue it, or use a fresh workdir")
     if checkpoint.restore_metadata(ckpt_dir).get("config") != config_json:
-      raise ValueError(f"{workdir!r} holds a RONA run with another config; use a fresh workdir")
+      raise errors.UserError(f"{workdir!r} holds a RONA run with another config; use a fresh "
+                             "workdir")
     arrays, meta = checkpoint.restore(ckpt_dir, checkpoint_arrays())
     state, root_key = state.with_arrays(arrays["state"]), jax.random.wrap_key_data(arrays["rng"])
     bounds = {k: rona_step.BoundState(**b) for k, b in arrays["bounds"].items()}

@@ -57,6 +57,7 @@ import tqdm
 from flax import nnx
 
 from dpkd_jax import data
+from dpkd_jax import errors
 from dpkd_jax import models
 from dpkd_jax import teacher as teacher_lib
 from dpkd_jax.methods import dpdfd
@@ -303,10 +304,11 @@ def train_srr(config: SRRConfig, workdir: str, *, resume: bool = False, progress
   ckpt_dir = os.path.join(workdir, "checkpoints")
   resuming = checkpoint.latest_step(ckpt_dir) is not None
   if resuming and not resume:
-    raise ValueError(f"{workdir!r} already holds an SRR run; pass resume=True or use a fresh workdir")
+    raise errors.UserError(f"{workdir!r} already holds an SRR run; pass resume=True (--resume) or "
+                           "use a fresh workdir")
   saved = checkpoint.restore_metadata(ckpt_dir) if resuming else {}
   if resuming and saved.get("config") != _config_json(config):
-    raise ValueError(f"{workdir!r} holds an SRR run with another config; use a fresh workdir")
+    raise errors.UserError(f"{workdir!r} holds an SRR run with another config; use a fresh workdir")
   root_seed = (seeds.ResolvedSeed(*saved["root_seed"]) if resuming
                else seeds.resolve_seed(config.seed))
   init_key, pretrain_key, stage_key = jax.random.split(jax.random.key(root_seed.value), 3)
