@@ -81,8 +81,9 @@ def _converter(annotation: Any) -> Callable[[str], Any] | None:
 def docstring_help(cls: type) -> dict[str, str]:
   """{field: text} from the "Attributes:" section of `cls.__doc__` (Google style).
 
-  An entry naming several fields ("a, b: text") gives every one of them the text; entries
-  whose names are not all fields (prose such as "steps T") are skipped.
+  An entry naming several fields ("a, b: text") gives every one of them the text, a line
+  describing several ("a: text; b: text") splits; entries whose names are not all fields
+  (prose such as "steps T") are skipped.
   """
   doc = cls.__doc__ or ""
   section = doc.split("Attributes:", 1)[1] if "Attributes:" in doc else ""
@@ -96,10 +97,17 @@ def docstring_help(cls: type) -> dict[str, str]:
     elif entries and line.strip():
       entries[-1][1] += " " + line.strip()
   for names, text in entries:
-    names = [n for n in re.split(r"[,/ ]+", names) if n]
-    if names and all(n in fields for n in names):
-      for name in names:
-        helps[name] = text
+    # One line may describe several fields: "model: a name; norm: "batch" or "none"."
+    pieces = re.split(r"(?:;|\.)\s+(\w+): ", text)
+    parts = [(names, pieces[0])] + [
+        (name, piece) for name, piece in zip(pieces[1::2], pieces[2::2])]
+    if any(name not in fields for name, _ in parts[1:]):
+      parts = [(names, text)]  # prose, not more fields
+    for group, piece in parts:
+      group = [n for n in re.split(r"[,/ ]+", group) if n]
+      if group and all(n in fields for n in group):
+        for name in group:
+          helps[name] = piece.strip()
   return helps
 
 

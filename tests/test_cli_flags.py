@@ -39,8 +39,7 @@ class Toy:
     count, rate: an int and a float.
     limit: a float or None.
     seed: an int or None.
-    path: a string or None.
-    fast: a bool.
+    path: a string or None; fast: a bool.
     maybe: a bool or None
       (None: decided later).
     terms: comma-separated names.
@@ -109,6 +108,8 @@ def test_errors_are_one_line(argv, fragment, capsys):
 def test_help_from_docstring_names_choices_skip(capsys):
   assert _flags.docstring_help(Toy)["maybe"] == "a bool or None (None: decided later)."
   assert _flags.docstring_help(Toy)["rate"] == "an int and a float."
+  assert _flags.docstring_help(Toy)["path"] == "a string or None"
+  assert _flags.docstring_help(Toy)["fast"] == "a bool."
   p = _cli.Parser(prog="toy")
   _flags.add_config_flags(p, Toy, skip={"terms"}, names={"count": "toy_count"},
                           choices={"path": ["p", "q"]}, help={"seed": "the seed"})
