@@ -179,8 +179,9 @@ def train_teacher(config: TeacherConfig, workdir: str, *, progress: bool = True,
   train = _training_split(config)
   test = data.load(config.dataset, "test", data_dir=config.data_dir, download=config.download)
   if len(train) < config.batch_size:
-    raise errors.UserError(f"--batch_size={config.batch_size} exceeds the {len(train)} examples "
-                           "of the training split (shard); give a smaller --batch_size")
+    raise errors.UserError(f"teacher batch_size={config.batch_size} exceeds the {len(train)} "
+                           "examples of its training split (shard); give a smaller --batch_size "
+                           "(--teacher_batch_size in experiments.rona)")
   steps_per_epoch = len(train) // config.batch_size
   total_steps = steps_per_epoch * config.epochs
 

@@ -120,12 +120,13 @@ def main(argv: list[str]) -> None:
     teacher.train_teacher(tcfg, a.teacher_to_train, progress=not a.no_progress)
   for tdir in config.teacher_dirs:
     teacher.read_card(tdir, flag="--teacher_dirs", dataset=config.dataset)
-  results = dpdfd.train_dpdfd(config, a.workdir, progress=not a.no_progress)
+  workdir = a.workdir
+  results = dpdfd.train_dpdfd(config, workdir, progress=not a.no_progress)
   paper = results["paper_epsilon"]
   print(f"DPDFD {config.dataset}: test accuracy {results['test_accuracy']:.4f} after {results['steps']} steps;"
         f" sound epsilon {results['epsilon']:.4g} (delta={config.delta})"
         + ("" if paper is None else f"; paper-formula epsilon {paper:.4g} (NOT a valid guarantee)")
-        + f" -> {a.workdir}")
+        + f" -> {workdir}")
 
 
 if __name__ == "__main__":

@@ -143,7 +143,12 @@ CASES = [
      ["--dataset=digits", "--teachers_dir=afile"], ["--teachers_dir", "is a file"]),
     # a batch larger than the data
     ("teacher_batch_too_large", teacher_cli.main, ["--batch_size=5000", "--no_progress"],
-     ["--batch_size=5000 exceeds the 1442 examples"]),
+     ["batch_size=5000 exceeds the 1442 examples", "--batch_size"]),
+    ("rona_teacher_batch_too_large", rona_cli.main,
+     ["--dataset=digits", "--noise_multiplier=1", "--num_query_samples=64",
+      "--teacher_batch_size=5000", "--no_progress"], ["--teacher_batch_size"]),
+    ("rknn_num_public_too_large", rknn_cli.main, ["--num_public=5000"],
+     ["num_public=5000 must be in [1, 355)"]),
     ("dpsgd_batch_too_large", dpsgd_cli.main,
      ["--noise_multiplier=1", "--steps=1", "--expected_batch_size=5000", "--no_progress"],
      ["expected_batch_size=5000 exceeds"]),
