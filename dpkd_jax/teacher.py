@@ -24,6 +24,7 @@ from flax import nnx
 
 import dpkd_jax
 from dpkd_jax import data
+from dpkd_jax import errors
 from dpkd_jax import models
 from dpkd_jax import teacher_partition
 from dpkd_jax.models import core
@@ -188,7 +189,9 @@ def train_teacher(config: TeacherConfig, workdir: str, *, progress: bool = True,
   train, source = _training_split(config)
   test = data.load(config.dataset, "test", data_dir=config.data_dir, download=config.download)
   if len(train) < config.batch_size:
-    raise ValueError(f"training split has {len(train)} examples < batch_size={config.batch_size}")
+    raise errors.UserError(f"teacher batch_size={config.batch_size} exceeds the {len(train)} "
+                           "examples of its training split (shard); give a smaller --batch_size "
+                           "(--teacher_batch_size in experiments.rona)")
   steps_per_epoch = len(train) // config.batch_size
   total_steps = steps_per_epoch * config.epochs
 
@@ -253,34 +256,114 @@ def train_teacher(config: TeacherConfig, workdir: str, *, progress: bool = True,
   return card
 
 
+class TeacherNotFoundError(errors.UserError, FileNotFoundError):
+  """A teacher directory that is missing, empty or holds no card.json."""
+
+
+class TeacherMismatchError(errors.UserError, checkpoint.CheckpointMismatchError):
+  """A valid teacher that does not fit what the caller needs (dataset, classes, shape)."""
+
+
+def _where(workdir: str, flag: str | None) -> str:
+  return f"{flag}: {workdir!r}" if flag else f"teacher {workdir!r}"
+
+
+def read_card(workdir: str, *, flag: str | None = None, dataset: str | None = None,
+              num_classes: int | None = None,
+              input_shape: tuple[int, ...] | None = None) -> dict[str, Any]:
+  """Reads and checks a teacher's card.json without restoring any array (cheap).
+
+  CLIs call it on every teacher flag before any compute, so a wrong directory fails at once.
+
+  Args:
+    workdir: the teacher's output directory (holds card.json and checkpoints/).
+    flag: the CLI flag that named `workdir` (e.g. "--teacher_dirs"), for the messages.
+    dataset / num_classes / input_shape: if given, must match the card.
+
+  Returns:
+    The card.
+
+  Raises:
+    TeacherNotFoundError / TeacherMismatchError / UserError: one-line messages naming `flag`
+      and the file, saying what to do.
+  """
+  where = _where(workdir, flag)
+  hint = f"train one with `python -m experiments.teacher --dataset=... --workdir={workdir}`"
+  if not os.path.isdir(workdir):
+    raise TeacherNotFoundError(f"{where} does not exist or is not a directory; {hint}")
+  card_path = os.path.join(workdir, "card.json")
+  if not os.path.isfile(card_path):
+    unfinished = os.path.isdir(os.path.join(workdir, "checkpoints"))
+    why = (" (its training did not finish: rerun the same command to resume it)"
+           if unfinished else "")
+    raise TeacherNotFoundError(f"{where} has no card.json, so no trained teacher{why}; {hint}")
+  try:
+    with open(card_path) as f:
+      card = json.load(f)
+  except (OSError, UnicodeDecodeError, json.JSONDecodeError) as error:
+    raise errors.UserError(f"{where}: {card_path} is unreadable or not JSON ({error}); restore "
+                           f"it or retrain the teacher") from error
+  if (not isinstance(card, dict) or not isinstance(card.get("config"), dict)
+      or not isinstance(card.get("steps"), int)):
+    raise errors.UserError(f"{where}: {card_path} is not a teacher card (no config/steps); "
+                           f"give a workdir of `python -m experiments.teacher`")
+  expected = {"dataset": dataset, "num_classes": num_classes,
+              "input_shape": None if input_shape is None else list(input_shape)}
+  for key, want in expected.items():
+    if want is not None and card.get(key) != want:
+      raise TeacherMismatchError(
+          f"{where} holds a teacher with {key}={card.get(key)!r} but {want!r} is needed; give "
+          f"a teacher trained on {dataset or 'this dataset'}")
+  try:
+    TeacherConfig(**card["config"])
+  except (TypeError, ValueError) as error:
+    raise errors.UserError(f"{where}: {card_path} holds an invalid teacher config ({error}); "
+                           "retrain the teacher") from error
+  return card
+
+
 def load_teacher(workdir: str, *, dataset: str | None = None, num_classes: int | None = None,
-                 input_shape: tuple[int, ...] | None = None) -> Teacher:
+                 input_shape: tuple[int, ...] | None = None, flag: str | None = None) -> Teacher:
   """Loads a teacher written by `train_teacher`, checking it fits what the caller expects.
 
   Args:
     workdir: the teacher's output directory (holds card.json and checkpoints/).
     dataset / num_classes / input_shape: if given, must match the card, else
-      `checkpoint.CheckpointMismatchError` explains the mismatch before anything is restored.
+      `TeacherMismatchError` (a `checkpoint.CheckpointMismatchError`) explains the mismatch
+      before anything is restored.
+    flag: the CLI flag that named `workdir`, for the error messages.
 
   Returns:
     Teacher(parts, card) with eval-ready params and batch statistics.
+
+  Raises:
+    errors.UserError (one line): missing, empty, corrupt or mismatching teacher directory or
+      checkpoint (see `read_card`).
   """
-  card_path = os.path.join(workdir, "card.json")
-  if not os.path.exists(card_path):
-    raise FileNotFoundError(f"no teacher card at {card_path!r}: train one with "
-                            f"`python -m experiments.teacher --workdir={workdir} ...`")
-  with open(card_path) as f:
-    card = json.load(f)
-  expected = {"dataset": dataset, "num_classes": num_classes,
-              "input_shape": None if input_shape is None else list(input_shape)}
-  for key, want in expected.items():
-    if want is not None and card.get(key) != want:
-      raise checkpoint.CheckpointMismatchError(
-          f"teacher in {workdir!r} has {key}={card.get(key)!r} but {want!r} was requested")
+  card = read_card(workdir, flag=flag, dataset=dataset, num_classes=num_classes,
+                   input_shape=input_shape)
   config = TeacherConfig(**card["config"])
   parts = init_model(config, jax.random.key(0))  # shapes only; values come from the checkpoint
   # The checkpoint holds the whole train state; rebuild its template (same optimizer) and keep
   # only the model arrays: the optimizer state is irrelevant for a read-only teacher.
   template = TrainState.create(parts, make_optimizer(config, card["steps"])).arrays()
-  arrays, _ = checkpoint.restore(os.path.join(workdir, "checkpoints"), template)
+  ckpt_dir = os.path.join(workdir, "checkpoints")
+  if checkpoint.latest_step(ckpt_dir) is None:
+    raise TeacherNotFoundError(f"{_where(workdir, flag)} has a card.json but no checkpoint in "
+                               f"{ckpt_dir}; retrain the teacher")
+  try:
+    arrays, _ = checkpoint.restore(ckpt_dir, template)
+  except checkpoint.CorruptCheckpointError as error:  # checksum mismatch: name the flag too
+    raise checkpoint.CorruptCheckpointError(
+        f"{_where(workdir, flag)}: checkpoints is damaged ({error}); retrain the teacher"
+    ) from error
+  except errors.UserError:
+    raise
+  except Exception as error:  # pylint: disable=broad-except
+    # Orbax/TensorStore report damaged files as ValueError (DATA_LOSS, OUT_OF_RANGE), KeyError,
+    # JSONDecodeError, ...: all mean "these files cannot give this teacher back".
+    first = (str(error).strip().splitlines() or [""])[0][:200]
+    raise errors.UserError(
+        f"{_where(workdir, flag)}: checkpoint {ckpt_dir} is damaged or does not fit its "
+        f"card ({type(error).__name__}: {first}); retrain the teacher") from error
   return Teacher(core.ModelParts(parts.graphdef, arrays["params"], arrays["batch_stats"]), card)

@@ -9,76 +9,85 @@
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import os
-import sys
 
+from dpkd_jax import errors
 from dpkd_jax import teacher
 from dpkd_jax.methods import dpdfd
 from dpkd_jax.methods import dpdfd_direct
+from dpkd_jax.train import checkpoint
 from dpkd_jax.train import distributed
 from dpkd_jax.train import summary
+from experiments import _cli
+from experiments import _flags
 
-_FIELDS = {f.name: f for f in dataclasses.fields(dpdfd.DPDFDConfig)}
-_OPTIONAL_FLOATS = ("noise_multiplier", "target_epsilon")
-_SEED_HELP = "reproducible run (its noise is then public); default: a secret seed from OS entropy"
+_HELP = {
+    "teacher_dirs": "comma-separated teacher workdirs (default: train one, see --train_teacher)",
+    "seed": "reproducible run (its noise is then public); default: a secret seed from OS entropy",
+    "data_dir": "directory of <dataset>.npz (else $DPKD_DATA_DIR/tfds)",
+}
 
 
-def _add_config_flags(p: argparse.ArgumentParser) -> None:
-  for name, field in _FIELDS.items():
-    if name == "teacher_dirs":
-      p.add_argument("--teacher_dirs", default=None,
-                     help="comma-separated teacher workdirs (default: train one, see --train_teacher)")
-    elif name in _OPTIONAL_FLOATS:
-      p.add_argument(f"--{name}", type=float, default=None)
-    elif name == "seed":
-      p.add_argument("--seed", type=int, default=None, help=_SEED_HELP)
-    elif name == "data_dir":
-      p.add_argument("--data_dir", default=None, help="directory of <dataset>.npz (else $DPKD_DATA_DIR/tfds)")
-    elif field.default is dataclasses.MISSING:
-      p.add_argument(f"--{name}", required=True)
-    else:
-      p.add_argument(f"--{name}", type=type(field.default), default=field.default)
+def parse_direct(argv: list[str]) -> tuple[dpdfd_direct.DirectConfig, str]:
+  """`--mode=direct` flags (without it) -> (validated config, workdir)."""
+  p = _cli.Parser(prog="python -m experiments.dpdfd --mode=direct")
+  _flags.add_config_flags(p, dpdfd_direct.DirectConfig, help={"seed": _HELP["seed"]})
+  p.add_argument("--workdir", default=None, help="default runs/dpdfd_direct/<dataset>")
+  a = p.parse_args(argv)
+  config = _flags.build_config(dpdfd_direct.DirectConfig, a)
+  return config, a.workdir or os.path.join("runs", "dpdfd_direct", config.dataset)
 
 
 def _direct(argv: list[str]) -> None:
   """`--mode=direct`: the mechanism on private data (paper Table 4); reports ε = inf."""
-  p = argparse.ArgumentParser(prog="python -m experiments.dpdfd --mode=direct")
-  for f in dataclasses.fields(dpdfd_direct.DirectConfig):
-    default = None if f.default is dataclasses.MISSING else f.default
-    kind = {"seed": int, "max_batch_size": int, "noise_multiplier": float}.get(
-        f.name, str if default is None else type(default))
-    p.add_argument(f"--{f.name}", required=f.default is dataclasses.MISSING, default=default,
-                   type=kind)
-  p.add_argument("--workdir", default=None)
-  a = p.parse_args(argv)
-  try:
-    config = dpdfd_direct.DirectConfig(**{f.name: getattr(a, f.name)
-                                          for f in dataclasses.fields(dpdfd_direct.DirectConfig)})
-  except ValueError as e:
-    p.error(str(e))
-  workdir = a.workdir or os.path.join("runs", "dpdfd_direct", config.dataset)
+  config, workdir = parse_direct(argv)
+  _cli.check_output_dir(workdir, "--workdir")
   r = dpdfd_direct.train_direct(config, workdir)
   print("\n".join(summary.summary_lines(r, workdir=workdir)))
 
 
-def main(argv: list[str] | None = None) -> None:
-  distributed.initialize_from_env()  # no-op unless launched across hosts (docs/DISTRIBUTED.md)
-  argv = sys.argv[1:] if argv is None else argv
-  if "--mode=direct" in argv:
-    return _direct([x for x in argv if x != "--mode=direct"])
-  if argv[:1] == ["sample"]:
-    p = argparse.ArgumentParser(prog="python -m experiments.dpdfd sample")
-    p.add_argument("--workdir", required=True)
-    p.add_argument("--num", type=int, default=10000)
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--out", default=None)
-    a = p.parse_args(argv[1:])
-    print("wrote", dpdfd.sample(a.workdir, a.num, seed=a.seed, out_path=a.out))
-    return
-  p = argparse.ArgumentParser(prog="python -m experiments.dpdfd", description=__doc__,
-                              formatter_class=argparse.RawDescriptionHelpFormatter)
-  _add_config_flags(p)
+def _check_run(workdir: str) -> None:
+  """One-line errors unless `workdir` holds a DPDFD run's checkpoint (nothing is created)."""
+  run = "give the --workdir of a `python -m experiments.dpdfd` run"
+  if not os.path.isdir(workdir):
+    raise errors.UserError(f"--workdir: {workdir!r} does not exist; {run}")
+  if os.path.exists(os.path.join(workdir, "card.json")):
+    raise errors.UserError(f"--workdir: {workdir!r} is a teacher's workdir (card.json), not a "
+                           f"DPDFD run; {run}")
+  ckpt_dir = os.path.join(workdir, "checkpoints")
+  if checkpoint.latest_step(ckpt_dir) is None:
+    raise errors.UserError(f"--workdir: {workdir!r} holds no checkpoint; {run}")
+  try:
+    config = checkpoint.restore_metadata(ckpt_dir).get("config")
+  except Exception as error:  # pylint: disable=broad-except
+    # Orbax reports damaged metadata as JSONDecodeError, KeyError, ...
+    raise errors.UserError(f"--workdir: cannot read the checkpoint metadata in {ckpt_dir!r} "
+                           f"({type(error).__name__}: {error}); {run}") from error
+  if not isinstance(config, dict) or "teacher_dirs" not in config:
+    raise errors.UserError(f"--workdir: {workdir!r} is not a DPDFD run (its checkpoint holds "
+                           f"no DPDFD config); {run}")
+
+
+def _sample(argv: list[str]) -> None:
+  p = _cli.Parser(prog="python -m experiments.dpdfd sample")
+  p.add_argument("--workdir", required=True, help="a DPDFD run's workdir")
+  p.add_argument("--num", type=int, default=10000, help="number of synthetic images")
+  p.add_argument("--seed", type=int, default=0)
+  p.add_argument("--out", default=None, help="output .npz (default <workdir>/synthetic.npz)")
+  a = p.parse_args(argv)
+  if a.num < 1:
+    p.error(f"--num must be >= 1, got {a.num}")
+  _check_run(a.workdir)
+  _cli.check_output_file(a.out or os.path.join(a.workdir, "synthetic.npz"),
+                         "--out" if a.out else "--workdir")
+  print("wrote", dpdfd.sample(a.workdir, a.num, seed=a.seed, out_path=a.out))
+
+
+def parse_config(argv: list[str]) -> tuple[dpdfd.DPDFDConfig, argparse.Namespace]:
+  """Flags -> (validated config, flags); the teacher of --train_teacher is not trained yet."""
+  p = _cli.Parser(prog="python -m experiments.dpdfd", description=__doc__,
+                  formatter_class=argparse.RawDescriptionHelpFormatter)
+  _flags.add_config_flags(p, dpdfd.DPDFDConfig, help=_HELP, defaults={"teacher_dirs": None})
   p.add_argument("--train_teacher", action="store_true",
                  help="first train a teacher with experiments.teacher defaults (--teacher_model)")
   p.add_argument("--teacher_model", default="small_cnn")
@@ -86,22 +95,32 @@ def main(argv: list[str] | None = None) -> None:
   p.add_argument("--workdir", default=None, help="default runs/dpdfd/<dataset>")
   p.add_argument("--no_progress", action="store_true")
   a = p.parse_args(argv)
-  workdir = a.workdir or os.path.join("runs", "dpdfd", a.dataset)
+  a.workdir = a.workdir or os.path.join("runs", "dpdfd", a.dataset)
+  a.teacher_to_train = None  # --train_teacher is ignored when --teacher_dirs names teachers
   if a.teacher_dirs is None:
     if not a.train_teacher:
       p.error("give --teacher_dirs (from `python -m experiments.teacher`) or --train_teacher")
-    tdir = os.path.join(workdir, "teacher")
-    tcfg = teacher.TeacherConfig(dataset=a.dataset, model=a.teacher_model, epochs=a.teacher_epochs,
-                                 data_dir=a.data_dir)
-    if not os.path.exists(os.path.join(tdir, "card.json")):
-      teacher.train_teacher(tcfg, tdir, progress=not a.no_progress)
-    a.teacher_dirs = tdir
-  kwargs = {k: getattr(a, k) for k in _FIELDS}
-  kwargs["teacher_dirs"] = tuple(d for d in a.teacher_dirs.split(",") if d)
-  try:
-    config = dpdfd.DPDFDConfig(**kwargs)
-  except ValueError as e:
-    p.error(str(e))
+    a.teacher_to_train = os.path.join(a.workdir, "teacher")
+    a.teacher_dirs = (a.teacher_to_train,)
+  return _flags.build_config(dpdfd.DPDFDConfig, a), a
+
+
+@_cli.entry_point
+def main(argv: list[str]) -> None:
+  distributed.initialize_from_env()  # no-op unless launched across hosts (docs/DISTRIBUTED.md)
+  if "--mode=direct" in argv:
+    return _direct([x for x in argv if x != "--mode=direct"])
+  if argv[:1] == ["sample"]:
+    return _sample(argv[1:])
+  config, a = parse_config(argv)
+  _cli.check_output_dir(a.workdir, "--workdir")
+  if a.teacher_to_train and not os.path.exists(os.path.join(a.teacher_to_train, "card.json")):
+    tcfg = _cli.build(teacher.TeacherConfig, dataset=config.dataset, model=a.teacher_model,
+                      epochs=a.teacher_epochs, data_dir=config.data_dir)
+    teacher.train_teacher(tcfg, a.teacher_to_train, progress=not a.no_progress)
+  for tdir in config.teacher_dirs:
+    teacher.read_card(tdir, flag="--teacher_dirs", dataset=config.dataset)
+  workdir = a.workdir
   results = dpdfd.train_dpdfd(config, workdir, progress=not a.no_progress)
   print("\n".join(summary.summary_lines(results, workdir=workdir)))
 

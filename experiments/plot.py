@@ -8,14 +8,15 @@ from __future__ import annotations
 
 import argparse
 import math
-import sys
 
 from dpkd_jax import plotting
+from experiments import _cli
 
 
-def main(argv: list[str] | None = None) -> None:
-  p = argparse.ArgumentParser(prog="python -m experiments.plot", description=__doc__,
-                              formatter_class=argparse.RawDescriptionHelpFormatter)
+@_cli.entry_point
+def main(argv: list[str]) -> None:
+  p = _cli.Parser(prog="python -m experiments.plot", description=__doc__,
+                  formatter_class=argparse.RawDescriptionHelpFormatter)
   p.add_argument("--runs", nargs="+", required=True, help="run workdirs (each with results.json)")
   p.add_argument("--out", required=True, help="output PNG")
   p.add_argument("--title", default=None)
@@ -25,11 +26,12 @@ def main(argv: list[str] | None = None) -> None:
                  help="also mark the papers' ε figures (hollow markers, NOT guarantees)")
   p.add_argument("--skip_unfinished", action="store_true",
                  help="ignore directories without results.json instead of failing")
-  a = p.parse_args(sys.argv[1:] if argv is None else argv)
+  a = p.parse_args(argv)
+  _cli.check_output_file(a.out, "--out")
   try:
     runs = plotting.load_runs(a.runs, skip_unfinished=a.skip_unfinished)
-  except (FileNotFoundError, ValueError) as e:
-    p.error(str(e))
+  except (FileNotFoundError, ValueError) as e:  # a missing or malformed results.json
+    _cli.fail(f"--runs: {e}")
   plotting.plot_privacy_utility(runs, a.out, title=a.title, trajectories=a.trajectories,
                                 paper_epsilon=a.paper_epsilon)
   for run in runs:

@@ -14,18 +14,17 @@ with --generator_prior=teacher, whose generator is a noiseless function of the t
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import math
 import os
-import sys
 
+from dpkd_jax import errors
+from dpkd_jax import teacher
 from dpkd_jax.methods import srr
 from dpkd_jax.train import distributed
 from dpkd_jax.train import summary
+from experiments import _cli
+from experiments import _flags
 
-_FIELDS = {f.name: f for f in dataclasses.fields(srr.SRRConfig)}
-_OPTIONAL = {"epsilon": float, "target_epsilon": float, "threshold": float, "seed": int,
-             "pretrained_generator_dir": str, "data_dir": str}
 _HELP = {
     "epsilon": "ε per query (label DP); inf = no noise; omit to calibrate from --target_epsilon",
     "target_epsilon": "bound on the record-level ε of all label queries composed (PLD)",
@@ -40,33 +39,19 @@ _HELP = {
 
 def parse_config(argv: list[str], *, pretrain_only: bool = False,
                  ) -> tuple[srr.SRRConfig, argparse.Namespace]:
-  """Flags -> validated config (bad values exit with the config's error message)."""
+  """Flags -> validated config (bad values exit 2 with the config's one-line message)."""
   prog = "python -m experiments.srr" + (" pretrain" if pretrain_only else "")
   suffix = "_generator" if pretrain_only else ""
-  p = argparse.ArgumentParser(prog=prog, description=__doc__,
-                              formatter_class=argparse.RawDescriptionHelpFormatter)
-  for name, field in _FIELDS.items():
-    if name in _OPTIONAL:
-      p.add_argument(f"--{name}", type=_OPTIONAL[name], default=None, help=_HELP.get(name))
-    elif name == "generator_terms":
-      p.add_argument("--generator_terms", default=",".join(field.default), help=_HELP[name])
-    elif field.default is dataclasses.MISSING:
-      p.add_argument(f"--{name}", required=True)
-    else:
-      p.add_argument(f"--{name}", type=type(field.default), default=field.default,
-                     help=_HELP.get(name))
+  p = _cli.Parser(prog=prog, description=__doc__,
+                  formatter_class=argparse.RawDescriptionHelpFormatter)
+  _flags.add_config_flags(p, srr.SRRConfig, help=_HELP)
   p.add_argument("--workdir", default=None, help=f"default runs/srr/<dataset>{suffix}")
   p.add_argument("--resume", action="store_true", help="continue the run in --workdir")
   p.add_argument("--no_progress", action="store_true")
   args = p.parse_args(argv)
-  kwargs = {name: getattr(args, name) for name in _FIELDS}
-  kwargs["generator_terms"] = tuple(t for t in args.generator_terms.split(",") if t)
-  if pretrain_only and kwargs["epsilon"] is None and kwargs["target_epsilon"] is None:
-    kwargs["epsilon"] = math.inf  # pretraining asks no label query: no privacy flag needed
-  try:
-    config = srr.SRRConfig(**kwargs)
-  except ValueError as e:
-    p.error(str(e))
+  if pretrain_only and args.epsilon is None and args.target_epsilon is None:
+    args.epsilon = math.inf  # pretraining asks no label query: no privacy flag needed
+  config = _flags.build_config(srr.SRRConfig, args)
   if pretrain_only and config.generator_prior != "teacher":
     p.error("only generator_prior='teacher' pretrains a generator")
   if args.workdir is None:
@@ -74,15 +59,29 @@ def parse_config(argv: list[str], *, pretrain_only: bool = False,
   return config, args
 
 
-def main(argv: list[str] | None = None) -> None:
+def _check_inputs(config: srr.SRRConfig, args: argparse.Namespace) -> None:
+  """One-line errors for a wrong --teacher_dir, --pretrained_generator_dir or --workdir."""
+  teacher.read_card(config.teacher_dir, flag="--teacher_dir", dataset=config.dataset)
+  generator_dir = config.pretrained_generator_dir
+  if generator_dir is not None and not os.path.isdir(os.path.join(generator_dir, "checkpoints")):
+    raise errors.UserError(
+        f"--pretrained_generator_dir: {generator_dir!r} holds no pretrained generator "
+        "(no checkpoints/); give the --workdir of `python -m experiments.srr pretrain` or "
+        "<another run>/generator_pretrain")
+  _cli.check_output_dir(args.workdir, "--workdir")
+
+
+@_cli.entry_point
+def main(argv: list[str]) -> None:
   distributed.initialize_from_env()  # no-op unless launched across hosts (docs/DISTRIBUTED.md)
-  argv = sys.argv[1:] if argv is None else argv
   if argv[:1] == ["pretrain"]:
     config, args = parse_config(argv[1:], pretrain_only=True)
+    _check_inputs(config, args)
     srr.pretrain(config, args.workdir, progress=not args.no_progress)
     print(f"pretrained generator -> {args.workdir} (reuse: --pretrained_generator_dir={args.workdir})")
     return
   config, args = parse_config(argv)
+  _check_inputs(config, args)
   r = srr.train_srr(config, args.workdir, resume=args.resume, progress=not args.no_progress)
   print("\n".join(summary.summary_lines(r, workdir=args.workdir)))
 

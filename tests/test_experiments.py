@@ -1,5 +1,7 @@
 """The CLIs reject bad flags with a clear message (exit code 2) before any compute."""
 
+import os
+
 import pytest
 
 from experiments import dpdfd as dpdfd_cli
@@ -25,10 +27,13 @@ def test_bad_flags_exit_with_message(main, argv, match, capsys):
   with pytest.raises(SystemExit) as exit_info:
     main(argv)
   assert exit_info.value.code == 2
-  assert match in capsys.readouterr().err
+  err = capsys.readouterr().err
+  assert match in err and err.count("\n") == 1  # one line, no usage block
 
 
-def test_dpdfd_missing_teacher_dir_is_clear(tmp_path):
-  with pytest.raises(FileNotFoundError, match="no teacher card"):
+def test_dpdfd_missing_teacher_dir_is_clear(tmp_path, capsys):
+  with pytest.raises(SystemExit) as exit_info:
     dpdfd_cli.main(["--dataset=digits", f"--teacher_dirs={tmp_path}/none", "--noise_multiplier=1",
                     f"--workdir={tmp_path}/run", "--no_progress"])
+  assert exit_info.value.code == 2
+  assert "--teacher_dirs" in capsys.readouterr().err and not os.path.exists(tmp_path / "run")

@@ -35,11 +35,8 @@ def injected(tmp_path_factory, request):
 
 def _check(injected, key):
   module, outcomes = injected
-  problems = outcomes[key].problems
-  if problems and all(p == module.TRACEBACK_NOT_LINE for p in problems):
-    pytest.xfail("the CLI prints this UserError as a traceback: the one-line exit-2 handler "
-                 "of the CLIs (issue 17 point 12) is not on this branch")
-  assert not problems, outcomes[key].line()
+  del module
+  assert not outcomes[key].problems, outcomes[key].line()
 
 
 @pytest.mark.parametrize("method", ["dpsgd", "dpdfd"])
@@ -61,8 +58,5 @@ def test_second_run_in_a_busy_workdir_is_refused_and_the_first_unharmed(injected
   _check(injected, "concurrent")
 
 
-@pytest.mark.xfail(strict=False, reason="the offline fail-fast of the data loader (issue 17 "
-                   "point 11) is another change; on this branch a missing mnist.npz falls into "
-                   "a tensorflow-datasets download that hangs offline")
 def test_missing_data_offline_fails_fast_in_one_line(injected):
   _check(injected, "offline")

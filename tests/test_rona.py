@@ -213,6 +213,5 @@ def test_cli_flags_reach_the_config():
                                         "--distill_l2_bound=0.5", "--seed=3"])
   assert config == rona.RONAConfig(dataset="digits", target_epsilon=7.68, public_fraction=0.8,
                                    student_model="compact_10k", bound_mode="fixed",
-                                   hint_l2_bound=5.0, distill_l2_bound=0.5, seed=3,
-                                   download=True)
+                                   hint_l2_bound=5.0, distill_l2_bound=0.5, seed=3)
   assert args.workdir == os.path.join("runs", "rona", "digits_compact_10k")

@@ -210,7 +210,7 @@ def test_not_found_without_data_dir(monkeypatch):
     sources.load("cifar10", "test")
   message = str(excinfo.value)
   assert isinstance(excinfo.value, FileNotFoundError)
-  for fragment in ("'cifar10'", "no data directory", "DPKD_DATA_DIR",
+  for fragment in ("'cifar10'", "no --data_dir given", "DPKD_DATA_DIR",
                    "simulated tfds failure 1234"):
     assert fragment in message
 

@@ -13,7 +13,13 @@
    environment variable. A named directory that does not exist is an error.
 3. `tfds.data_source(name, split=...)` (random access to ArrayRecord files, no TensorFlow
    needed), reading every record into NumPy arrays. tfds looks in its own data dir
-   (`TFDS_DATA_DIR` or `~/tensorflow_datasets`); it downloads only if `download=True`.
+   (`TFDS_DATA_DIR` or `~/tensorflow_datasets`) first without touching the network. Only with
+   `download=True`, and only after a TCP connection to the tfds download host opened within
+   `NETWORK_TIMEOUT_S` seconds, does it download: an offline machine fails in seconds instead
+   of hanging in download retries.
+
+Every "not found" is a `DataNotFoundError` (a `UserError`): one line naming each place looked
+in and how to provide the file. A corrupt or malformed `.npz` is a `UserError` naming the file.
 
 Loaded arrays are cached per (name, split, source) for the life of the process and are
 read-only, so repeated calls are cheap and callers cannot corrupt the cache.
@@ -28,11 +34,13 @@ import zlib
 
 import numpy as np
 
+from dpkd_jax import errors
 from dpkd_jax.data import splits
 # Re-exported: `sources.ArrayDataset` / `sources.DatasetInfo` are public names.
 from dpkd_jax.data.arrays import ArrayDataset
 from dpkd_jax.data.arrays import check_arrays
 from dpkd_jax.data.arrays import DatasetInfo
+from dpkd_jax.data import tfds_source
 
 DATA_DIR_ENV_VAR = "DPKD_DATA_DIR"
 SPLITS = ("train", "test")
@@ -41,8 +49,8 @@ DIGITS_TEST_FRACTION = 0.2
 DIGITS_SPLIT_SEED = 0
 
 
-class DataNotFoundError(FileNotFoundError):
-  """No source could provide the requested dataset."""
+class DataNotFoundError(errors.UserError, FileNotFoundError):
+  """No source could provide the requested dataset (a user error: one line, exit 2)."""
 
 
 _DIGIT_NAMES = tuple(str(d) for d in range(10))
@@ -127,37 +135,30 @@ def _embedded_digits(split: str) -> tuple[np.ndarray, np.ndarray]:
 
 
 def _read_npz(path: Path, split: str, info: DatasetInfo) -> tuple[np.ndarray, np.ndarray]:
-  """Reads and validates one split from a `.npz` file; ValueError names file and problem."""
+  """Reads and validates one split from a `.npz` file; the UserError names file and problem."""
   image_key, label_key = f"x_{split}", f"y_{split}"
   try:
     with np.load(path, allow_pickle=False) as archive:
       missing = [key for key in (image_key, label_key) if key not in archive.files]
       if missing:
-        raise ValueError(f"{path}: missing key(s) {missing}; found {sorted(archive.files)}; "
-                         "expected x_train, y_train, x_test, y_test")
+        raise errors.UserError(f"{path}: missing key(s) {missing}; found "
+                               f"{sorted(archive.files)}; expected x_train, y_train, x_test, "
+                               "y_test")
       images, labels = archive[image_key], archive[label_key]
   except (OSError, EOFError, zipfile.BadZipFile, zlib.error) as error:
-    raise ValueError(
+    raise errors.UserError(
         f"{path}: cannot read as .npz (corrupt or truncated?): {type(error).__name__}: {error}"
     ) from error
+  except errors.UserError:
+    raise
+  except ValueError as error:  # e.g. not an archive at all (np.load then suspects a pickle)
+    raise errors.UserError(f"{path}: cannot read as .npz (not a NumPy .npz archive?): "
+                           f"{error}") from error
+  try:
+    check_arrays(images, labels, info, where=f"{path} [{image_key}, {label_key}]")
   except ValueError as error:
-    if str(error).startswith(str(path)):
-      raise
-    raise ValueError(f"{path}: cannot read as .npz: {error}") from error
-  check_arrays(images, labels, info, where=f"{path} [{image_key}, {label_key}]")
+    raise errors.UserError(str(error)) from error
   return images, labels.astype(np.int32)
-
-
-def _read_tfds(name: str, split: str, *, download: bool) -> tuple[np.ndarray, np.ndarray]:
-  """Reads every record of a tfds split into NumPy arrays (raises whatever tfds raises)."""
-  import tensorflow_datasets as tfds  # Deferred: importing tfds costs ~0.5 s.
-
-  source = tfds.data_source(name, split=split, download=download)
-  # One record at a time: batched `__getitems__` is broken under tfds.testing.mock_data.
-  records = [source[i] for i in range(len(source))]
-  images = np.stack([np.asarray(record["image"]) for record in records])  # (N, H, W, C)
-  labels = np.asarray([record["label"] for record in records])  # (N,) int64
-  return images, labels
 
 
 _CACHE: dict[tuple, ArrayDataset] = {}
@@ -169,13 +170,13 @@ def clear_cache() -> None:
 
 
 def _resolve_data_dir(data_dir: str | os.PathLike | None) -> tuple[Path | None, str]:
-  """Returns (directory or None, human-readable description of where it came from)."""
+  """Returns (directory or None, the flag or variable it came from)."""
   if data_dir is not None:
-    return Path(data_dir), "the data_dir argument"
+    return Path(data_dir), "--data_dir"
   from_env = os.environ.get(DATA_DIR_ENV_VAR)
   if from_env:
-    return Path(from_env), f"the {DATA_DIR_ENV_VAR} environment variable"
-  return None, f"no data directory (neither data_dir nor {DATA_DIR_ENV_VAR} is set)"
+    return Path(from_env), f"${DATA_DIR_ENV_VAR}"
+  return None, ""
 
 
 def load(
@@ -192,19 +193,22 @@ def load(
     split: "train" or "test".
     data_dir: directory holding `<name>.npz`; defaults to `$DPKD_DATA_DIR`. Ignored for
       the embedded `digits`.
-    download: passed to `tfds.data_source`; if True tfds may download and prepare the
-      dataset when no local file is found.
+    download: if no local file or prepared tfds data is found, let tfds download and
+      prepare the dataset, after a network check of at most
+      `tfds_source.NETWORK_TIMEOUT_S` seconds. False (default) never touches the network.
 
   Returns:
     An `ArrayDataset` with read-only `images` (N, H, W, C) uint8 and `labels` (N,) int32.
 
   Raises:
-    ValueError: unknown name or split, or a local file that is corrupt, lacks keys or
-      holds arrays of the wrong dtype/shape/label range.
-    DataNotFoundError: the named directory does not exist, or no source has the data.
+    UserError: unknown name, or a local file that is corrupt, lacks keys or holds arrays of
+      the wrong dtype/shape/label range (the message names the file).
+    DataNotFoundError: a UserError: the named directory does not exist, or no source has
+      the data (the message names every place looked in and how to provide the file).
+    ValueError: unknown split (a caller's bug).
   """
   if name not in DATASETS:
-    raise ValueError(f"unknown dataset {name!r}; known datasets: {sorted(DATASETS)}")
+    raise errors.UserError(f"unknown dataset {name!r}; known datasets: {sorted(DATASETS)}")
   if split not in SPLITS:
     raise ValueError(f"unknown split {split!r} for {name!r}; expected one of {SPLITS}")
   info = DATASETS[name]
@@ -219,8 +223,8 @@ def load(
   if directory is not None:
     if not directory.is_dir():
       raise DataNotFoundError(
-          f"data directory {str(directory)!r} (from {origin}) does not exist or is not a "
-          f"directory; cannot look for {name}.npz there")
+          f"{origin} {str(directory)!r} does not exist or is not a directory (looking for "
+          f"{name}.npz there); give a directory holding {name}.npz")
     path = (directory / f"{name}.npz").resolve()
     if path.is_file():
       stat = path.stat()
@@ -229,22 +233,21 @@ def load(
       if key not in _CACHE:
         _CACHE[key] = _read_only(*_read_npz(path, split, info), info)
       return _CACHE[key]
-    looked = f"no {name}.npz in {str(directory)!r} (from {origin})"
+    looked = f"no {name}.npz in {str(directory)!r} ({origin})"
   else:
-    looked = origin
+    looked = f"no --data_dir given and ${DATA_DIR_ENV_VAR} unset"
 
   key = (name, split, "tensorflow_datasets")
   if key not in _CACHE:
     try:
-      images, labels = _read_tfds(name, split, download=download)
-    except Exception as error:  # pylint: disable=broad-except
-      # tfds raises many unrelated types (DatasetNotFoundError, NotImplementedError,
-      # ImportError, ...); all mean "tfds cannot provide it", which we report in full.
+      images, labels = tfds_source.read(name, split, download=download)
+    except tfds_source.TfdsUnavailable as error:
       raise DataNotFoundError(
-          f"cannot load dataset {name!r} split {split!r}: {looked}; set data_dir or "
-          f"{DATA_DIR_ENV_VAR} to a directory holding {name}.npz (keys x_train, y_train, "
-          f"x_test, y_test); tensorflow-datasets (download={download}) failed with "
-          f"{type(error).__name__}: {error}") from error
+          f"dataset {name!r} ({split} split) not found: {looked}; {error}; give --data_dir=DIR "
+          f"(or set ${DATA_DIR_ENV_VAR}=DIR) with DIR/{name}.npz holding arrays x_train, "
+          "y_train, x_test, y_test (uint8 NHWC images, integer labels), or let "
+          "tensorflow-datasets fetch it on a machine with internet (--download of "
+          "experiments.teacher/dpsgd/rknn/rona)") from error
     # Validated outside the try: a malformed tfds record is a ValueError, not "not found".
     check_arrays(images, labels, info, where=f"tensorflow-datasets {name}[{split}]")
     _CACHE[key] = _read_only(images, labels.astype(np.int32), info)

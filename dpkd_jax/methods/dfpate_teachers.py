@@ -22,6 +22,7 @@ import optax
 from flax import nnx
 
 from dpkd_jax import data
+from dpkd_jax import errors
 from dpkd_jax import models
 from dpkd_jax.models import core
 from dpkd_jax.train import evaluate
@@ -216,7 +217,8 @@ def train_ensemble(ensemble: Ensemble, images: np.ndarray, labels: np.ndarray,
   """
   num_teachers, shard_size = labels.shape
   if not 1 <= batch_size <= shard_size:
-    raise ValueError(f"batch_size must be in [1, shard size {shard_size}], got {batch_size}")
+    raise errors.UserError(f"teacher batch_size must be in [1, shard size {shard_size}], got "
+                           f"{batch_size} (--teacher_batch_size)")
   steps_per_epoch = shard_size // batch_size
   tx = optax.adam(optax.cosine_decay_schedule(learning_rate, max(epochs * steps_per_epoch, 1)))
   params = ensemble.params

@@ -30,6 +30,7 @@ import tqdm
 from flax import nnx
 
 from dpkd_jax import data
+from dpkd_jax import errors
 from dpkd_jax import models
 from dpkd_jax.methods import dpdfd_step
 from dpkd_jax.models import core
@@ -172,17 +173,17 @@ def train_direct(config: DirectConfig, workdir: str, *, progress: bool = True) -
     (of private batches) goes to `private_diagnostics.csv` only.
   """
   clock = outputs.RunClock()
-  warnings.warn(f"{NOT_DP_REASON}; the paper-formula ε it reports is not a guarantee.",
-                paper_accounting.PaperAccountingWarning, stacklevel=2)
-  run = workdir_lib.open_run(workdir, kind="DPDFD direct", config=dataclasses.asdict(config),
-                             resumable=False)
   info = data.DATASETS[config.dataset]
   train = data.load(config.dataset, "train", data_dir=config.data_dir)
   test = data.load(config.dataset, "test", data_dir=config.data_dir)
   q = config.expected_batch_size / len(train)
-  if q > 1:
-    raise ValueError(f"expected_batch_size {config.expected_batch_size} exceeds the "
-                     f"{len(train)} private records")
+  if q > 1:  # checked before the workdir exists: a refused run writes nothing
+    raise errors.UserError(f"expected_batch_size {config.expected_batch_size} exceeds the "
+                           f"{len(train)} private records")
+  warnings.warn(f"{NOT_DP_REASON}; the paper-formula ε it reports is not a guarantee.",
+                paper_accounting.PaperAccountingWarning, stacklevel=2)
+  run = workdir_lib.open_run(workdir, kind="DPDFD direct", config=dataclasses.asdict(config),
+                             resumable=False)
   max_batch_size = config.max_batch_size or data.suggested_max_batch_size(len(train), q)
   root_seed = seeds.resolve_seed(config.seed)
   init_key, sample_key, noise_key = jax.random.split(seeds.root_key(root_seed), 3)

@@ -43,6 +43,7 @@ from jax.sharding import Mesh
 
 import dpkd_jax
 from dpkd_jax import data
+from dpkd_jax import errors
 from dpkd_jax import models
 from dpkd_jax.models import core
 from dpkd_jax.privacy import accounting
@@ -92,8 +93,8 @@ def make_plan(config: DPSGDConfig, *, num_examples: int, num_devices: int) -> DP
     z = 0 (no noise) plans ε = ∞ and target_epsilon = ∞: a non-private run, kept by no ledger.
   """
   if config.expected_batch_size > num_examples:
-    raise ValueError(f"expected_batch_size={config.expected_batch_size} exceeds the "
-                     f"{num_examples} private training examples")
+    raise errors.UserError(f"expected_batch_size={config.expected_batch_size} exceeds the "
+                           f"{num_examples} private training examples")
   q = config.expected_batch_size / num_examples
   steps = config.steps if config.steps is not None else math.ceil(config.epochs / q)
   # Default M: the overflow-safe size rounded up to a multiple of the device count.

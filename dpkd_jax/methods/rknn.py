@@ -45,6 +45,7 @@ from dp_accounting import dp_event
 
 import dpkd_jax
 from dpkd_jax import data
+from dpkd_jax import errors
 from dpkd_jax import representations
 from dpkd_jax.methods import rknn_student
 from dpkd_jax.methods import rknn_votes
@@ -152,11 +153,11 @@ class RKNNConfig:
   def check_public_size(self, num_public: int) -> None:
     """Raises ValueError if a public set of this size cannot hold the run's queries."""
     if num_public < self.num_queries:
-      raise ValueError(f"{num_public} public images < num_queries={self.num_queries}")
+      raise errors.UserError(f"{num_public} public images < num_queries={self.num_queries}")
     if self.rounds > 1 and self.num_relabelled(num_public) < self.num_queries:
-      raise ValueError(f"uncertain_fraction={self.uncertain_fraction} of {num_public} public "
-                       f"images gives {self.num_relabelled(num_public)} samples per later "
-                       f"round, fewer than num_queries={self.num_queries}")
+      raise errors.UserError(f"uncertain_fraction={self.uncertain_fraction} of {num_public} "
+                             f"public images gives {self.num_relabelled(num_public)} samples per "
+                             f"later round, fewer than num_queries={self.num_queries}")
 
 
 def round_event(config: RKNNConfig) -> dp_event.DpEvent:
@@ -180,8 +181,8 @@ def public_evaluation_split(num_examples: int, num_public: int, *,
     (public, evaluation) sorted int64 index arrays, disjoint, covering the split.
   """
   if not 1 <= num_public < num_examples:
-    raise ValueError(f"num_public={num_public} must be in [1, {num_examples}) for a test "
-                     f"split of {num_examples} images (the rest evaluates the student)")
+    raise errors.UserError(f"num_public={num_public} must be in [1, {num_examples}) for a "
+                           f"test split of {num_examples} images (the rest evaluates the student)")
   permutation = np.random.default_rng(seed).permutation(num_examples)
   return np.sort(permutation[:num_public]), np.sort(permutation[num_public:])
 

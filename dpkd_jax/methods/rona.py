@@ -51,6 +51,7 @@ from jax.sharding import Mesh
 
 import dpkd_jax
 from dpkd_jax import data
+from dpkd_jax import errors
 from dpkd_jax.methods import compression_report
 from dpkd_jax.methods import query_selection
 from dpkd_jax.methods import rona_privacy
@@ -134,8 +135,8 @@ def train_rona(config: RONAConfig, workdir: str, *, resume: bool = False,
   test = data.load(config.dataset, "test", data_dir=config.data_dir, download=config.download)
   _, public = data.private_public_split(train, config.public_fraction, seed=config.split_seed)
   if config.num_query_samples > len(public):
-    raise ValueError(f"num_query_samples={config.num_query_samples} exceeds the "
-                     f"{len(public)} public samples")
+    raise errors.UserError(f"num_query_samples={config.num_query_samples} exceeds the "
+                           f"{len(public)} public samples")
   plan = rona_privacy.make_plan(config)
   big, aux = rona_teachers.teachers(config, public_split_card(config, len(public)), public,
                                     workdir, progress=progress, mesh=mesh)

@@ -22,6 +22,7 @@ import tqdm
 
 import dpkd_jax
 from dpkd_jax import data
+from dpkd_jax import errors
 from dpkd_jax import models
 from dpkd_jax import teacher as teacher_lib
 from dpkd_jax.models import core
@@ -59,7 +60,8 @@ def train_public_teacher(config: teacher_lib.TeacherConfig, public: data.ArrayDa
   mesh = sharding.data_mesh() if mesh is None else mesh
   sharding.check_divisible(config.batch_size, mesh)
   if len(public) < config.batch_size:
-    raise ValueError(f"public split has {len(public)} examples < batch_size={config.batch_size}")
+    raise errors.UserError(f"public split has {len(public)} examples < teacher "
+                           f"batch_size={config.batch_size} (--teacher_batch_size)")
   test = data.load(config.dataset, "test", data_dir=config.data_dir, download=config.download)
   total_steps = len(public) // config.batch_size * config.epochs
   init_key, order_key, augment_key = jax.random.split(seeds.root_key(config.seed), 3)

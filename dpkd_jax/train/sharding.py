@@ -15,6 +15,7 @@ import jax
 import numpy as np
 from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
+from dpkd_jax import errors
 from dpkd_jax.train import distributed
 
 DATA_AXIS = "data"
@@ -30,7 +31,7 @@ def check_divisible(batch_size: int, mesh: Mesh) -> None:
   """Raises ValueError unless the batch splits evenly over the mesh's 'data' axis."""
   n = mesh.shape[DATA_AXIS]
   if batch_size % n:
-    raise ValueError(
+    raise errors.UserError(
         f"batch_size={batch_size} is not divisible by the {n} devices of the 'data' mesh axis;"
         f" use a multiple of {n}."
     )

@@ -68,7 +68,12 @@ class _Lock:
 
   def __init__(self, workdir: str):
     self.workdir = os.path.abspath(workdir)
-    self.created = not os.path.exists(self.workdir)
+    # The directories this run creates (the workdir and missing parents), deepest first.
+    self.created: list[str] = []
+    path = self.workdir
+    while not os.path.exists(path) and path != os.path.dirname(path):
+      self.created.append(path)
+      path = os.path.dirname(path)
     self.path = os.path.join(self.workdir, LOCK_NAME)
     try:
       os.makedirs(self.workdir, exist_ok=True)
@@ -104,8 +109,10 @@ class _Lock:
       return
     try:
       os.unlink(self.path)
-      if self.created and not os.listdir(self.workdir):
-        os.rmdir(self.workdir)  # a run that wrote nothing leaves no trace
+      for directory in self.created:  # a run that wrote nothing leaves no trace
+        if os.listdir(directory):
+          break
+        os.rmdir(directory)
     except OSError:
       pass  # best effort: a leftover lock file is harmless (the flock is what counts)
     os.close(self._fd)

@@ -1,0 +1,181 @@
+"""A config dataclass as command-line flags, and the flags back into the config.
+
+    p = _cli.Parser(prog="python -m experiments.x")
+    _flags.add_config_flags(p, XConfig, defaults={"dataset": "digits"}, help={...})
+    args = p.parse_args(argv)
+    config = _flags.build_config(XConfig, args)
+
+Every field becomes `--<field>`, typed from its annotation:
+  int, float, str            `--f=3`; `float` takes `inf`
+  X | None                   as X, and `none` gives None
+  bool (or bool | None)      `--f`, `--nof` / `--no-f`, or `--f=true|false|1|0`
+  tuple[str, ...]            comma-separated: `--f=a,b` (empty items dropped)
+A field without a default is a required flag unless `defaults` gives one. Help comes from
+`help`, else from the "Attributes:" section of the class docstring. Fields of other types
+(nested configs, `Any`) must be listed in `skip` and handled by the CLI.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import re
+import types
+import typing
+from typing import Any, Callable, Iterable, Union
+
+from experiments import _cli
+
+_TRUE, _FALSE = ("true", "1", "yes"), ("false", "0", "no")
+
+
+def parse_bool(text: str) -> bool:
+  """`true/false/1/0/yes/no` (any case) -> bool; anything else is a flag error."""
+  if text.lower() in _TRUE:
+    return True
+  if text.lower() in _FALSE:
+    return False
+  raise argparse.ArgumentTypeError(f"expected true or false, got {text!r}")
+
+
+def _named(kind: Callable[[str], Any], name: str) -> Callable[[str], Any]:
+  """`kind` renamed: argparse says "invalid <name> value" using the function's name."""
+  def convert(text: str) -> Any:
+    return kind(text)
+  convert.__name__ = name
+  return convert
+
+
+def _optional(kind: Callable[[str], Any]) -> Callable[[str], Any]:
+  def convert(text: str) -> Any:
+    return None if text.lower() == "none" else kind(text)
+  convert.__name__ = getattr(kind, "__name__", "value")
+  return convert
+
+
+def _comma_tuple(text: str) -> tuple[str, ...]:
+  return tuple(item.strip() for item in text.split(",") if item.strip())
+
+
+def _unwrap_optional(annotation: Any) -> tuple[Any, bool]:
+  """(X, True) for `X | None`, else (annotation, False)."""
+  if typing.get_origin(annotation) in (Union, types.UnionType):
+    args = [a for a in typing.get_args(annotation) if a is not type(None)]
+    if len(args) == 1 and len(typing.get_args(annotation)) == 2:
+      return args[0], True
+  return annotation, False
+
+
+def _converter(annotation: Any) -> Callable[[str], Any] | None:
+  """str -> value for a field annotation, or None if the type is not a flag type."""
+  kind, optional = _unwrap_optional(annotation)
+  if kind in (int, float, str):
+    convert = _named(kind, kind.__name__)
+  elif typing.get_origin(kind) is tuple and typing.get_args(kind) == (str, ...):
+    convert = _named(_comma_tuple, "comma-separated list")
+  else:
+    return None
+  return _optional(convert) if optional else convert
+
+
+def docstring_help(cls: type) -> dict[str, str]:
+  """{field: text} from the "Attributes:" section of `cls.__doc__` (Google style).
+
+  An entry naming several fields ("a, b: text") gives every one of them the text, a line
+  describing several ("a: text; b: text") splits; entries whose names are not all fields
+  (prose such as "steps T") are skipped.
+  """
+  doc = cls.__doc__ or ""
+  section = doc.split("Attributes:", 1)[1] if "Attributes:" in doc else ""
+  fields = {f.name for f in dataclasses.fields(cls)}
+  helps: dict[str, str] = {}
+  entries: list[list[str]] = []
+  for line in section.splitlines():
+    match = re.match(r"^\s{4}([\w, /]+?): (.*)$", line)
+    if match and not line.startswith(" " * 6):
+      entries.append([match.group(1), match.group(2).strip()])
+    elif entries and line.strip():
+      entries[-1][1] += " " + line.strip()
+  for names, text in entries:
+    # One line may describe several fields: "model: a name; norm: "batch" or "none"."
+    pieces = re.split(r"(?:;|\.)\s+(\w+): ", text)
+    parts = [(names, pieces[0])] + [
+        (name, piece) for name, piece in zip(pieces[1::2], pieces[2::2])]
+    if any(name not in fields for name, _ in parts[1:]):
+      parts = [(names, text)]  # prose, not more fields
+    for group, piece in parts:
+      group = [n for n in re.split(r"[,/ ]+", group) if n]
+      if group and all(n in fields for n in group):
+        for name in group:
+          helps[name] = piece.strip()
+  return helps
+
+
+def _with_default(text: str | None, default: Any) -> str:
+  text = (text or "").strip()
+  return text if "default" in text else f"{text} (default: {default})".strip()
+
+
+def add_config_flags(parser: argparse.ArgumentParser, cls: type, *,
+                     defaults: dict[str, Any] | None = None, skip: Iterable[str] = (),
+                     help: dict[str, str] | None = None,  # pylint: disable=redefined-builtin
+                     choices: dict[str, Iterable[str]] | None = None,
+                     names: dict[str, str] | None = None) -> None:
+  """Adds one `--<field>` per field of the dataclass `cls` (see the module docstring).
+
+  Args:
+    parser: where to add the flags.
+    cls: a dataclass whose fields all have flag types, except those in `skip`.
+    defaults: CLI defaults replacing the field defaults (a required field becomes optional).
+    skip: fields the caller adds (or fills) itself.
+    help: help texts replacing the docstring's.
+    choices: allowed values of some fields (argparse checks them).
+    names: flag names replacing some field names ({"model": "student_model"}: --student_model);
+      give the same `names` to `build_config`.
+  """
+  defaults, skip, choices, names = defaults or {}, set(skip), choices or {}, names or {}
+  hints = typing.get_type_hints(cls)
+  texts = {**docstring_help(cls), **(help or {})}
+  for field in dataclasses.fields(cls):
+    if field.name in skip:
+      continue
+    if field.name in defaults:
+      default, required = defaults[field.name], False
+    elif field.default is not dataclasses.MISSING:
+      default, required = field.default, False
+    elif field.default_factory is not dataclasses.MISSING:
+      default, required = field.default_factory(), False
+    else:
+      default, required = None, True
+    text = texts.get(field.name, "").replace("%", "%%") or None
+    flag = names.get(field.name, field.name)
+    kind, _ = _unwrap_optional(hints[field.name])
+    if kind is bool:
+      # --f alone is True (const); --f=<bool> parses the value; --nof / --no-f is False.
+      parser.add_argument(f"--{flag}", nargs="?", const=True, type=parse_bool,
+                          default=default, required=required, metavar="BOOL",
+                          help=_with_default(f"{text or ''} (--no{flag}: false)", default))
+      parser.add_argument(f"--no{flag}", f"--no-{flag}", dest=flag,
+                          action="store_false", help=argparse.SUPPRESS)
+      continue
+    convert = _converter(hints[field.name])
+    if convert is None:
+      raise TypeError(f"{cls.__name__}.{field.name}: no flag type for {hints[field.name]!r}; "
+                      "pass it in skip= and handle it in the CLI")
+    shown = ",".join(default) if isinstance(default, tuple) else default
+    parser.add_argument(f"--{flag}", type=convert, default=default, required=required,
+                        choices=choices.get(field.name),
+                        help=text if required else _with_default(text, shown))
+
+
+def build_config(cls: type, args: argparse.Namespace, *, names: dict[str, str] | None = None,
+                 **values: Any) -> Any:
+  """`cls` from the parsed flags of its fields, `values` overriding them; one-line errors.
+
+  `names` maps field names to flag names as given to `add_config_flags`.
+  """
+  names = names or {}
+  kwargs = {f.name: getattr(args, names.get(f.name, f.name)) for f in dataclasses.fields(cls)
+            if hasattr(args, names.get(f.name, f.name))}
+  kwargs.update(values)
+  return _cli.build(cls, **kwargs)

@@ -1,0 +1,239 @@
+"""Every CLI turns an expected user error into one line on stderr and exit status 2, with
+nothing written (issue 17, point 12): missing, empty, mismatching or corrupt teachers, workdirs
+that are files or read-only, batches larger than the data, `dpdfd sample` on a wrong workdir,
+`plot --out` into a missing folder, data not found. A bug keeps its traceback."""
+
+import glob
+import os
+from pathlib import Path
+import shutil
+import subprocess
+import sys
+
+import pytest
+
+from dpkd_jax import teacher
+from dpkd_jax.data import sources
+from dpkd_jax.methods import dpsgd
+from experiments import dfpate as dfpate_cli
+from experiments import dpdfd as dpdfd_cli
+from experiments import dpsgd as dpsgd_cli
+from experiments import plot as plot_cli
+from experiments import rknn as rknn_cli
+from experiments import rona as rona_cli
+from experiments import srr as srr_cli
+from experiments import teacher as teacher_cli
+
+
+@pytest.fixture(scope="module")
+def teachers(tmp_path_factory):
+  """{name: dir}: a good digits teacher and broken copies of it, outside every sandbox."""
+  root = tmp_path_factory.mktemp("teachers")
+  good = str(root / "good")
+  teacher.train_teacher(teacher.TeacherConfig(dataset="digits", model="lenet5", epochs=1,
+                                              batch_size=256), good, progress=False)
+  dirs = {"good": good}
+  for name in ("bad_card", "bad_ckpt", "trunc_ckpt", "no_ckpt"):
+    dirs[name] = str(root / name)
+    shutil.copytree(good, dirs[name])
+  with open(os.path.join(dirs["bad_card"], "card.json"), "w") as f:
+    f.write("{not json")
+  for path in glob.glob(os.path.join(dirs["bad_ckpt"], "checkpoints", "*", "arrays", "d", "*")):
+    with open(path, "r+b") as f:
+      f.write(b"\xff" * 8)  # overwritten bytes: TensorStore fails reading them
+  for path in glob.glob(os.path.join(dirs["trunc_ckpt"], "checkpoints", "*", "arrays", "d", "*")):
+    open(path, "w").close()  # truncated files: Orbax's restore also leaves asyncio noise
+  shutil.rmtree(os.path.join(dirs["no_ckpt"], "checkpoints"))
+  os.makedirs(root / "empty")
+  dirs["empty"] = str(root / "empty")
+  return dirs
+
+
+@pytest.fixture
+def sandbox(tmp_path, monkeypatch):
+  """The working directory (default workdirs land here), with a file and an empty data dir."""
+  monkeypatch.chdir(tmp_path)
+  (tmp_path / "afile").write_text("x")
+  (tmp_path / "nodata").mkdir()
+  monkeypatch.delenv(sources.DATA_DIR_ENV_VAR, raising=False)
+
+  def nothing_prepared(name, split, *, download):  # tfds has no data here, as on CI
+    raise RuntimeError(f"simulated: {name} not prepared")
+
+  monkeypatch.setattr(sources.tfds_source, "_read", nothing_prepared)
+  return tmp_path
+
+
+def _tree(root) -> set[str]:
+  return {os.path.relpath(os.path.join(d, n), root)
+          for d, dirs, files in os.walk(root) for n in dirs + files}
+
+
+def _user_error(main, argv, capsys, sandbox) -> str:
+  """Runs `main(argv)`; asserts exit 2, one `error:` line on stderr, nothing written."""
+  before = _tree(sandbox)
+  capsys.readouterr()
+  with pytest.raises(SystemExit) as exit_info:
+    main(argv)
+  err = capsys.readouterr().err
+  assert exit_info.value.code == 2, err
+  lines = err.strip().splitlines()
+  assert len(lines) == 1 and lines[0].startswith("error: "), err
+  assert "Traceback" not in err
+  assert _tree(sandbox) == before
+  return lines[0]
+
+
+DPDFD = ["--dataset=digits", "--noise_multiplier=1", "--steps=2", "--batch_size=8",
+         "--no_progress"]
+SRR = ["--dataset=digits", "--epsilon=1", "--stages=1", "--samples_per_stage=16",
+       "--batch_size=8", "--pretrain_batch_size=8", "--pretrain_steps=1", "--no_progress"]
+NO_DATA = ["--dataset=mnist", "--data_dir=nodata", "--no_progress"]
+
+# (id, main, argv with {good}, {bad_card}, ... for the teacher dirs, fragments of the line)
+CASES = [
+    # missing / empty / mismatching / corrupt teachers
+    ("dpdfd_missing_teacher", dpdfd_cli.main, DPDFD + ["--teacher_dirs=typo"],
+     ["--teacher_dirs", "'typo' does not exist", "experiments.teacher"]),
+    ("dpdfd_empty_teacher", dpdfd_cli.main, DPDFD + ["--teacher_dirs={good},{empty}"],
+     ["--teacher_dirs", "has no card.json"]),
+    ("dpdfd_other_dataset", dpdfd_cli.main,
+     ["--dataset=mnist", "--noise_multiplier=1", "--teacher_dirs={good}"],
+     ["--teacher_dirs", "dataset='digits' but 'mnist' is needed"]),
+    ("dpdfd_corrupt_card", dpdfd_cli.main, DPDFD + ["--teacher_dirs={bad_card}"],
+     ["--teacher_dirs", "card.json is unreadable or not JSON"]),
+    ("dpdfd_corrupt_checkpoint", dpdfd_cli.main, DPDFD + ["--teacher_dirs={bad_ckpt}"],
+     ["checkpoints is damaged", "retrain the teacher"]),
+    ("dpdfd_no_checkpoint", dpdfd_cli.main, DPDFD + ["--teacher_dirs={no_ckpt}"],
+     ["no checkpoint", "retrain the teacher"]),
+    ("srr_missing_teacher", srr_cli.main, SRR + ["--teacher_dir=typo"],
+     ["--teacher_dir", "'typo' does not exist"]),
+    ("srr_corrupt_card", srr_cli.main, SRR + ["--teacher_dir={bad_card}"],
+     ["--teacher_dir", "not JSON"]),
+    ("srr_missing_generator", srr_cli.main,
+     SRR + ["--teacher_dir={good}", "--pretrained_generator_dir=typo"],
+     ["--pretrained_generator_dir", "'typo' holds no pretrained generator"]),
+    ("srr_pretrain_corrupt_checkpoint", srr_cli.main,
+     ["pretrain"] + SRR + ["--teacher_dir={bad_ckpt}"], ["checkpoints is damaged"]),
+    ("srr_pretrain_other_dataset", srr_cli.main,
+     ["pretrain", "--dataset=mnist", "--teacher_dir={good}"],
+     ["--teacher_dir", "dataset='digits'"]),
+    ("rona_missing_teacher", rona_cli.main,
+     ["--dataset=digits", "--noise_multiplier=1", "--teacher_dir=typo"],
+     ["--teacher_dir", "'typo' does not exist"]),
+    ("rona_aux_teacher_other_dataset", rona_cli.main,
+     ["--dataset=mnist", "--noise_multiplier=1", "--aux_teacher_dir={good}"],
+     ["--aux_teacher_dir", "dataset='digits'"]),
+    # workdirs that are files or cannot be created
+    ("teacher_workdir_is_file", teacher_cli.main, ["--workdir=afile", "--no_progress"],
+     ["--workdir", "afile' is a file"]),
+    ("dpdfd_workdir_under_file", dpdfd_cli.main,
+     DPDFD + ["--teacher_dirs={good}", "--workdir=afile/run"], ["--workdir", "is a file"]),
+    ("dpdfd_direct_workdir_is_file", dpdfd_cli.main,
+     ["--mode=direct", "--dataset=digits", "--noise_multiplier=1", "--workdir=afile"],
+     ["--workdir", "is a file"]),
+    ("dpsgd_workdir_is_file", dpsgd_cli.main,
+     ["--noise_multiplier=1", "--steps=1", "--workdir=afile"], ["--workdir", "is a file"]),
+    ("rknn_workdir_is_file", rknn_cli.main, ["--workdir=afile"], ["--workdir", "is a file"]),
+    ("rona_workdir_is_file", rona_cli.main,
+     ["--dataset=digits", "--noise_multiplier=1", "--workdir=afile"], ["--workdir"]),
+    ("dfpate_workdir_is_file", dfpate_cli.main, ["--dataset=digits", "--workdir=afile"],
+     ["--workdir", "is a file"]),
+    ("dfpate_teachers_dir_is_file", dfpate_cli.main,
+     ["--dataset=digits", "--teachers_dir=afile"], ["--teachers_dir", "is a file"]),
+    # a batch larger than the data
+    ("teacher_batch_too_large", teacher_cli.main, ["--batch_size=5000", "--no_progress"],
+     ["batch_size=5000 exceeds the 1442 examples", "--batch_size"]),
+    ("rona_teacher_batch_too_large", rona_cli.main,
+     ["--dataset=digits", "--noise_multiplier=1", "--num_query_samples=64",
+      "--teacher_batch_size=5000", "--no_progress"], ["--teacher_batch_size"]),
+    ("rknn_num_public_too_large", rknn_cli.main, ["--num_public=5000"],
+     ["num_public=5000 must be in [1, 355)"]),
+    ("dpsgd_batch_too_large", dpsgd_cli.main,
+     ["--noise_multiplier=1", "--steps=1", "--expected_batch_size=5000", "--no_progress"],
+     ["expected_batch_size=5000 exceeds"]),
+    ("dpdfd_direct_batch_too_large", dpdfd_cli.main,
+     ["--mode=direct", "--dataset=digits", "--noise_multiplier=1",
+      "--expected_batch_size=5000"], ["expected_batch_size 5000 exceeds"]),
+    # dpdfd sample on a wrong workdir; outputs into missing folders
+    ("dpdfd_sample_typo", dpdfd_cli.main, ["sample", "--workdir=typo_run"],
+     ["--workdir", "'typo_run' does not exist"]),
+    ("dpdfd_sample_teacher_workdir", dpdfd_cli.main, ["sample", "--workdir={good}"],
+     ["--workdir", "is a teacher's workdir"]),
+    ("dpdfd_sample_num", dpdfd_cli.main, ["sample", "--workdir={good}", "--num=0"],
+     ["--num must be >= 1"]),
+    ("plot_out_missing_folder", plot_cli.main, ["--runs", "{good}", "--out=missing/c.png"],
+     ["--out", "missing' does not exist"]),
+    ("plot_run_without_results", plot_cli.main, ["--runs", "{good}", "--out=c.png"],
+     ["--runs", "no results.json"]),
+    # data not found (offline, no --download)
+    ("teacher_no_data", teacher_cli.main, NO_DATA, ["no mnist.npz in 'nodata' (--data_dir)"]),
+    ("dpsgd_no_data", dpsgd_cli.main, NO_DATA + ["--noise_multiplier=1", "--steps=1"],
+     ["dataset 'mnist'", "--data_dir=DIR"]),
+    ("dpdfd_direct_no_data", dpdfd_cli.main,
+     ["--mode=direct", "--noise_multiplier=1"] + NO_DATA[:2], ["dataset 'mnist'"]),
+    ("rknn_no_data", rknn_cli.main, NO_DATA, ["dataset 'mnist'"]),
+    ("rona_no_data", rona_cli.main, NO_DATA + ["--noise_multiplier=1"], ["dataset 'mnist'"]),
+    ("dfpate_no_data", dfpate_cli.main, NO_DATA, ["dataset 'mnist'"]),
+    # flags and config values
+    ("teacher_unknown_flag", teacher_cli.main, ["--epochz=3"],
+     ["unrecognized arguments: --epochz=3", "--help"]),
+    ("dpdfd_no_teacher_flag", dpdfd_cli.main, ["--dataset=digits", "--noise_multiplier=1"],
+     ["--teacher_dirs", "--train_teacher"]),
+    ("rknn_unknown_representation", rknn_cli.main, ["--representation=nope"],
+     ["--representation", "unknown representation 'nope'"]),
+    ("dpdfd_bad_delta", dpdfd_cli.main, DPDFD + ["--teacher_dirs={good}", "--delta=2"],
+     ["delta must be in (0, 1)"]),
+]
+
+
+@pytest.mark.parametrize("main,argv,fragments", [c[1:] for c in CASES], ids=[c[0] for c in CASES])
+def test_user_error_is_one_line(main, argv, fragments, teachers, sandbox, capsys):
+  line = _user_error(main, [a.format(**teachers) for a in argv], capsys, sandbox)
+  for fragment in fragments:
+    assert fragment in line
+
+
+def test_read_only_workdir(teachers, sandbox, capsys, monkeypatch):
+  """A read-only directory (simulated: tests may run as root, who may write anywhere)."""
+  (sandbox / "ro").mkdir()
+  real_access = os.access
+  monkeypatch.setattr(os, "access", lambda path, mode: (
+      False if os.path.abspath(path).startswith(str(sandbox / "ro")) else real_access(path, mode)))
+  line = _user_error(dpsgd_cli.main, ["--noise_multiplier=1", "--steps=1", "--workdir=ro"],
+                     capsys, sandbox)
+  assert "--workdir" in line and "not writable" in line
+  line = _user_error(teacher_cli.main, ["--workdir=ro/new"], capsys, sandbox)
+  assert "cannot create" in line and "ro/new" in line
+
+
+def test_bug_keeps_its_traceback(sandbox, monkeypatch):
+  def broken(*args, **kwargs):
+    raise KeyError("a bug")
+  monkeypatch.setattr(dpsgd, "train_dpsgd", broken)
+  with pytest.raises(KeyError, match="a bug"):
+    dpsgd_cli.main(["--noise_multiplier=1", "--steps=1"])
+
+
+def _cli_process(args, cwd):
+  env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1]),
+         "JAX_PLATFORMS": "cpu"}
+  return subprocess.run([sys.executable, "-m", *args], cwd=cwd, env=env, capture_output=True,
+                        text=True, timeout=300)
+
+
+def test_process_corrupt_teacher_one_line(teachers, tmp_path):
+  """A real process: no traceback, and none of Orbax's late "Event loop is closed" noise."""
+  result = _cli_process(["experiments.dpdfd", *DPDFD, f"--teacher_dirs={teachers['trunc_ckpt']}",
+                         "--workdir=run"], tmp_path)
+  assert result.returncode == 2, result.stderr
+  lines = result.stderr.strip().splitlines()
+  assert len(lines) == 1 and "checkpoints is damaged" in lines[0], result.stderr
+  assert os.listdir(tmp_path) == []
+
+
+def test_process_sample_typo_creates_nothing(tmp_path):
+  result = _cli_process(["experiments.dpdfd", "sample", "--workdir=typo_run"], tmp_path)
+  assert result.returncode == 2 and result.stderr.startswith("error: --workdir: 'typo_run'")
+  assert len(result.stderr.strip().splitlines()) == 1
+  assert os.listdir(tmp_path) == []
