@@ -41,7 +41,7 @@ def test_clip_and_sum_skips_padding_rows_and_bounds_each_row():
 def test_mechanism_is_clip_and_sum_then_one_noise_draw_of_std_z_c():
   grads, mask = _grads(), jnp.ones((6,), bool)
   key, z, c = jax.random.key(4), 1.5, 0.5
-  release = mech.dpsgd_mechanism(key, grads, mask, l2_clip_norm=c, noise_multiplier=z)
+  release = mech.dpsgd_gaussian_mechanism(key, grads, mask, l2_clip_norm=c, noise_multiplier=z)
   total, _ = mech.dpsgd_clip_and_sum(grads, mask, l2_clip_norm=c)
   noise = z * c * jax.random.normal(key, _flat(total).shape)
   np.testing.assert_allclose(_flat(release.noisy_sum), _flat(total) + noise, rtol=1e-6)

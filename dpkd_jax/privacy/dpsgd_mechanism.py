@@ -3,7 +3,8 @@
 The mechanism is split in two so that it runs inside `jax.shard_map`: `dpsgd_clip_and_sum`
 on each device's rows (its partial sums are then `psum`med by the caller), `dpsgd_add_noise`
 once on the summed tree, from a key replicated on every device (the same noise everywhere,
-independent of the device count). `dpsgd_mechanism` is the two in a row on one device.
+independent of the device count). `dpsgd_gaussian_mechanism` is the two in a row on one
+device.
 
 Sensitivity of the clipped sum sum_i mask_i clip_C(g_i) (every clipped example has L2 norm
 <= C, padding rows have mask 0):
@@ -130,7 +131,7 @@ def dpsgd_add_noise(key: jax.Array, clipped_sum: PyTree, *, l2_clip_norm: float,
       replace_one_sensitivity=jnp.asarray(2 * l2_clip_norm, flat_sum.dtype))
 
 
-def dpsgd_mechanism(key: jax.Array, per_example_grads: PyTree, mask: jax.Array, *,
+def dpsgd_gaussian_mechanism(key: jax.Array, per_example_grads: PyTree, mask: jax.Array, *,
                     l2_clip_norm: float, noise_multiplier: float) -> DPSGDRelease:
   """`dpsgd_clip_and_sum` then `dpsgd_add_noise`, on one device (module docstring).
 
