@@ -1,4 +1,7 @@
-"""Tests of the DP query model (methods/dfpate_query_model.py) and its use by data-free PATE."""
+"""Tests of the DP query model (methods/dfpate_query_model.py) and its use by data-free PATE.
+
+Its three releases (clipping, noise, sensitivity) are tested in test_query_model_releases.py.
+"""
 
 import math
 import os
@@ -25,72 +28,6 @@ _NO_NOISE = dict(pca_noise_multiplier=0.0, kmeans_noise_multiplier=0.0,
 @pytest.fixture(scope="module")
 def digits():
   return data.load("digits", "train")
-
-
-def _upper(m):
-  return m[np.triu_indices(m.shape[0])]
-
-
-# ------------------------------------------------------------------------ the mechanisms
-
-
-def test_sigma_zero_second_moment_is_exact_and_noise_is_symmetric_with_std():
-  x = jax.random.uniform(jax.random.key(0), (50, 6))
-  exact = np.asarray(x.T @ x)
-  np.testing.assert_allclose(qm.noisy_second_moment(jax.random.key(1), x, 0.0), exact,
-                             rtol=1e-5)
-  std = 3.0
-  noisy = np.asarray(qm.noisy_second_moment(jax.random.key(2), jnp.zeros((2, 300)), std))
-  np.testing.assert_array_equal(noisy, noisy.T)
-  assert np.std(_upper(noisy)) == pytest.approx(std, rel=0.02)  # 45,150 draws
-
-
-def test_cluster_sums_exact_at_sigma_zero_and_noise_std_matches():
-  y = jnp.array([[1.0, 0.0], [0.9, 0.1], [-1.0, 0.0]])
-  centroids = jnp.array([[1.0, 0.0], [-1.0, 0.0]])
-  sums, counts = qm.noisy_cluster_sums(jax.random.key(0), y, centroids, noise_multiplier=0.0,
-                                       bound=2.0)
-  np.testing.assert_allclose(sums, [[1.9, 0.1], [-1.0, 0.0]], rtol=1e-6)
-  np.testing.assert_array_equal(counts, [2.0, 1.0])
-  z, bound = 1.5, 4.0
-  many = jnp.zeros((4000, 8))
-  sums, counts = qm.noisy_cluster_sums(jax.random.key(1), jnp.zeros((5, 8)), many,
-                                       noise_multiplier=z, bound=bound)
-  assert float(jnp.std(sums)) == pytest.approx(z * 2 * bound, rel=0.03)
-  assert float(jnp.std(counts)) == pytest.approx(z * 2, rel=0.05)
-
-
-def _released(config, x, centroids):
-  """The three exact released quantities for rows x (before noise), as flat vectors."""
-  x = qm._clip_rows(jnp.asarray(x), config.l2_norm_bound)
-  ext = jnp.concatenate([x, jnp.full((len(x), 1), config.constant)], -1)
-  moment = _upper(np.asarray(ext.T @ ext))
-  y = qm._clip_rows(x[:, :centroids.shape[1]], config.projection_bound)
-  onehot = jax.nn.one_hot(qm._assign(y, centroids), len(centroids))
-  kmeans = np.concatenate([np.ravel(onehot.T @ y),
-                           config.projection_bound * np.asarray(onehot.sum(0))])
-  residual = qm._clip_rows(y - onehot @ centroids, config.residual_bound)
-  variance = np.ravel(onehot.T @ residual ** 2)
-  return moment, kmeans, variance
-
-
-@pytest.mark.parametrize("seed", range(5))
-def test_replacing_one_record_moves_each_release_by_at_most_its_sensitivity(seed):
-  # The documented L2 sensitivities, checked on adversarial-ish random replacements (large
-  # records, which the clip must bound, and records in different or equal clusters).
-  config = qm.QueryModelConfig(l2_norm_bound=3.0, projection_bound=2.0, residual_bound=1.5)
-  key = jax.random.key(seed)
-  k1, k2, k3 = jax.random.split(key, 3)
-  rows = 10.0 * jax.random.normal(k1, (12, 5))
-  centroids = jax.random.normal(k2, (3, 5))
-  other = 10.0 * jax.random.normal(k3, (12, 5))
-  for i in range(12):
-    changed = rows.at[0].set(other[i])
-    before, after = _released(config, rows, centroids), _released(config, changed, centroids)
-    for (b, a), bound in zip(zip(before, after), (config.moment_sensitivity,
-                                                  config.kmeans_sensitivity,
-                                                  config.variance_sensitivity)):
-      assert np.linalg.norm(a - b) <= bound * (1 + 1e-5)
 
 
 def test_event_composes_every_release_and_costs_less_with_more_noise():

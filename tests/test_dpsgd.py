@@ -20,6 +20,7 @@ import pytest
 from dpkd_jax import data
 from dpkd_jax.methods import dpsgd
 from dpkd_jax.methods import dpsgd_step
+from dpkd_jax.privacy import dpsgd_mechanism
 from dpkd_jax.models import core
 from dpkd_jax.privacy import accounting
 from dpkd_jax.privacy import ledger as ledger_lib
@@ -132,7 +133,7 @@ def per_example(parts):
   return jax.tree.map(lambda g: g * scale.reshape((-1,) + (1,) * (g.ndim - 1)), grads)
 
 
-_clip = jax.jit(dpsgd_step.clip_per_example_gradients)  # C traced: one compile for every C
+_clip = jax.jit(dpsgd_mechanism.clip_per_example_gradients)  # C traced: one compile, every C
 
 
 @pytest.mark.parametrize("clip_norm", [0.1, 8.0, 1e4])

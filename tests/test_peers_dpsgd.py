@@ -21,7 +21,7 @@ from scipy import optimize
 from scipy import special
 from scipy import stats
 
-from dpkd_jax.methods import dpsgd_step
+from dpkd_jax.privacy import dpsgd_mechanism
 from dpkd_jax.privacy import accounting
 
 DELTA = 1e-5
@@ -175,7 +175,7 @@ def _linear_per_example_problem():
 
   per_example = jax.vmap(jax.grad(lambda p, xi, yi: loss(p, xi[None], yi[None])),
                          in_axes=(None, 0, 0))(params, x, y)
-  clipped, norms = dpsgd_step.clip_per_example_gradients(per_example, 0.5)
+  clipped, norms = dpsgd_mechanism.clip_per_example_gradients(per_example, 0.5)
   ours_sum = jax.tree.map(lambda g: g.sum(0), clipped)
   assert 0 < int(jnp.sum(norms > 0.5)) < 16  # the check exercises clipped and unclipped rows
   return params, x, y, loss, ours_sum

@@ -16,20 +16,14 @@ of the private images and draws queries near their distribution instead:
 Queries are then y = centroid_c + sqrt(var_c) * N(0, I) for a cluster c drawn in proportion
 to its noisy count, mapped back to pixels (mu + V y, clipped to [0, 1]): post-processing.
 
-Privacy (unit: replace one record of the private training set; records x, x' after clipping):
-  * S: ||x~ x~^T - x~' x~'^T||_F^2 = ||x~||^4 + ||x~'||^4 - 2 (x~.x~')^2 <= 2 (R^2 + c^2)^2, and
-    the released upper triangle has at most the Frobenius norm: L2 sensitivity
-    sqrt(2) (R^2 + c^2). Noise std `pca_noise_multiplier` times that per entry.
-  * k-means step: the released vector is (sums (k, m), R_y * counts (k,)). If x and x' fall in
-    different clusters the change has squared norm <= R_y^2 + R_y^2 + 2 R_y^2; in the same
-    cluster <= (2 R_y)^2. Sensitivity 2 R_y; noise std z_km * 2 R_y on sums, z_km * 2 on counts.
-  * variances: per-cluster sums of squared clipped residuals r (entries >= 0, sum r_j^2 <= R_v^2):
-    the change has squared norm <= sum a_j^2 + sum b_j^2 <= 2 R_v^4 in either case: sensitivity
-    sqrt(2) R_v^2.
-  The centroids used by a step are earlier releases (post-processing), so the releases compose
-  adaptively: `query_model_event` = Gaussian(z_pca) + kmeans_iterations x Gaussian(z_km) +
-  Gaussian(z_var), each noise multiplier = noise std / L2 sensitivity. The data size n is
-  treated as public (replace-one relation).
+Privacy (unit: replace one record of the private training set): each of the three kinds of
+release, with its clipping, noise and L2 sensitivity, is a mechanism of
+`dpkd_jax.privacy.query_model_releases` (`second_moment_release`, `noisy_cluster_sums`,
+`noisy_cluster_variances`); this module only projects, re-draws dead centroids and samples
+(post-processing of earlier releases). The releases compose adaptively:
+`query_model_event` = Gaussian(z_pca) + kmeans_iterations x Gaussian(z_km) + Gaussian(z_var),
+each noise multiplier = noise std / L2 sensitivity. The data size n is treated as public
+(replace-one relation).
 
 Every function is pure and takes a `jax.random.key`.
 """
@@ -44,6 +38,7 @@ import jax.numpy as jnp
 import numpy as np
 from dp_accounting import dp_event
 
+from dpkd_jax.privacy import query_model_releases as releases
 from dpkd_jax.privacy import validation
 
 # Streams of the fit key, stream i = fold_in(key, i) (= split(key, n)[i] for any n, so a
@@ -52,8 +47,6 @@ from dpkd_jax.privacy import validation
 # the Lloyd releases ("kmeans"); they did when the re-draw took fold_in(key_t, 1), which IS
 # split(key_t)[1], the key of the count noise.
 _FIT_STREAMS = ("moment", "init", "kmeans", "variance", "redraw")
-# The two draws of one Lloyd release, `fold_in(key, tag)` (the values split(key) gave).
-_SUMS_TAG, _COUNTS_TAG = 0, 1
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -100,15 +93,15 @@ class QueryModelConfig:
 
   @property
   def moment_sensitivity(self) -> float:
-    return float(np.sqrt(2.0) * (self.l2_norm_bound ** 2 + self.constant ** 2))
+    return releases.second_moment_sensitivity(self.l2_norm_bound, self.constant)
 
   @property
   def kmeans_sensitivity(self) -> float:
-    return 2.0 * self.projection_bound
+    return releases.kmeans_sensitivity(self.projection_bound)
 
   @property
   def variance_sensitivity(self) -> float:
-    return float(np.sqrt(2.0) * self.residual_bound ** 2)
+    return releases.variance_sensitivity(self.residual_bound)
 
 
 class QueryModel(NamedTuple):
@@ -139,61 +132,6 @@ def query_model_event(config: QueryModelConfig) -> dp_event.DpEvent:
   return dp_event.ComposedDpEvent([dp_event.GaussianDpEvent(z) for z in zs])
 
 
-def _clip_rows(x: jax.Array, bound: float) -> jax.Array:
-  """Scales each row of (N, d) x to L2 norm <= bound."""
-  norms = jnp.linalg.norm(x, axis=-1, keepdims=True)
-  return x * jnp.minimum(1.0, bound / jnp.maximum(norms, 1e-12))
-
-
-def noisy_second_moment(key: jax.Array, x: jax.Array, noise_std: float) -> jax.Array:
-  """Analyze Gauss: sum_i x_i x_i^T + E with E symmetric, its upper triangle i.i.d. N(0, std²).
-
-  Args:
-    key: a `jax.random.key`, used once.
-    x: (N, d) rows (already clipped by the caller).
-    noise_std: std of each upper-triangle entry.
-
-  Returns:
-    (d, d) symmetric noisy second moment.
-  """
-  d = x.shape[-1]
-  moment = jnp.matmul(x.T, x, precision=jax.lax.Precision.HIGHEST)  # (d, d)
-  upper = jnp.triu(jax.random.normal(key, (d, d), jnp.float32))
-  noise = upper + jnp.triu(upper, 1).T  # each unordered pair drawn once
-  return moment + noise_std * noise
-
-
-def _assign(y: jax.Array, centroids: jax.Array) -> jax.Array:
-  """(N,) index of the nearest centroid of each row of y (N, m)."""
-  d2 = (jnp.sum(y * y, -1, keepdims=True) - 2 * y @ centroids.T
-        + jnp.sum(centroids * centroids, -1)[None])  # (N, k)
-  return jnp.argmin(d2, axis=-1)
-
-
-def noisy_cluster_sums(key: jax.Array, y: jax.Array, centroids: jax.Array, *,
-                       noise_multiplier: float, bound: float) -> tuple[jax.Array, jax.Array]:
-  """One DP Lloyd release: per-cluster sums of y (rows of norm <= bound) and counts, noised.
-
-  Args:
-    key: a `jax.random.key`; the sums' noise uses fold_in(key, 0), the counts' fold_in(key, 1).
-    y: (N, m) rows clipped to L2 norm <= bound.
-    centroids: (k, m) current (public) centroids.
-    noise_multiplier: z; noise std z * 2 bound on sums, z * 2 on counts.
-    bound: R_y.
-
-  Returns:
-    (noisy sums (k, m), noisy counts (k,)).
-  """
-  k = centroids.shape[0]
-  onehot = jax.nn.one_hot(_assign(y, centroids), k, dtype=jnp.float32)  # (N, k)
-  sums = onehot.T @ y  # (k, m)
-  counts = onehot.sum(0)  # (k,)
-  key_s, key_c = jax.random.fold_in(key, _SUMS_TAG), jax.random.fold_in(key, _COUNTS_TAG)
-  sums = sums + noise_multiplier * 2 * bound * jax.random.normal(key_s, sums.shape)
-  counts = counts + noise_multiplier * 2 * jax.random.normal(key_c, counts.shape)
-  return sums, counts
-
-
 def fit_query_model(key: jax.Array, images: np.ndarray,
                     config: QueryModelConfig) -> QueryModel:
   """Fits the DP query model on private images (the only function here that sees them).
@@ -214,17 +152,18 @@ def fit_query_model(key: jax.Array, images: np.ndarray,
     raise ValueError(f"num_components={m} exceeds the {dim} pixels of an image")
   keys = dict(zip(_FIT_STREAMS, jax.random.split(key, len(_FIT_STREAMS))))
   n = len(images)  # public under replace-one
-  x = _clip_rows(jnp.asarray(images.reshape(n, dim), jnp.float32) / 255.0,
-                 config.l2_norm_bound)  # (N, D)
-  extended = jnp.concatenate([x, jnp.full((n, 1), config.constant, jnp.float32)], -1)
-  moment = noisy_second_moment(keys["moment"], extended,
-                               config.pca_noise_multiplier * config.moment_sensitivity)
+  rows = jnp.asarray(images.reshape(n, dim), jnp.float32) / 255.0  # (N, D)
+  moment = releases.second_moment_release(
+      keys["moment"], rows, l2_norm_bound=config.l2_norm_bound, constant=config.constant,
+      noise_multiplier=config.pca_noise_multiplier)  # (D + 1, D + 1)
   mean = moment[:dim, dim] / (n * config.constant)  # (D,)
   covariance = moment[:dim, :dim] / n - jnp.outer(mean, mean)
   eigvals, eigvecs = jnp.linalg.eigh(covariance)  # ascending
   components = eigvecs[:, ::-1][:, :m]  # (D, m)
   spread = jnp.sqrt(jnp.maximum(eigvals[::-1][:m], 1e-6))  # (m,) std along each axis
-  y = _clip_rows((x - mean) @ components, config.projection_bound)  # (N, m)
+  # The release's own clip of the rows, repeated (same rows, same op: the same values).
+  x = releases.clip_rows_to_norm(rows, config.l2_norm_bound)  # (N, D)
+  y = (x - mean) @ components  # (N, m); the releases below clip it to projection_bound
 
   def draw(key, num):  # data-independent draws from the DP Gaussian fit (init / re-draw)
     return 0.7 * spread * jax.random.normal(key, (num, m))
@@ -233,19 +172,17 @@ def fit_query_model(key: jax.Array, images: np.ndarray,
   counts = jnp.zeros((k,))
   for t in range(config.kmeans_iterations):
     key_t = jax.random.fold_in(keys["kmeans"], t)
-    sums, counts = noisy_cluster_sums(key_t, y, centroids,
-                                      noise_multiplier=config.kmeans_noise_multiplier,
-                                      bound=config.projection_bound)
+    sums, counts = releases.noisy_cluster_sums(key_t, y, centroids,
+                                               noise_multiplier=config.kmeans_noise_multiplier,
+                                               bound=config.projection_bound)
     alive = counts >= max(config.min_count, 1.0)
     redraw = draw(jax.random.fold_in(keys["redraw"], t), k)
     centroids = jnp.where(alive[:, None], sums / jnp.maximum(counts, 1.0)[:, None], redraw)
   # Variances around the final centroids; clusters re-drawn in the last step get counts 0.
   counts = jnp.where(counts >= max(config.min_count, 1.0), counts, 0.0)
-  onehot = jax.nn.one_hot(_assign(y, centroids), k, dtype=jnp.float32)  # (N, k)
-  residual = _clip_rows(y - onehot @ centroids, config.residual_bound)  # (N, m)
-  squares = onehot.T @ (residual ** 2)  # (k, m)
-  squares = squares + (config.variance_noise_multiplier * config.variance_sensitivity
-                       * jax.random.normal(keys["variance"], squares.shape))
+  squares = releases.noisy_cluster_variances(
+      keys["variance"], y, centroids, noise_multiplier=config.variance_noise_multiplier,
+      projection_bound=config.projection_bound, residual_bound=config.residual_bound)
   variances = jnp.maximum(squares / jnp.maximum(counts, 1.0)[:, None], 0.0)
   return QueryModel(mean, components, centroids, counts, variances)
 

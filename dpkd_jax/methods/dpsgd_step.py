@@ -1,9 +1,12 @@
-"""DP-SGD's step: per-example gradients, clipping, the sharded clipped sum, one noise draw.
+"""DP-SGD's step: per-example gradients, then the mechanism of `privacy.dpsgd_mechanism`.
 
-Split from `dpsgd.py` (config, plan, loop). Multi-device: auto-sharded `jit(vmap(grad))` over
-convolutions returned zero per-example gradients off device 0 (fake CPU devices, JAX 0.10.2),
-so clipped sums are computed in `jax.shard_map` over 'data' and `psum`med; the noise is drawn
-once, after, from a replicated key.
+Split from `dpsgd.py` (config, plan, loop). The clipping and the noise (and their
+sensitivity) live in `dpkd_jax.privacy.dpsgd_mechanism`; this module only computes the
+per-example gradients, lays the mechanism out over devices and applies the update.
+Multi-device: auto-sharded `jit(vmap(grad))` over convolutions returned zero per-example
+gradients off device 0 (fake CPU devices, JAX 0.10.2), so clipped sums are computed in
+`jax.shard_map` over 'data' and `psum`med; the noise is drawn once, after, from a replicated
+key.
 """
 
 from __future__ import annotations
@@ -13,7 +16,6 @@ import functools
 from typing import Any, Callable
 
 import jax
-import jax.flatten_util
 import jax.numpy as jnp
 import optax
 from flax import nnx
@@ -21,6 +23,7 @@ from jax.sharding import Mesh, PartitionSpec as P
 
 from dpkd_jax import data
 from dpkd_jax.models import core
+from dpkd_jax.privacy import dpsgd_mechanism
 from dpkd_jax.privacy import validation
 from dpkd_jax.train import sharding
 from dpkd_jax.train.state import TrainState
@@ -51,34 +54,6 @@ def per_example_gradients(graphdef: nnx.GraphDef, params: PyTree, batch_stats: P
   return losses, logits, grads
 
 
-def clip_per_example_gradients(per_example_grads: PyTree,
-                               l2_clip_norm: float) -> tuple[PyTree, jax.Array]:
-  """Scales each example's gradient by min(1, C / ||g_i||), the norm over the whole pytree.
-
-  Args:
-    per_example_grads: pytree of (B, ...) arrays.
-    l2_clip_norm: C > 0.
-
-  Returns:
-    (clipped, norms): clipped grads with every example's norm <= C (float32 rounding aside),
-    examples whose gradient is not finite (or whose squared norm overflows) set to zero; and
-    the (B,) pre-clip norms.
-  """
-  leaves = jax.tree.leaves(per_example_grads)
-  squared_norms = sum(jnp.sum(jnp.square(g.reshape(g.shape[0], -1)), axis=1) for g in leaves)
-  norms = jnp.sqrt(squared_norms)  # (B,); NaN/inf if any entry is, or if the sum overflows
-  is_finite = jnp.isfinite(norms)
-  # C / max(||g||, C) is exactly 1 below the bound and needs no epsilon at ||g|| = 0.
-  scale = jnp.where(is_finite, l2_clip_norm / jnp.maximum(norms, l2_clip_norm), 0.0)  # (B,)
-
-  def clip(g: jax.Array) -> jax.Array:
-    expand = (-1,) + (1,) * (g.ndim - 1)
-    # `where` before scaling: NaN * 0 would still be NaN.
-    return jnp.where(is_finite.reshape(expand), g, 0.0) * scale.reshape(expand).astype(g.dtype)
-
-  return jax.tree.map(clip, per_example_grads), norms
-
-
 def train_step_fn(config: DPSGDConfig, mesh: Mesh, *, noise_multiplier: float) -> Callable:
   """The pure `train_step(state, images_uint8, labels, mask, noise_key) -> (state, metrics)`.
 
@@ -96,9 +71,8 @@ def train_step_fn(config: DPSGDConfig, mesh: Mesh, *, noise_multiplier: float) -
     NOT covered by ε: `train_dpsgd` writes them only to `private_diagnostics.csv`, and only
     with `log_private_diagnostics=True`.
   """
-  validation.check_float("noise_multiplier", noise_multiplier, positive=False)
+  noise_multiplier = validation.check_float("noise_multiplier", noise_multiplier, positive=False)
   info, clip_norm = config.info, float(config.l2_clip_norm)
-  noise_stddev = float(noise_multiplier) * clip_norm
   normalizer = float(config.expected_batch_size)
   axis = sharding.DATA_AXIS
 
@@ -112,11 +86,11 @@ def train_step_fn(config: DPSGDConfig, mesh: Mesh, *, noise_multiplier: float) -
       params = jax.tree.map(lambda p: jax.lax.pcast(p, axis, to="varying"), params)
       losses, logits, grads = per_example_gradients(
           state.graphdef, params, batch_stats, data.normalize(images, info), labels)
-      clipped, norms = clip_per_example_gradients(grads, clip_norm)  # norms: (m,)
-      weight = mask.astype(jnp.float32)  # (m,): padding rows contribute zero
-      grad_sum = jax.tree.map(lambda g: jnp.tensordot(weight, g, axes=1), clipped)
+      grad_sum, norms = dpsgd_mechanism.dpsgd_clip_and_sum(
+          grads, mask, l2_clip_norm=clip_norm)  # norms: (m,)
       stats = {"loss": losses, "accuracy": jnp.argmax(logits, -1) == labels,
-               "batch_size": weight, "clipped_fraction": norms > clip_norm, "grad_norm": norms}
+               "batch_size": mask.astype(jnp.float32), "clipped_fraction": norms > clip_norm,
+               "grad_norm": norms}
       stats = {k: jnp.sum(jnp.where(mask, v, 0.0)) for k, v in stats.items()}
       return jax.lax.psum((grad_sum, stats), axis)
 
@@ -124,11 +98,10 @@ def train_step_fn(config: DPSGDConfig, mesh: Mesh, *, noise_multiplier: float) -
         device_sums, mesh=mesh, in_specs=(P(), P(), P(axis), P(axis), P(axis)),
         out_specs=P())(state.params, state.batch_stats, images_uint8, labels, mask)
     # One N(0, z²C²) draw per coordinate from the replicated key, after the psum: the same
-    # noise on every device, independent of the device count. A single flat draw of all D
-    # coordinates: one threefry per leaf made XLA CPU compile ~10x slower.
-    flat_sum, unravel = jax.flatten_util.ravel_pytree(grad_sum)  # (D,)
-    noise = noise_stddev * jax.random.normal(noise_key, flat_sum.shape, flat_sum.dtype)
-    grads = unravel((flat_sum + noise) / normalizer)
+    # noise on every device, independent of the device count.
+    release = dpsgd_mechanism.dpsgd_add_noise(noise_key, grad_sum, l2_clip_norm=clip_norm,
+                                              noise_multiplier=noise_multiplier)
+    grads = jax.tree.map(lambda g: g / normalizer, release.noisy_sum)
     state = state.apply_gradients(grads)
     count = stats["batch_size"]
     return state, {k: v if k == "batch_size" else v / jnp.maximum(count, 1.0)

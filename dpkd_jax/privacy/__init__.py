@@ -4,7 +4,10 @@ Every privacy-relevant value of a method crosses exactly one mechanism of this p
 every ε comes from `accounting.epsilon` over the `DpEvent` of the noise actually executed
 (see docs/privacy.md). `paper_accounting` reproduces the papers' own figures, always with a
 `PaperAccountingWarning`, never as the default. This package imports only JAX, NumPy, SciPy,
-chex and dp_accounting, so it can be used on its own inside any JAX code.
+chex and dp_accounting, so it can be used on its own inside any JAX code. `__all__` is the
+public API (each name has an entry with an example in docs/MECHANISMS.md); the submodules
+hold more (e.g. `dpsgd_mechanism.clip_per_example_gradients`, the sensitivities of
+`query_model_releases`).
 """
 
 from dpkd_jax.privacy.accounting import (
@@ -39,6 +42,12 @@ from dpkd_jax.privacy.counts import (
     ldp_flip_bits,
     ldp_unbiased_counts,
 )
+from dpkd_jax.privacy.dpsgd_mechanism import (
+    DPSGDRelease,
+    dpsgd_add_noise,
+    dpsgd_clip_and_sum,
+    dpsgd_gaussian_mechanism,
+)
 from dpkd_jax.privacy.ledger import BudgetExceededError, PrivacyLedger
 from dpkd_jax.privacy.mechanisms import (
     GaussianRelease,
@@ -54,6 +63,60 @@ from dpkd_jax.privacy.paper_accounting import (
     paper_rona_epsilon,
     paper_srr_label_epsilon,
 )
+from dpkd_jax.privacy.query_model_releases import (
+    noisy_cluster_sums,
+    noisy_cluster_variances,
+    second_moment_release,
+)
 # `randomized_response` (the k-ary RR function) is not re-exported here: the name is the
 # submodule's, and shadowing it would break `from dpkd_jax.privacy import randomized_response`.
 from dpkd_jax.privacy.randomized_response import SelectiveRRResult, selective_randomized_response
+
+__all__ = [
+    "audit_mechanism",
+    "AuditResult",
+    "BudgetExceededError",
+    "calibrate_dpdfd_noise_multiplier",
+    "calibrate_dpdfd_steps",
+    "calibrate_noise_multiplier",
+    "calibrate_noise_std",
+    "calibrate_steps",
+    "clip_rows",
+    "collision_report",
+    "collision_unbiased_counts",
+    "delta_for_epsilon",
+    "dpdfd_event",
+    "dpsgd_add_noise",
+    "dpsgd_clip_and_sum",
+    "dpsgd_event",
+    "dpsgd_gaussian_mechanism",
+    "DPSGDRelease",
+    "epsilon",
+    "GaussianRelease",
+    "gnmax",
+    "laplace_counts",
+    "laplace_counts_event",
+    "ldp_flip_bits",
+    "ldp_unbiased_counts",
+    "multi_teacher_output_gradients",
+    "noisy_cluster_sums",
+    "noisy_cluster_variances",
+    "noisy_histogram",
+    "NoisyVotes",
+    "normalize_rows",
+    "output_gradient_mechanism",
+    "paper_dpdfd_epsilon",
+    "paper_rona_epsilon",
+    "paper_srr_label_epsilon",
+    "PaperAccountingWarning",
+    "pate_event",
+    "PrivacyLedger",
+    "rona_event",
+    "rona_num_queries",
+    "sanitize",
+    "second_moment_release",
+    "selective_randomized_response",
+    "SelectiveRRResult",
+    "srr_event",
+    "vote_histogram",
+]
