@@ -3,6 +3,7 @@
 import json
 import os
 import shutil
+import sys
 
 import jax
 import pytest
@@ -12,6 +13,9 @@ from dpkd_jax import data
 from dpkd_jax import teacher
 from dpkd_jax.train import checkpoint
 from dpkd_jax.train import evaluate
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), os.pardir, "benchmarks"))
+import fault_injection  # noqa: E402  (the fault-injection script's byte overwriter)
 
 
 def _config(**kw):
@@ -129,11 +133,6 @@ def test_corrupt_teacher_checkpoint_is_refused(trained, tmp_path):
   copy = str(tmp_path / "teacher")
   shutil.copytree(trained[0], copy)
   ckpt_dir = os.path.join(copy, "checkpoints")
-  root = os.path.join(ckpt_dir, str(checkpoint.latest_step(ckpt_dir)), "arrays")
-  data_file = max((os.path.join(d, f) for d, _, fs in os.walk(root) for f in fs
-                   if os.path.basename(d) == "d"), key=os.path.getsize)
-  with open(data_file, "r+b") as f:
-    f.seek(os.path.getsize(data_file) // 2)
-    f.write(b"\xff" * 8)
+  fault_injection.overwrite_array_bytes(ckpt_dir, checkpoint.latest_step(ckpt_dir))
   with pytest.raises(checkpoint.CorruptCheckpointError, match="is corrupt"):
     teacher.load_teacher(copy, dataset="digits")

@@ -14,6 +14,9 @@ from dpkd_jax import errors
 from dpkd_jax.train import checkpoint
 from dpkd_jax.train import workdir
 
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), os.pardir, "benchmarks"))
+import fault_injection  # noqa: E402  (the fault-injection script's byte overwriter)
+
 CONFIG = {"lr": 0.1, "seed": None}
 
 
@@ -25,12 +28,7 @@ def _arrays(value):
 
 def _corrupt_newest(ckpt_dir):
   step = checkpoint.latest_step(ckpt_dir)
-  root = os.path.join(ckpt_dir, str(step), "arrays")
-  data = max((os.path.join(d, f) for d, _, fs in os.walk(root) for f in fs
-              if os.path.basename(d) == "d"), key=os.path.getsize)
-  with open(data, "r+b") as f:
-    f.seek(os.path.getsize(data) // 2)
-    f.write(b"\xff" * 8)
+  fault_injection.overwrite_array_bytes(ckpt_dir, step)
   return step
 
 
