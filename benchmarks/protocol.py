@@ -165,6 +165,7 @@ class Conditions:
   load_after: float | None = None
   peak_after: float | None = None
   problems: list[str] = dataclasses.field(default_factory=list)
+  peak_file: pathlib.Path = PEAK_FILE
 
   def finish(self, load_after: float, peak_after: float) -> None:
     """The load average after the run says little (the run itself keeps the cores busy), so a
@@ -173,6 +174,8 @@ class Conditions:
     reason = check_peak(peak_after, max(self.peak, self.best_peak or 0.0))
     if reason:
       self.problems.append(f"at the end, {reason}")
+    elif self.valid:
+      record_peak(peak_after, self.peak_file)
 
   @property
   def valid(self) -> bool:

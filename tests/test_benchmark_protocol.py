@@ -60,9 +60,10 @@ def test_time_until_tight_stops_once_the_ratio_is_stable():
   assert tight and len(times["a"]) == 3
 
 
-def test_conditions_invalid_when_the_peak_drops_during_the_run():
-  c = protocol.Conditions(load_before=0.1, peak=300e9, best_peak=300e9)
+def test_conditions_invalid_when_the_peak_drops_during_the_run(tmp_path: pathlib.Path):
+  c = protocol.Conditions(load_before=0.1, peak=300e9, best_peak=300e9,
+                          peak_file=tmp_path / "peak.json")
   c.finish(1.2, 290e9)
-  assert c.valid
+  assert c.valid and protocol.best_peak(tmp_path / "peak.json") == 290e9
   c.finish(1.2, 150e9)
   assert not c.valid and "INVALID" in c.line()
