@@ -49,3 +49,12 @@ def test_infinite_epsilon_is_loud():
 def test_unknown_method_gets_a_generic_headline():
   assert summary.summary_lines({"method": "new", "test_accuracy": 0.5, "epsilon": 2.0}) == [
       "new: test accuracy 0.5, ε = 2"]
+
+
+def test_dpsgd_summary_names_the_relation_with_add_remove_beside():
+  results = {"method": "dpsgd", "model": "lenet5", "config": {"dataset": "mnist"},
+             "test_accuracy": 0.95, "epsilon": 1.0, "epsilon_add_remove": 0.787, "delta": 1e-5,
+             "noise_multiplier": 0.876, "sampling_rate": 0.00427, "steps": 500,
+             "planned_steps": 500}
+  line = summary.summary_lines(results, workdir="w")[0]
+  assert "ε=1 (replace-one; add/remove ε=0.787)" in line

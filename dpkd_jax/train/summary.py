@@ -41,9 +41,13 @@ def _direct(r: Results) -> list[str]:
 
 
 def _dpsgd(r: Results) -> list[str]:
+  # `epsilon` is replace-one (the tables' relation); the add/remove figure is shown beside it.
+  add_remove = r.get("epsilon_add_remove")
+  beside = "" if add_remove is None else f"; add/remove ε={_eps(add_remove)}"
   return [f"dpsgd {r['model']} on {_dataset(r)}: test accuracy {r['test_accuracy']:.4f} at "
-          f"ε={_eps(r['epsilon'])}, δ={r['delta']:g} (z={r['noise_multiplier']:.4g}, "
-          f"q={r['sampling_rate']:.5f}, {r['steps']}/{r['planned_steps']} steps)"]
+          f"ε={_eps(r['epsilon'])} (replace-one{beside}), δ={r['delta']:g} "
+          f"(z={r['noise_multiplier']:.4g}, q={r['sampling_rate']:.5f}, "
+          f"{r['steps']}/{r['planned_steps']} steps)"]
 
 
 def _srr(r: Results) -> list[str]:
