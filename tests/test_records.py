@@ -100,7 +100,7 @@ def test_committed_record(path):
     assert record["source"].startswith("docs/RESULTS.md as of ")
   if record["paper_accuracy"] is not None:
     assert record["paper_row"], "a paper figure names its paper row"
-  if record["method"] == "dpsgd":  # DP-SGD's accountant is add/remove today
-    assert record["neighbouring"] == "add-remove"
-  else:
-    assert record["neighbouring"] == "replace-one"
+  # One relation across the tables: replace-one (DP-SGD's add/remove figure only beside it).
+  assert record["neighbouring"] == "replace-one"
+  if record["method"] == "dpsgd":
+    assert record["epsilon_add_remove"] <= record["sound_epsilon"]
