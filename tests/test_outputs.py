@@ -75,3 +75,13 @@ def test_finish_run_writes_results_and_a_valid_record(tmp_path):
   assert record["warnings"] == [outputs.NOT_PRIVATE] and record["note"] == "x"
   assert record["cpu_seconds"] >= 0 and record["wall_seconds"] >= 0
   assert "teachers" not in json.dumps(record)  # the record holds released figures only
+
+
+def test_record_names_the_commit_that_started_the_run(tmp_path, monkeypatch):
+  # A long run outlives commits to its checkout: the record names the code that ran.
+  monkeypatch.setattr(records, "current_commit", lambda cwd=None: "aaaa")
+  clock = outputs.RunClock()
+  monkeypatch.setattr(records, "current_commit", lambda cwd=None: "bbbb")
+  outputs.finish_run(str(tmp_path), {"method": "dpsgd", "test_accuracy": 0.5}, clock=clock,
+                     dataset="digits", test_accuracy=0.5, sound_epsilon=1.0, delta=1e-5)
+  assert records.read_record(str(tmp_path / "record.json"))["commit"] == "aaaa"

@@ -41,10 +41,13 @@ NOT_PRIVATE = "epsilon = inf (NOT private)"
 
 
 class RunClock:
-  """CPU seconds (this process, all threads) and wall seconds since construction."""
+  """CPU seconds (this process, all threads) and wall seconds since construction, and the
+  commit of the code that started the run (read at the start: the checkout may change while a
+  long run goes on, and the record must name the code that ran)."""
 
   def __init__(self):
     self._cpu, self._wall = time.process_time(), time.perf_counter()
+    self.commit = records.current_commit()
 
   def seconds(self) -> tuple[float, float]:
     return time.process_time() - self._cpu, time.perf_counter() - self._wall
@@ -168,7 +171,7 @@ def finish_run(workdir: str, results: dict[str, Any], *, clock: RunClock, datase
       method=results["method"], dataset=dataset, test_accuracy=test_accuracy,
       sound_epsilon=sound_epsilon, delta=delta, neighbouring=neighbouring,
       accounting=accounting, paper_epsilon=paper_epsilon, cpu_seconds=cpu,
-      wall_seconds=wall, extra={"warnings": results["warnings"], **(extra or {})})
+      wall_seconds=wall, commit=clock.commit, extra={"warnings": results["warnings"], **(extra or {})})
   if distributed.is_coordinator():
     _write_json(os.path.join(workdir, "results.json"), results)
     records.write_record(os.path.join(workdir, "record.json"), record)
