@@ -8,3 +8,16 @@ os.environ.setdefault("JAX_PLATFORMS", "cpu")
 import jax  # noqa: E402
 
 jax.config.update("jax_num_cpu_devices", 8)
+
+
+import pytest  # noqa: E402
+
+
+@pytest.fixture
+def isolated_data_sources(monkeypatch):
+  """No cached arrays or ambient DPKD_DATA_DIR leak between the data-source tests."""
+  from dpkd_jax.data import sources  # pylint: disable=g-import-not-at-top
+  monkeypatch.delenv(sources.DATA_DIR_ENV_VAR, raising=False)
+  sources.clear_cache()
+  yield
+  sources.clear_cache()

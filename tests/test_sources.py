@@ -15,13 +15,7 @@ from dpkd_jax.data import sources
 SHARED_DATA = Path(__file__).resolve().parents[2] / "shared" / "data"
 
 
-@pytest.fixture(autouse=True)
-def _isolated(monkeypatch):
-  """No cached arrays or ambient DPKD_DATA_DIR leak between tests."""
-  monkeypatch.delenv(sources.DATA_DIR_ENV_VAR, raising=False)
-  sources.clear_cache()
-  yield
-  sources.clear_cache()
+pytestmark = pytest.mark.usefixtures("isolated_data_sources")
 
 
 def _write_npz(path: Path, num: int = 6, label_value: int | None = None, **overrides):

@@ -16,12 +16,7 @@ from dpkd_jax import errors
 from dpkd_jax.data import sources
 
 
-@pytest.fixture(autouse=True)
-def _isolated(monkeypatch):
-  monkeypatch.delenv(sources.DATA_DIR_ENV_VAR, raising=False)
-  sources.clear_cache()
-  yield
-  sources.clear_cache()
+pytestmark = pytest.mark.usefixtures("isolated_data_sources")
 
 
 
