@@ -54,7 +54,6 @@ from dpkd_jax.data import procedural
 from dpkd_jax.methods import dfpate_query_model
 from dpkd_jax.methods import dfpate_student
 from dpkd_jax.methods import dfpate_teachers
-from dpkd_jax.methods import dpdfd
 from dpkd_jax.privacy import accounting
 from dpkd_jax.privacy import aggregation
 from dpkd_jax.privacy import calibration
@@ -64,6 +63,7 @@ from dpkd_jax.train import checkpoint
 from dpkd_jax.train import evaluate
 from dpkd_jax.train import metrics as metrics_lib
 from dpkd_jax.train import outputs
+from dpkd_jax.train import samples
 from dpkd_jax.train import workdir as workdir_lib
 from dpkd_jax.train.state import TrainState
 
@@ -493,7 +493,7 @@ def train_dfpate(config: DFPATEConfig, workdir: str, *, resume: bool = False,
               "root_seed": list(root_seed)})
   bar.close()
   writer.close()
-  dpdfd.save_sample_grid(np.asarray(data.normalize(queries[:64], info)), info,
+  samples.save_sample_grid(np.asarray(data.normalize(queries[:64], info)), info,
                          os.path.join(workdir, "samples.png"))
   spent = total_epsilon if ledger is None else ledger.spent_epsilon()
   results = {

@@ -38,6 +38,7 @@ from dpkd_jax.train import distributed
 from dpkd_jax.train import evaluate
 from dpkd_jax.train import metrics as metrics_lib
 from dpkd_jax.train import outputs
+from dpkd_jax.train import samples
 from dpkd_jax.train import sharding
 from dpkd_jax.train import workdir as workdir_lib
 from dpkd_jax.train.state import TrainState
@@ -180,37 +181,6 @@ def _config_json(config: DPDFDConfig) -> dict[str, Any]:
   return out
 
 
-def generate(gen: TrainState, key: jax.Array, num: int, latent_dim: int,
-             *, batch_size: int = 500) -> np.ndarray:
-  """(num, H, W, C) normalized synthetic images from the generator (eval-mode BatchNorm)."""
-  fn = jax.jit(lambda p, s, z: core.apply(gen.graphdef, p, s, z, train=False)[0])
-  # Host copies: each process evaluates locally (multi-host: the trained params are global).
-  params, batch_stats = distributed.to_host((gen.params, gen.batch_stats))
-  out = []
-  for i, start in enumerate(range(0, num, batch_size)):
-    z = jax.random.normal(jax.random.fold_in(key, i), (batch_size, latent_dim))
-    out.append(np.asarray(fn(params, batch_stats, z))[:num - start])
-  return np.concatenate(out)
-
-
-def save_sample_grid(images: np.ndarray, info: data.DatasetInfo, path: str, *, cols: int = 8) -> None:
-  """Writes a PNG grid of normalized images (rows of `cols`); process 0 only."""
-  if not distributed.is_coordinator():
-    return
-  import matplotlib  # pylint: disable=g-import-not-at-top
-  matplotlib.use("Agg")
-  import matplotlib.pyplot as plt  # pylint: disable=g-import-not-at-top
-
-  pixels = np.asarray(data.denormalize(images, info))  # (N, H, W, C) in [0, 1]
-  n, h, w, c = pixels.shape
-  rows = math.ceil(n / cols)
-  grid = np.ones((rows * (h + 2), cols * (w + 2), c), np.float32)
-  for i in range(n):
-    r, q = divmod(i, cols)
-    grid[r * (h + 2) + 1:r * (h + 2) + 1 + h, q * (w + 2) + 1:q * (w + 2) + 1 + w] = pixels[i]
-  plt.imsave(path, grid[..., 0] if c == 1 else grid, cmap="gray" if c == 1 else None)
-
-
 @workdir_lib.run_scope
 def train_dpdfd(config: DPDFDConfig, workdir: str, *, progress: bool = True,
                 mesh: jax.sharding.Mesh | None = None) -> dict[str, Any]:
@@ -298,8 +268,8 @@ def train_dpdfd(config: DPDFDConfig, workdir: str, *, progress: bool = True,
   # A stream of its own: init_state takes split(init_key) = fold_in(init_key, 0 and 1) (1 is
   # the generator's init), so the grid takes tag 2; key(seed + 1) would be another run's root.
   grid_key = jax.random.fold_in(init_key, 2)
-  save_sample_grid(generate(state.generator, grid_key, 64, config.latent_dim),
-                   config.info, os.path.join(workdir, "samples.png"))
+  samples.save_sample_grid(samples.generate(state.generator, grid_key, 64, config.latent_dim),
+                           config.info, os.path.join(workdir, "samples.png"))
   epsilon = math.inf if ledger is None else ledger.spent_epsilon()
   results = {
       "method": "dpdfd",
@@ -351,7 +321,7 @@ def sample(workdir: str, num: int, *, seed: int, out_path: str | None = None) ->
   if num < 1:
     raise ValueError(f"num must be >= 1, got {num}")
   config, state, _ = load_run(workdir)
-  images = generate(state.generator, seeds.root_key(seed), num, config.latent_dim)
+  images = samples.generate(state.generator, seeds.root_key(seed), num, config.latent_dim)
   logits = jax.jit(lambda x: core.apply(state.student.graphdef, state.student.params,
                                         state.student.batch_stats, x, train=False)[0].logits)
   labels = np.concatenate([np.argmax(np.asarray(logits(images[i:i + 500])), -1)

@@ -58,7 +58,6 @@ from flax import nnx
 from dpkd_jax import data
 from dpkd_jax import models
 from dpkd_jax import teacher as teacher_lib
-from dpkd_jax.methods import dpdfd
 from dpkd_jax.methods import srr_generator
 from dpkd_jax.methods import srr_privacy
 from dpkd_jax.methods import srr_stage
@@ -70,6 +69,7 @@ from dpkd_jax.train import checkpoint
 from dpkd_jax.train import evaluate
 from dpkd_jax.train import metrics as metrics_lib
 from dpkd_jax.train import outputs
+from dpkd_jax.train import samples
 from dpkd_jax.train import sharding
 from dpkd_jax.train import workdir as workdir_lib
 from dpkd_jax.train.state import TrainState
@@ -273,7 +273,7 @@ def _save_grid(config: SRRConfig, generator: core.ModelParts, key: jax.Array, me
   """64 samples in whole batches (the compiled generator is reused); `key` is its own stream."""
   z = jax.random.normal(key, (-(-64 // config.batch_size) * config.batch_size, config.latent_dim))
   images = srr_stage.generate_images(generator, z, config.batch_size, mesh)
-  dpdfd.save_sample_grid(np.asarray(images[:64]), config.info, path)
+  samples.save_sample_grid(np.asarray(images[:64]), config.info, path)
 
 
 @workdir_lib.run_scope

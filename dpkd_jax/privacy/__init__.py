@@ -49,6 +49,7 @@ from dpkd_jax.privacy.dpsgd_mechanism import (
     dpsgd_gaussian_mechanism,
 )
 from dpkd_jax.privacy.ledger import BudgetExceededError, PrivacyLedger
+from dpkd_jax.privacy.plan import Plan
 from dpkd_jax.privacy.mechanisms import (
     GaussianRelease,
     clip_rows,
@@ -110,6 +111,7 @@ __all__ = [
     "paper_srr_label_epsilon",
     "PaperAccountingWarning",
     "pate_event",
+    "Plan",
     "PrivacyLedger",
     "rona_event",
     "rona_num_queries",

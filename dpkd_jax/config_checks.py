@@ -1,0 +1,72 @@
+"""Checks of config fields, shared by every method's `__post_init__` (one place, one wording).
+
+`dpkd_jax.privacy.validation` checks the parameters of mechanisms inside `privacy/` (which
+imports nothing else of the library); this module checks the fields of configs and other
+user-facing settings outside it. Every failure is a `ValueError` naming the field (the CLIs
+turn it into one line and exit 2).
+"""
+
+from __future__ import annotations
+
+import math
+import operator
+from collections.abc import Collection
+from typing import Any
+
+
+def one_of(name: str, value: Any, known: Collection[Any]) -> None:
+  """`value` must be one of `known` (a registry dict, tuple or set)."""
+  if value not in known:
+    raise ValueError(f"unknown {name} {value!r}; known: {sorted(known)}")
+
+
+def integer(name: str, value: Any, *, minimum: int) -> int:
+  """`value` as a Python int >= minimum (bools and floats refused)."""
+  try:
+    if isinstance(value, bool):
+      raise TypeError
+    value = operator.index(value)
+  except TypeError:
+    raise ValueError(f"{name} must be an integer, got {value!r}") from None
+  if value < minimum:
+    raise ValueError(f"{name} must be >= {minimum}, got {value}")
+  return value
+
+
+def integers(config: Any, *names: str, minimum: int = 1) -> None:
+  """Every `config.<name>` an integer >= minimum."""
+  for name in names:
+    integer(name, getattr(config, name), minimum=minimum)
+
+
+def positive(config: Any, *names: str) -> None:
+  """Every `config.<name>` a finite number > 0 (learning rates, bounds, temperatures)."""
+  for name in names:
+    value = getattr(config, name)
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not (
+        value > 0 and math.isfinite(value)):
+      raise ValueError(f"{name} must be a finite number > 0, got {value!r}")
+
+
+def non_negative(config: Any, *names: str) -> None:
+  """Every `config.<name>` a finite number >= 0 (loss weights, momenta)."""
+  for name in names:
+    value = getattr(config, name)
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not (
+        value >= 0 and math.isfinite(value)):
+      raise ValueError(f"{name} must be a finite number >= 0, got {value!r}")
+
+
+def fraction(name: str, value: Any, *, open_low: bool = True, open_high: bool = True) -> None:
+  """`value` in (0, 1) by default; `open_low=False` admits 0, `open_high=False` admits 1."""
+  low_ok = value > 0 or (not open_low and value == 0)
+  high_ok = value < 1 or (not open_high and value == 1)
+  if isinstance(value, bool) or not isinstance(value, (int, float)) or not (low_ok and high_ok):
+    interval = f"{'(' if open_low else '['}0, 1{')' if open_high else ']'}"
+    raise ValueError(f"{name} must be in {interval}, got {value!r}")
+
+
+def seed(value: Any) -> None:
+  """A run's seed: None (a secret one is drawn) or a non-negative integer."""
+  if value is not None:
+    integer("seed", value, minimum=0)
