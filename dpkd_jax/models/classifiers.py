@@ -198,7 +198,49 @@ class LeNet5Half(LeNet5):
                      conv_widths=(3, 8), dense_widths=(60, 42))
 
 
-class DataLensCNN(nnx.Module):
+class _TwoConvCNN(nnx.Module):
+  """conv3×3(32) → ReLU → pool → conv3×3(64) → ReLU [→ pool] → dense(hidden) → ReLU → dense.
+
+  The common body of `DataLensCNN` (VALID convolutions, no second pool) and `SmallCNN` (SAME,
+  pooled twice); the norm follows each convolution. Layers are created in the order conv1,
+  conv2, fc, head (the order of the parameter initialisation keys).
+  """
+
+  padding: str  # "VALID" or "SAME", set by each subclass
+  pool_second: bool
+  default_hidden_width: int
+
+  def __init__(self, *, num_classes: int, input_shape: Sequence[int], norm: str = "batch",
+               rngs: nnx.Rngs, hidden_width: int | None = None):
+    padding, pool_second = self.padding, self.pool_second
+    hidden_width = self.default_hidden_width if hidden_width is None else hidden_width
+    height, width, channels = validate_classifier_args(num_classes, input_shape)
+    validate_norm(norm)
+    if padding == "VALID":
+      out_h, out_w = (height - 2) // 2 - 2, (width - 2) // 2 - 2
+    else:
+      out_h, out_w = height // 2, width // 2
+    if pool_second:
+      out_h, out_w = out_h // 2, out_w // 2
+    if min(out_h, out_w) < 1:
+      smallest = 8 if padding == "VALID" else 4
+      raise ValueError(f"{type(self).__name__} needs inputs of at least {smallest}×{smallest}, "
+                       f"got input_shape={input_shape!r}")
+    self.conv1 = ConvNorm(channels, 32, 3, norm=norm, rngs=rngs, padding=padding)
+    self.conv2 = ConvNorm(32, 64, 3, norm=norm, rngs=rngs, padding=padding)
+    self.fc = nnx.Linear(out_h * out_w * 64, hidden_width, rngs=rngs)
+    self.head = nnx.Linear(hidden_width, num_classes, rngs=rngs)
+
+  def __call__(self, x: jax.Array, *, train: bool = False) -> core.ClassifierOutput:
+    x = max_pool_2x2(nnx.relu(self.conv1(x, train=train)))
+    hint = nnx.relu(self.conv2(x, train=train))
+    if self.pool_second:
+      hint = max_pool_2x2(hint)
+    features = nnx.relu(self.fc(_flatten(hint)))  # (B, hidden_width)
+    return core.ClassifierOutput(self.head(features), features, hint)
+
+
+class DataLensCNN(_TwoConvCNN):
   """The classifier DataLens (Wang et al., CCS 2021) trains to evaluate MNIST-like data.
 
   From `evaluation/train-classifier-mnist.py` of AI-secure/DataLens (commit 3c0d7ab): conv3×3(32)
@@ -210,29 +252,13 @@ class DataLensCNN(nnx.Module):
   (B, 13, 13, 64) at 32×32.
 
   Args:
-    hidden_width: width of the hidden dense layer (the feature size).
+    hidden_width: width of the hidden dense layer (the feature size; default 64).
   """
 
-  def __init__(self, *, num_classes: int, input_shape: Sequence[int], norm: str = "batch",
-               rngs: nnx.Rngs, hidden_width: int = 64):
-    height, width, channels = validate_classifier_args(num_classes, input_shape)
-    validate_norm(norm)
-    out_h, out_w = (height - 2) // 2 - 2, (width - 2) // 2 - 2
-    if min(out_h, out_w) < 1:
-      raise ValueError(f"DataLensCNN needs inputs of at least 8×8, got input_shape={input_shape!r}")
-    self.conv1 = ConvNorm(channels, 32, 3, norm=norm, rngs=rngs, padding="VALID")
-    self.conv2 = ConvNorm(32, 64, 3, norm=norm, rngs=rngs, padding="VALID")
-    self.fc = nnx.Linear(out_h * out_w * 64, hidden_width, rngs=rngs)
-    self.head = nnx.Linear(hidden_width, num_classes, rngs=rngs)
-
-  def __call__(self, x: jax.Array, *, train: bool = False) -> core.ClassifierOutput:
-    x = max_pool_2x2(nnx.relu(self.conv1(x, train=train)))
-    hint = nnx.relu(self.conv2(x, train=train))  # (B, 11, 11, 64) at 28×28
-    features = nnx.relu(self.fc(_flatten(hint)))  # (B, 64)
-    return core.ClassifierOutput(self.head(features), features, hint)
+  padding, pool_second, default_hidden_width = "VALID", False, 64
 
 
-class SmallCNN(nnx.Module):
+class SmallCNN(_TwoConvCNN):
   """A fast MNIST teacher: conv3×3(32) → pool → conv3×3(64) → pool → dense(128) → dense(classes).
 
   The model of `shared/bench/jax_cnn_step.py` (SAME convolutions, ReLU) with the chosen norm after
@@ -242,25 +268,10 @@ class SmallCNN(nnx.Module):
   (B, 8, 8, 64) at 32×32.
 
   Args:
-    hidden_width: width of the hidden dense layer (the feature size).
+    hidden_width: width of the hidden dense layer (the feature size; default 128).
   """
 
-  def __init__(self, *, num_classes: int, input_shape: Sequence[int], norm: str = "batch",
-               rngs: nnx.Rngs, hidden_width: int = 128):
-    height, width, channels = validate_classifier_args(num_classes, input_shape)
-    validate_norm(norm)
-    if min(height, width) < 4:
-      raise ValueError(f"SmallCNN needs inputs of at least 4×4, got input_shape={input_shape!r}")
-    self.conv1 = ConvNorm(channels, 32, 3, norm=norm, rngs=rngs)
-    self.conv2 = ConvNorm(32, 64, 3, norm=norm, rngs=rngs)
-    self.fc = nnx.Linear((height // 4) * (width // 4) * 64, hidden_width, rngs=rngs)
-    self.head = nnx.Linear(hidden_width, num_classes, rngs=rngs)
-
-  def __call__(self, x: jax.Array, *, train: bool = False) -> core.ClassifierOutput:
-    x = max_pool_2x2(nnx.relu(self.conv1(x, train=train)))
-    hint = max_pool_2x2(nnx.relu(self.conv2(x, train=train)))  # (B, 7, 7, 64) at 28×28
-    features = nnx.relu(self.fc(_flatten(hint)))  # (B, 128)
-    return core.ClassifierOutput(self.head(features), features, hint)
+  padding, pool_second, default_hidden_width = "SAME", True, 128
 
 
 class VGG(nnx.Module):
