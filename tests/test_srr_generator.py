@@ -11,12 +11,12 @@ from flax import nnx
 
 from dpkd_jax import losses
 from dpkd_jax import models
-from dpkd_jax.methods.srr import generator as srr_generator
+from dpkd_jax.methods.srr import generator as generator_lib
 from dpkd_jax.models import core
 
 _SHAPE = (28, 28, 1)
 # Jitted once: eager op-by-op dispatch would compile every primitive separately (slow on CPU).
-_forward = jax.jit(srr_generator.teacher_forward_with_bn_statistics, static_argnums=0)
+_forward = jax.jit(generator_lib.teacher_forward_with_bn_statistics, static_argnums=0)
 
 
 @pytest.fixture(scope="module")
@@ -55,9 +55,9 @@ def test_bn_statistics_are_those_of_each_layer_input(teacher, images):
 
 
 def test_bn_term_is_zero_when_batch_stats_equal_running_stats(teacher, images):
-  config = srr_generator.PretrainConfig(terms=("bn",))
+  config = generator_lib.PretrainConfig(terms=("bn",))
   _, stats = _forward(*teacher, images)
-  before = srr_generator.generator_loss_terms(config, jnp.zeros((16, 10)), stats)["bn"]
+  before = generator_lib.generator_loss_terms(config, jnp.zeros((16, 10)), stats)["bn"]
   assert float(before) > 1.0
   # Set each layer's running stats to its batch input stats, in call order (layer 2's input
   # depends on layer 1's running stats in eval mode).
@@ -71,7 +71,7 @@ def test_bn_term_is_zero_when_batch_stats_equal_running_stats(teacher, images):
   def bn_term(x):
     out, s = _forward(
         teacher.graphdef, teacher.params, batch_stats, x)
-    return srr_generator.generator_loss_terms(config, out.logits, s)["bn"]
+    return generator_lib.generator_loss_terms(config, out.logits, s)["bn"]
 
   value, grad = jax.jit(jax.value_and_grad(bn_term))(images)
   assert float(value) == pytest.approx(0.0, abs=1e-4)
@@ -80,9 +80,9 @@ def test_bn_term_is_zero_when_batch_stats_equal_running_stats(teacher, images):
 
 @pytest.mark.parametrize("terms", [("ce",), ("ie",), ("bn",), ("ce", "ie"), ("ce", "ie", "bn")])
 def test_each_term_is_its_loss_times_its_weight(teacher, images, terms):
-  config = srr_generator.PretrainConfig(terms=terms, entropy_weight=5.0, bn_weight=10.0)
+  config = generator_lib.PretrainConfig(terms=terms, entropy_weight=5.0, bn_weight=10.0)
   out, stats = _forward(*teacher, images)
-  got = srr_generator.generator_loss_terms(config, out.logits, stats)
+  got = generator_lib.generator_loss_terms(config, out.logits, stats)
   expected = {"ce": losses.argmax_cross_entropy(out.logits),
               "ie": 5.0 * losses.information_entropy(out.logits),
               "bn": 10.0 * losses.bn_statistics_loss(*stats)}
@@ -92,20 +92,20 @@ def test_each_term_is_its_loss_times_its_weight(teacher, images, terms):
 
 
 def test_ce_and_ie_terms_reward_confident_balanced_batches():
-  config = srr_generator.PretrainConfig(terms=("ce", "ie"), entropy_weight=5.0)
-  empty = srr_generator.BatchNormInputStats((), (), (), ())
+  config = generator_lib.PretrainConfig(terms=("ce", "ie"), entropy_weight=5.0)
+  empty = generator_lib.BatchNormInputStats((), (), (), ())
   confident_balanced = 30.0 * jax.nn.one_hot(jnp.arange(20) % 10, 10)  # 2 per class
-  terms = srr_generator.generator_loss_terms(config, confident_balanced, empty)
+  terms = generator_lib.generator_loss_terms(config, confident_balanced, empty)
   assert float(terms["ce"]) == pytest.approx(0.0, abs=1e-6)
   assert float(terms["ie"]) == pytest.approx(-5.0 * math.log(10), rel=1e-5)
   collapsed = 30.0 * jax.nn.one_hot(jnp.zeros(20, jnp.int32), 10)  # all class 0
-  assert float(srr_generator.generator_loss_terms(config, collapsed, empty)["ie"]) > -1e-3
+  assert float(generator_lib.generator_loss_terms(config, collapsed, empty)["ie"]) > -1e-3
   with pytest.raises(ValueError, match="BatchNorm"):
-    srr_generator.generator_loss_terms(srr_generator.PretrainConfig(), collapsed, empty)
+    generator_lib.generator_loss_terms(generator_lib.PretrainConfig(), collapsed, empty)
 
 
 def test_pretraining_gradient_reaches_only_the_generator(teacher, generator):
-  config = srr_generator.PretrainConfig(batch_size=8, latent_dim=8)
+  config = generator_lib.PretrainConfig(batch_size=8, latent_dim=8)
   gen = generator
   z = jax.random.normal(jax.random.key(3), (8, 8))
 
@@ -113,7 +113,7 @@ def test_pretraining_gradient_reaches_only_the_generator(teacher, generator):
     x, _ = core.apply(gen.graphdef, gen_params, gen.batch_stats, z, train=True)
     out, stats = _forward(
         teacher.graphdef, teacher_params, teacher.batch_stats, x)
-    return sum(srr_generator.generator_loss_terms(config, out.logits, stats).values())
+    return sum(generator_lib.generator_loss_terms(config, out.logits, stats).values())
 
   g_gen, g_teacher = jax.jit(jax.grad(loss, argnums=(0, 1)))(gen.params, teacher.params)
   assert all(float(jnp.abs(leaf).max()) == 0.0 for leaf in jax.tree.leaves(g_teacher))
@@ -131,4 +131,4 @@ def test_pretraining_gradient_reaches_only_the_generator(teacher, generator):
 ])
 def test_bad_pretrain_config(kwargs, match):
   with pytest.raises(ValueError, match=match):
-    srr_generator.PretrainConfig(**kwargs)
+    generator_lib.PretrainConfig(**kwargs)

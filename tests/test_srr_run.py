@@ -11,8 +11,8 @@ import pytest
 
 from dpkd_jax import teacher as teacher_lib
 from dpkd_jax.methods import srr
-from dpkd_jax.methods.srr import pretraining as srr_pretraining
-from dpkd_jax.methods.srr import stage as srr_stage
+from dpkd_jax.methods.srr import pretraining
+from dpkd_jax.methods.srr import stage as stage_lib
 from dpkd_jax.privacy import accounting
 from dpkd_jax.train import checkpoint
 from dpkd_jax.train import outputs
@@ -56,14 +56,14 @@ def _config(teacher_dir, **kw):
 def finished_run(teacher_dir, tmp_path_factory):
   workdir = str(tmp_path_factory.mktemp("srr"))
   counters = []
-  make = srr_stage.make_teacher_label_fn
+  make = stage_lib.make_teacher_label_fn
 
   def counting_make(*args, **kwargs):
     counters.append(CountingTeacher(make(*args, **kwargs)))
     return counters[-1]
 
   with pytest.MonkeyPatch.context() as patch:
-    patch.setattr(srr_stage, "make_teacher_label_fn", counting_make)
+    patch.setattr(stage_lib, "make_teacher_label_fn", counting_make)
     results = srr.train_srr(_config(teacher_dir), workdir, progress=False)  # secret seed
   return workdir, results, counters[0]
 
@@ -142,8 +142,8 @@ def test_pretrained_generator_is_reused_only_by_its_own_kind_of_run(teacher_dir,
   assert os.path.getsize(os.path.join(gen_dir, "samples.png")) > 0
   config = _config(teacher_dir, pretrained_generator_dir=gen_dir, seed=2)
   _, template = srr.init_models(config, jax.random.key(0))
-  loaded = srr_pretraining.load_pretrained(gen_dir, template, config=config.pretrain_config(),
-                                           identity=config.generator_identity())
+  loaded = pretraining.load_pretrained(gen_dir, template, config=config.pretrain_config(),
+                                      identity=config.generator_identity())
   chex.assert_trees_all_equal(loaded.params, pretrained.params)
   # Through the CLI, without noise (--epsilon=inf: allowed, loudly not private).
   srr_cli.main(["--dataset=digits", f"--teacher_dir={teacher_dir}", "--epsilon=inf",
@@ -161,12 +161,12 @@ def test_pretrained_generator_is_reused_only_by_its_own_kind_of_run(teacher_dir,
   other = _config(teacher_dir, latent_dim=16)  # another architecture: refused
   _, other_template = srr.init_models(other, jax.random.key(0))
   with pytest.raises(ValueError, match="pretrained for"):
-    srr_pretraining.load_pretrained(gen_dir, other_template, config=other.pretrain_config(),
-                                    identity=other.generator_identity())
+    pretraining.load_pretrained(gen_dir, other_template, config=other.pretrain_config(),
+                               identity=other.generator_identity())
   ablated = _config(teacher_dir, generator_terms=("ce", "bn"))  # another pretraining: refused
   with pytest.raises(ValueError, match="pretrained with"):
-    srr_pretraining.load_pretrained(gen_dir, template, config=ablated.pretrain_config(),
-                                    identity=ablated.generator_identity())
+    pretraining.load_pretrained(gen_dir, template, config=ablated.pretrain_config(),
+                               identity=ablated.generator_identity())
 
 
 def test_a_target_no_stage_fits_is_one_line_and_exit_2(teacher_dir, tmp_path, capsys):

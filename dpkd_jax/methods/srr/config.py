@@ -88,7 +88,8 @@ class SRRConfig:
     if self.threshold is not None:
       config_checks.fraction("threshold (tau)", self.threshold, open_low=False, open_high=False)
     if config_checks.integer("generator_channels", self.generator_channels, minimum=2) % 2:
-      raise ValueError(f"generator_channels must be an even integer >= 2, got {self.generator_channels}")
+      raise ValueError(
+          f"generator_channels must be an even integer >= 2, got {self.generator_channels}")
     config_checks.integers(self, "stages", "samples_per_stage", "batch_size", "student_epochs")
     config_checks.integers(self, "generator_epochs", minimum=0)
     if self.samples_per_stage % self.batch_size:
