@@ -32,6 +32,7 @@ from dpkd_jax.methods.srr import pretraining
 from dpkd_jax.methods.srr import privacy
 from dpkd_jax.methods.srr import stage as stage_lib
 from dpkd_jax.methods.srr import step as step_lib
+from dpkd_jax.models import core
 from dpkd_jax.privacy import ledger as ledger_lib
 from dpkd_jax.privacy import seeds
 from dpkd_jax.train import checkpoint
@@ -64,8 +65,8 @@ def _load_teacher(config: config_lib.SRRConfig) -> teacher_lib.Teacher:
                                   num_classes=info.num_classes, input_shape=info.image_shape)
 
 
-def _save_grid(config: config_lib.SRRConfig, generator, key: jax.Array, mesh,
-               path: str) -> None:
+def _save_grid(config: config_lib.SRRConfig, generator: core.ModelParts, key: jax.Array,
+               mesh: jax.sharding.Mesh, path: str) -> None:
   """64 samples in whole batches (the compiled generator is reused); `key` is its own stream."""
   z = jax.random.normal(key, (-(-64 // config.batch_size) * config.batch_size, config.latent_dim))
   images = stage_lib.generate_images(generator, z, config.batch_size, mesh)
@@ -73,12 +74,12 @@ def _save_grid(config: config_lib.SRRConfig, generator, key: jax.Array, mesh,
 
 
 def pretrain(config: config_lib.SRRConfig, workdir: str, *, progress: bool = True,
-             mesh: jax.sharding.Mesh | None = None):
+             mesh: jax.sharding.Mesh | None = None) -> core.ModelParts:
   """Only the teacher-prior generator pretraining of `config`, into `workdir` (resumable),
   plus `workdir/samples.png`; runs reuse it with `pretrained_generator_dir=workdir`.
 
   The generator is a noiseless function of the teacher: every run that uses it reports
-  record-level ε = inf (`privacy`). Returns the pretrained generator (`core.ModelParts`).
+  record-level ε = inf (`privacy`). Returns the pretrained generator.
   """
   if config.generator_prior != "teacher":
     raise ValueError("only generator_prior='teacher' pretrains a generator")
