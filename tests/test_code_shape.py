@@ -17,7 +17,6 @@ _PENDING = {
     "methods/dpsgd.py:train_dpsgd",
     "methods/rknn.py:train_rknn",
     "methods/rona.py:train_rona",
-    "methods/srr.py:train_srr",
     "teacher.py:train_teacher",
 }
 

@@ -29,9 +29,9 @@ ALLOWED: dict[tuple[str, str, str], str] = {
     # --- generator latents
     ("train/samples.py", "generate", "normal"): _LATENT + " (evaluation / sample grids)",
     ("methods/dpdfd_step.py", "build_train_step.train_step", "normal"): _LATENT,
-    ("methods/srr.py", "_save_grid", "normal"): _LATENT + " (sample grid)",
-    ("methods/srr_generator.py", "build_pretrain_step.step", "normal"): _LATENT,
-    ("methods/srr_stage.py", "run_stage", "normal"): (
+    ("methods/srr/run.py", "_save_grid", "normal"): _LATENT + " (sample grid)",
+    ("methods/srr/step.py", "build_pretrain_step.step", "normal"): _LATENT,
+    ("methods/srr/stage.py", "run_stage", "normal"): (
         _LATENT + "; the teacher's labels of the images it makes go through SRR in privacy/"),
     # --- procedural query images (data-free PATE's public queries)
     ("data/procedural.py", "_stroke_points", "uniform"): _PROCEDURAL,

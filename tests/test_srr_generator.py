@@ -1,8 +1,8 @@
-"""SRR generator: BN-input statistics, each pretraining loss term, teacher isolation, steps."""
+"""SRR generator: BN-input statistics, each pretraining loss term, teacher isolation (its
+steps: test_srr_step)."""
 
 import math
 
-import chex
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -11,13 +11,12 @@ from flax import nnx
 
 from dpkd_jax import losses
 from dpkd_jax import models
-from dpkd_jax.methods import srr_generator
+from dpkd_jax.methods.srr import generator as generator_lib
 from dpkd_jax.models import core
-from dpkd_jax.train.state import TrainState
 
 _SHAPE = (28, 28, 1)
 # Jitted once: eager op-by-op dispatch would compile every primitive separately (slow on CPU).
-_forward = jax.jit(srr_generator.teacher_forward_with_bn_statistics, static_argnums=0)
+_forward = jax.jit(generator_lib.teacher_forward_with_bn_statistics, static_argnums=0)
 
 
 @pytest.fixture(scope="module")
@@ -56,9 +55,9 @@ def test_bn_statistics_are_those_of_each_layer_input(teacher, images):
 
 
 def test_bn_term_is_zero_when_batch_stats_equal_running_stats(teacher, images):
-  config = srr_generator.PretrainConfig(terms=("bn",))
+  config = generator_lib.PretrainConfig(terms=("bn",))
   _, stats = _forward(*teacher, images)
-  before = srr_generator.generator_loss_terms(config, jnp.zeros((16, 10)), stats)["bn"]
+  before = generator_lib.generator_loss_terms(config, jnp.zeros((16, 10)), stats)["bn"]
   assert float(before) > 1.0
   # Set each layer's running stats to its batch input stats, in call order (layer 2's input
   # depends on layer 1's running stats in eval mode).
@@ -72,7 +71,7 @@ def test_bn_term_is_zero_when_batch_stats_equal_running_stats(teacher, images):
   def bn_term(x):
     out, s = _forward(
         teacher.graphdef, teacher.params, batch_stats, x)
-    return srr_generator.generator_loss_terms(config, out.logits, s)["bn"]
+    return generator_lib.generator_loss_terms(config, out.logits, s)["bn"]
 
   value, grad = jax.jit(jax.value_and_grad(bn_term))(images)
   assert float(value) == pytest.approx(0.0, abs=1e-4)
@@ -81,9 +80,9 @@ def test_bn_term_is_zero_when_batch_stats_equal_running_stats(teacher, images):
 
 @pytest.mark.parametrize("terms", [("ce",), ("ie",), ("bn",), ("ce", "ie"), ("ce", "ie", "bn")])
 def test_each_term_is_its_loss_times_its_weight(teacher, images, terms):
-  config = srr_generator.PretrainConfig(terms=terms, entropy_weight=5.0, bn_weight=10.0)
+  config = generator_lib.PretrainConfig(terms=terms, entropy_weight=5.0, bn_weight=10.0)
   out, stats = _forward(*teacher, images)
-  got = srr_generator.generator_loss_terms(config, out.logits, stats)
+  got = generator_lib.generator_loss_terms(config, out.logits, stats)
   expected = {"ce": losses.argmax_cross_entropy(out.logits),
               "ie": 5.0 * losses.information_entropy(out.logits),
               "bn": 10.0 * losses.bn_statistics_loss(*stats)}
@@ -93,20 +92,20 @@ def test_each_term_is_its_loss_times_its_weight(teacher, images, terms):
 
 
 def test_ce_and_ie_terms_reward_confident_balanced_batches():
-  config = srr_generator.PretrainConfig(terms=("ce", "ie"), entropy_weight=5.0)
-  empty = srr_generator.BatchNormInputStats((), (), (), ())
+  config = generator_lib.PretrainConfig(terms=("ce", "ie"), entropy_weight=5.0)
+  empty = generator_lib.BatchNormInputStats((), (), (), ())
   confident_balanced = 30.0 * jax.nn.one_hot(jnp.arange(20) % 10, 10)  # 2 per class
-  terms = srr_generator.generator_loss_terms(config, confident_balanced, empty)
+  terms = generator_lib.generator_loss_terms(config, confident_balanced, empty)
   assert float(terms["ce"]) == pytest.approx(0.0, abs=1e-6)
   assert float(terms["ie"]) == pytest.approx(-5.0 * math.log(10), rel=1e-5)
   collapsed = 30.0 * jax.nn.one_hot(jnp.zeros(20, jnp.int32), 10)  # all class 0
-  assert float(srr_generator.generator_loss_terms(config, collapsed, empty)["ie"]) > -1e-3
+  assert float(generator_lib.generator_loss_terms(config, collapsed, empty)["ie"]) > -1e-3
   with pytest.raises(ValueError, match="BatchNorm"):
-    srr_generator.generator_loss_terms(srr_generator.PretrainConfig(), collapsed, empty)
+    generator_lib.generator_loss_terms(generator_lib.PretrainConfig(), collapsed, empty)
 
 
 def test_pretraining_gradient_reaches_only_the_generator(teacher, generator):
-  config = srr_generator.PretrainConfig(batch_size=8, latent_dim=8)
+  config = generator_lib.PretrainConfig(batch_size=8, latent_dim=8)
   gen = generator
   z = jax.random.normal(jax.random.key(3), (8, 8))
 
@@ -114,44 +113,11 @@ def test_pretraining_gradient_reaches_only_the_generator(teacher, generator):
     x, _ = core.apply(gen.graphdef, gen_params, gen.batch_stats, z, train=True)
     out, stats = _forward(
         teacher.graphdef, teacher_params, teacher.batch_stats, x)
-    return sum(srr_generator.generator_loss_terms(config, out.logits, stats).values())
+    return sum(generator_lib.generator_loss_terms(config, out.logits, stats).values())
 
   g_gen, g_teacher = jax.jit(jax.grad(loss, argnums=(0, 1)))(gen.params, teacher.params)
   assert all(float(jnp.abs(leaf).max()) == 0.0 for leaf in jax.tree.leaves(g_teacher))
   assert float(jnp.abs(g_gen["project"]["kernel"]).max()) > 0.0
-
-
-def test_pretrain_steps_lower_the_loss_and_are_deterministic(teacher, generator):
-  config = srr_generator.PretrainConfig(batch_size=16, latent_dim=8, steps=25,
-                                        learning_rate=1e-2)
-  step = srr_generator.make_pretrain_step(config, teacher.graphdef)
-  assert srr_generator.make_pretrain_step(config, teacher.graphdef) is step  # cached
-  finals = []
-  for _ in range(2):
-    state = TrainState.create(jax.tree.map(jnp.copy, generator), srr_generator.adam(1e-2))
-    losses_seen = []
-    for i in range(config.steps):
-      state, metrics = step(state, teacher.params, teacher.batch_stats,
-                            jax.random.fold_in(jax.random.key(4), i))
-      losses_seen.append(float(metrics["loss"]))
-    finals.append(state.params)
-  assert np.mean(losses_seen[-5:]) < np.mean(losses_seen[:5])
-  chex.assert_trees_all_equal(finals[0], finals[1])
-
-
-def test_finetune_step_fits_the_labels_without_touching_the_student(teacher, generator):
-  student = teacher  # any classifier serves as the frozen student here
-  step = srr_generator.make_finetune_step(student.graphdef)
-  state = TrainState.create(jax.tree.map(jnp.copy, generator), srr_generator.adam(1e-2))
-  z = jax.random.normal(jax.random.key(6), (16, 8))
-  labels = jnp.arange(16, dtype=jnp.int32) % 10
-  frozen = jax.tree.map(jnp.copy, student.params)
-  seen = []
-  for _ in range(15):
-    state, metrics = step(state, student.params, student.batch_stats, z, labels)
-    seen.append(float(metrics["generator_loss"]))
-  assert seen[-1] < seen[0]
-  chex.assert_trees_all_equal(student.params, frozen)
 
 
 @pytest.mark.parametrize("kwargs,match", [
@@ -165,4 +131,4 @@ def test_finetune_step_fits_the_labels_without_touching_the_student(teacher, gen
 ])
 def test_bad_pretrain_config(kwargs, match):
   with pytest.raises(ValueError, match=match):
-    srr_generator.PretrainConfig(**kwargs)
+    generator_lib.PretrainConfig(**kwargs)

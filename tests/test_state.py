@@ -8,7 +8,7 @@ import optax
 from flax import nnx
 
 from dpkd_jax.models import core
-from dpkd_jax.train.state import TrainState
+from dpkd_jax.train.state import StudentGeneratorState, TrainState
 
 
 class _Tiny(nnx.Module):
@@ -81,3 +81,13 @@ def test_arrays_round_trip():
   restored = state.with_arrays(arrays)
   chex.assert_trees_all_equal(restored.params, arrays["params"])
   assert restored.tx is state.tx and restored.graphdef is state.graphdef
+
+
+def test_student_generator_state_round_trips_per_network():
+  pair = StudentGeneratorState(_state(), _state().apply_gradients(
+      jax.tree.map(jnp.ones_like, _PARTS.params)))
+  arrays = pair.arrays()
+  assert set(arrays) == {"student", "generator"} and int(arrays["generator"]["step"]) == 1
+  restored = pair.with_arrays(jax.tree.map(jnp.copy, arrays))
+  assert type(restored) is StudentGeneratorState and restored.student.tx is _TX
+  chex.assert_trees_all_equal(restored.arrays(), arrays)

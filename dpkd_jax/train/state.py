@@ -80,3 +80,21 @@ class TrainState:
   def with_arrays(self, arrays: dict[str, PyTree]) -> "TrainState":
     """Inverse of `arrays`: the same static fields with restored leaves."""
     return self.replace(**arrays)
+
+
+@flax.struct.dataclass
+class StudentGeneratorState:
+  """A student and the generator of its synthetic queries (data-free methods); the teacher
+  is never part of it."""
+
+  student: TrainState
+  generator: TrainState
+
+  def arrays(self) -> dict[str, PyTree]:
+    """The array leaves to checkpoint, per network."""
+    return {"student": self.student.arrays(), "generator": self.generator.arrays()}
+
+  def with_arrays(self, arrays: dict[str, PyTree]) -> "StudentGeneratorState":
+    """Inverse of `arrays` (keeps the subclass)."""
+    return self.replace(student=self.student.with_arrays(arrays["student"]),
+                        generator=self.generator.with_arrays(arrays["generator"]))

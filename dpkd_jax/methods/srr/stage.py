@@ -1,4 +1,4 @@
-"""One stage of DP-DFD with selective randomized response.
+"""One stage of DP-DFD with selective randomized response (the steps it runs are in `step`).
 
     z ~ N(0, I)                        (N, latent)     public randomness
     D_t = G(z)                         (N, H, W, C)    synthetic queries (eval-mode generator)
@@ -20,17 +20,16 @@ import dataclasses
 from collections.abc import Callable
 from typing import Any, NamedTuple
 
-import flax.struct
 import jax
 import jax.numpy as jnp
 import numpy as np
-import optax
 
+from dpkd_jax import config_checks
 from dpkd_jax import data
 from dpkd_jax.models import core
 from dpkd_jax.privacy import randomized_response
 from dpkd_jax.train import sharding
-from dpkd_jax.train.state import TrainState
+from dpkd_jax.train import state as state_lib
 
 PyTree = Any
 # (N, H, W, C) synthetic queries -> (N,) int32 teacher labels.
@@ -64,32 +63,18 @@ class StageConfig:
   uniform_prior: bool = False
 
   def __post_init__(self):
-    for name, minimum in (("samples", 1), ("batch_size", 1), ("latent_dim", 1),
-                          ("student_epochs", 1), ("generator_epochs", 0)):
-      if getattr(self, name) < minimum:
-        raise ValueError(f"{name} must be >= {minimum}, got {getattr(self, name)}")
+    config_checks.integers(self, "samples", "batch_size", "latent_dim", "student_epochs")
+    config_checks.integers(self, "generator_epochs", minimum=0)
     if self.samples % self.batch_size:
       raise ValueError(f"samples_per_stage={self.samples} must be a multiple of"
                        f" batch_size={self.batch_size}")
     if not self.epsilon > 0:
       raise ValueError(f"epsilon must be > 0, got {self.epsilon}")
-    if not 0.0 <= self.threshold <= 1.0:
-      raise ValueError(f"threshold must be in [0, 1], got {self.threshold}")
+    config_checks.fraction("threshold", self.threshold, open_low=False, open_high=False)
 
 
-@flax.struct.dataclass
-class SRRState:
-  """Student and generator train states (the teacher is never part of the state)."""
-
-  student: TrainState
-  generator: TrainState
-
-  def arrays(self) -> dict[str, PyTree]:
-    return {"student": self.student.arrays(), "generator": self.generator.arrays()}
-
-  def with_arrays(self, arrays: dict[str, PyTree]) -> "SRRState":
-    return SRRState(self.student.with_arrays(arrays["student"]),
-                    self.generator.with_arrays(arrays["generator"]))
+# Student and generator train states (the teacher is never part of the state).
+SRRState = state_lib.StudentGeneratorState
 
 
 class StageResult(NamedTuple):
@@ -99,35 +84,6 @@ class StageResult(NamedTuple):
   noisy_labels: np.ndarray  # (N,) int32, the released labels
   set_sizes: np.ndarray  # (N,) int32, public candidate-set sizes
   metrics: dict[str, float]
-
-
-def student_kl_loss(logits: jax.Array, labels: jax.Array) -> jax.Array:
-  """Mean over the batch of KL(one_hot(labels) || softmax(logits)).
-
-  Args:
-    logits: (B, K) student logits.
-    labels: (B,) released labels.
-
-  Returns:
-    Scalar loss (equal to the cross-entropy, as a one-hot target has zero entropy).
-  """
-  target = jax.nn.one_hot(labels, logits.shape[-1])  # (B, K)
-  return jnp.mean(optax.losses.kl_divergence(jax.nn.log_softmax(logits), target))
-
-
-def student_step(student: TrainState, x: jax.Array, labels: jax.Array):
-  """One student update on KL(one_hot(labels) || softmax(student(x))): (student, metrics)."""
-
-  def loss_fn(params):
-    out, new_stats = core.apply(student.graphdef, params, student.batch_stats, x, train=True)
-    return student_kl_loss(out.logits, labels), new_stats
-
-  (loss, new_stats), grads = jax.value_and_grad(loss_fn, has_aux=True)(student.params)
-  return student.apply_gradients(grads, new_stats), {"student_loss": loss}
-
-
-# Module level: the static graphdef/tx of the state key the compilation cache across runs.
-jitted_student_step = jax.jit(student_step, donate_argnums=0)
 
 
 def _eval_fn(output: Callable[[Any], jax.Array]):
@@ -185,17 +141,17 @@ def private_labels(teacher_label_fn: TeacherLabelFn, key: jax.Array, queries: ja
 
 
 def run_stage(state: SRRState, key: jax.Array, config: StageConfig,
-              teacher_label_fn: TeacherLabelFn, *, generator_step,
+              teacher_label_fn: TeacherLabelFn, *, student_step, generator_step,
               mesh: jax.sharding.Mesh) -> StageResult:
-  """Runs one stage (module docstring); `generator_step` is
-  `srr_generator.make_finetune_step(student graphdef)`.
+  """Runs one stage (module docstring); `step.build_train_step` binds its steps and ε.
 
   Args:
     state: student and generator.
     key: this stage's key (split into latents, RR, student order, generator order).
     config: the stage's sizes, privacy and epochs.
     teacher_label_fn: the only path to the teacher; called once.
-    generator_step: the jitted generator fine-tuning step.
+    student_step: the jitted student step (`step.jitted_student_step`).
+    generator_step: the jitted generator fine-tuning step (`step.make_finetune_step`).
     mesh: devices; batches are split over its 'data' axis.
 
   Returns:
@@ -217,7 +173,7 @@ def run_stage(state: SRRState, key: jax.Array, config: StageConfig,
   for epoch in range(config.student_epochs):
     for idx in data.epoch_batches(jax.random.fold_in(student_key, epoch), n, b):
       batch = sharding.shard_batch((queries[idx], noisy[idx]), mesh)
-      student, step_metrics = jitted_student_step(student, *batch)
+      student, step_metrics = student_step(student, *batch)
       student_losses.append(step_metrics["student_loss"])
   generator = state.generator
   generator_losses = []

@@ -1,0 +1,147 @@
+"""The configuration of a DP-DFD + selective RR run: one frozen dataclass, validated once.
+
+The config holds the user's flags only. It never resolves the executed ε per query or the
+number of stages (with a `target_epsilon` either may change): `privacy.make_plan(config)` does,
+and the stage step takes them from the plan.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import os
+from typing import Any
+
+from dpkd_jax import config_checks
+from dpkd_jax import data
+from dpkd_jax import models
+from dpkd_jax.methods.srr import generator
+
+FIRST_PRIORS = ("uniform", "student")
+GENERATOR_PRIORS = ("teacher", "none")
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class SRRConfig:
+  """A DP-DFD + selective RR run. Privacy fields first, then models, pretraining, stages.
+
+  Attributes:
+    epsilon: ε per query (label DP); None to calibrate from `target_epsilon`; inf: no noise.
+    target_epsilon: bound on the record-level ε of all label queries composed (PLD).
+    delta: δ of the record-level figures.
+    threshold: tau of the candidate set; None = 1/K.
+    first_prior: prior of the first stage: "uniform" (default; the untrained student's output
+      is an arbitrary function of its random weights, and with tau <= 1/K the uniform prior
+      makes every class a candidate) or "student".
+    generator_prior: "teacher" (paper; record-level ε = inf) or "none" (sound).
+    dataset, teacher_dir: the private dataset and the teacher trained on it.
+    student_model, student_norm, generator_model, generator_channels, latent_dim: networks.
+    pretrain_steps, pretrain_batch_size, pretrain_lr: generator pretraining ("teacher").
+    generator_terms, entropy_weight, bn_weight: pretraining terms (ablation) and alpha, beta.
+    pretrained_generator_dir: reuse a generator pretrained for the same dataset, teacher,
+      architecture and pretraining fields (`<other run>/generator_pretrain`, or a
+      `pretrain(...)` workdir), instead of pretraining again.
+    stages, samples_per_stage, batch_size: S, N and B.
+    student_epochs, generator_epochs: passes over each stage's labels (0: no fine-tuning).
+    student_lr, generator_lr: Adam (student cosine-decayed over all its steps).
+    seed: root seed; None (default) draws a secret one (`privacy.seeds`).
+    data_dir: directory of `<dataset>.npz`.
+  """
+
+  epsilon: float | None = None
+  target_epsilon: float | None = None
+  delta: float = 1e-5
+  threshold: float | None = None
+  first_prior: str = "uniform"
+  generator_prior: str = "teacher"
+  dataset: str
+  teacher_dir: str
+  student_model: str = "lenet5"
+  student_norm: str = "batch"
+  generator_model: str = "dafl"
+  generator_channels: int = 128
+  latent_dim: int = 100
+  pretrain_steps: int = 1000
+  pretrain_batch_size: int = 128
+  pretrain_lr: float = 1e-3
+  generator_terms: tuple[str, ...] = generator.GENERATOR_TERMS
+  entropy_weight: float = 5.0
+  bn_weight: float = 10.0
+  pretrained_generator_dir: str | None = None
+  stages: int = 10
+  samples_per_stage: int = 2560
+  batch_size: int = 128
+  student_epochs: int = 10
+  generator_epochs: int = 1
+  student_lr: float = 1e-3
+  generator_lr: float = 1e-4
+  seed: int | None = None
+  data_dir: str | None = None
+
+  def __post_init__(self):
+    object.__setattr__(self, "generator_terms", tuple(self.generator_terms))
+    config_checks.one_of("dataset", self.dataset, data.DATASETS)
+    config_checks.one_of("student_model", self.student_model, models.CLASSIFIERS)
+    config_checks.one_of("generator_model", self.generator_model, models.GENERATORS)
+    config_checks.one_of("first_prior", self.first_prior, FIRST_PRIORS)
+    config_checks.one_of("generator_prior", self.generator_prior, GENERATOR_PRIORS)
+    if self.threshold is not None:
+      config_checks.fraction("threshold (tau)", self.threshold, open_low=False, open_high=False)
+    if config_checks.integer("generator_channels", self.generator_channels, minimum=2) % 2:
+      raise ValueError(
+          f"generator_channels must be an even integer >= 2, got {self.generator_channels}")
+    config_checks.integers(self, "stages", "samples_per_stage", "batch_size", "student_epochs")
+    config_checks.integers(self, "generator_epochs", minimum=0)
+    if self.samples_per_stage % self.batch_size:
+      raise ValueError(f"samples_per_stage={self.samples_per_stage} must be a multiple of"
+                       f" batch_size={self.batch_size}")
+    config_checks.positive(self, "student_lr", "generator_lr")
+    if self.generator_prior == "none" and self.pretrained_generator_dir is not None:
+      raise ValueError("generator_prior='none' never uses a teacher-pretrained generator;"
+                       f" drop pretrained_generator_dir={self.pretrained_generator_dir!r}")
+    self._check_privacy()
+    self.pretrain_config()  # validates the generator terms, weights and pretraining sizes
+    config_checks.seed(self.seed)
+
+  def _check_privacy(self) -> None:
+    """Inconsistent privacy flags (cheap: no accounting; `make_plan` calibrates)."""
+    config_checks.fraction("delta", self.delta)
+    if self.epsilon is None and self.target_epsilon is None:
+      raise ValueError("give epsilon (per query), target_epsilon (record level), or both")
+    if self.epsilon is not None and not (self.epsilon > 0 and not math.isnan(self.epsilon)):
+      raise ValueError(f"epsilon (per query) must be > 0 (inf: no noise), got {self.epsilon}")
+    if self.target_epsilon is not None and not 0 < self.target_epsilon < math.inf:
+      raise ValueError(f"target_epsilon must be finite and > 0, got {self.target_epsilon}")
+    if self.target_epsilon is not None and self.epsilon is not None and math.isinf(self.epsilon):
+      raise ValueError("a target_epsilon needs noisy labels: epsilon=inf has no finite ε")
+
+  @property
+  def info(self) -> data.DatasetInfo:
+    return data.DATASETS[self.dataset]
+
+  @property
+  def tau(self) -> float:
+    return 1.0 / self.info.num_classes if self.threshold is None else self.threshold
+
+  def pretrain_config(self) -> generator.PretrainConfig:
+    return generator.PretrainConfig(
+        terms=self.generator_terms, entropy_weight=self.entropy_weight, bn_weight=self.bn_weight,
+        steps=self.pretrain_steps, batch_size=self.pretrain_batch_size,
+        latent_dim=self.latent_dim, learning_rate=self.pretrain_lr)
+
+  def generator_identity(self) -> dict[str, Any]:
+    """What a pretrained generator must have been trained for to be reused by this run."""
+    return {"dataset": self.dataset, "teacher_dir": os.path.abspath(self.teacher_dir),
+            "generator_model": self.generator_model,
+            "generator_channels": self.generator_channels, "latent_dim": self.latent_dim}
+
+  def to_json(self) -> dict[str, Any]:
+    """The config as saved in checkpoints and results (a resumed run must match it)."""
+    out = dataclasses.asdict(self)
+    out["generator_terms"] = list(self.generator_terms)
+    return out
+
+  @classmethod
+  def from_json(cls, saved: dict[str, Any]) -> "SRRConfig":
+    """Inverse of `to_json`."""
+    return cls(**{**saved, "generator_terms": tuple(saved["generator_terms"])})

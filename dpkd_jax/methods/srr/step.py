@@ -1,0 +1,189 @@
+"""The steps of DP-DFD with selective randomized response, and the stage step bound to a plan.
+
+    student step     KL(one_hot(y~) || softmax(student(x))) on released labels y~
+    pretrain step    the generator against the frozen teacher (`generator` losses; "teacher"
+                     prior only: a noiseless function of the teacher)
+    finetune step    CE(student(G(z)), y~): the generator through the frozen student
+    stage step       `build_train_step(plan, ...)`: one stage (`stage.run_stage`) with the ε
+                     per query OF THE PLAN, the one its ledger events are built from
+
+The per-batch steps are pure and jitted with their train state donated; the stage step is a
+Python loop over them (its one release, the SRR labels, is made once per stage).
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Callable
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import optax
+from flax import nnx
+
+from dpkd_jax import models
+from dpkd_jax.methods.srr import config as config_lib
+from dpkd_jax.methods.srr import generator as generator_lib
+from dpkd_jax.methods.srr import privacy
+from dpkd_jax.methods.srr import stage as stage_lib
+from dpkd_jax.models import core
+from dpkd_jax.train.state import TrainState
+
+PyTree = Any
+# (state, key, stage index) -> the stage's state, release and metrics.
+StageStep = Callable[[stage_lib.SRRState, jax.Array, int], stage_lib.StageResult]
+
+
+@functools.cache
+def adam(learning_rate: float, decay_steps: int | None = None) -> optax.GradientTransformation:
+  """Adam, cosine-decayed over `decay_steps` if given. One object per setting: TrainState's
+  static `tx` is compared by identity under jit, so repeated runs reuse compiled steps."""
+  if decay_steps is None:
+    return optax.adam(learning_rate)
+  return optax.adam(optax.cosine_decay_schedule(learning_rate, decay_steps))
+
+
+def init_models(config: config_lib.SRRConfig,
+                key: jax.Array) -> tuple[core.ModelParts, core.ModelParts]:
+  """(student, generator) initialised from `key` (split into one key per network)."""
+  s_key, g_key = jax.random.split(key)
+  info = config.info
+  student = models.create_classifier(config.student_model, num_classes=info.num_classes,
+                                     input_shape=info.image_shape, norm=config.student_norm,
+                                     rngs=nnx.Rngs(s_key))
+  generator = models.create_generator(config.generator_model, latent_dim=config.latent_dim,
+                                      image_shape=info.image_shape, rngs=nnx.Rngs(g_key),
+                                      base_channels=config.generator_channels)
+  return models.split(student), models.split(generator)
+
+
+def init_state(config: config_lib.SRRConfig, student: core.ModelParts,
+               generator: core.ModelParts, *, stages: int) -> stage_lib.SRRState:
+  """Student and generator train states; the student's schedule spans all `stages`."""
+  student_steps = stages * config.student_epochs * (config.samples_per_stage // config.batch_size)
+  return stage_lib.SRRState(
+      TrainState.create(student, adam(config.student_lr, max(student_steps, 1))),
+      TrainState.create(generator, adam(config.generator_lr)))
+
+
+def student_kl_loss(logits: jax.Array, labels: jax.Array) -> jax.Array:
+  """Mean over the batch of KL(one_hot(labels) || softmax(logits)).
+
+  Args:
+    logits: (B, K) student logits.
+    labels: (B,) released labels.
+
+  Returns:
+    Scalar loss (equal to the cross-entropy, as a one-hot target has zero entropy).
+  """
+  target = jax.nn.one_hot(labels, logits.shape[-1])  # (B, K)
+  return jnp.mean(optax.losses.kl_divergence(jax.nn.log_softmax(logits), target))
+
+
+def student_step(student: TrainState, x: jax.Array, labels: jax.Array):
+  """One student update on KL(one_hot(labels) || softmax(student(x))): (student, metrics)."""
+
+  def loss_fn(params):
+    out, new_stats = core.apply(student.graphdef, params, student.batch_stats, x, train=True)
+    return student_kl_loss(out.logits, labels), new_stats
+
+  (loss, new_stats), grads = jax.value_and_grad(loss_fn, has_aux=True)(student.params)
+  return student.apply_gradients(grads, new_stats), {"student_loss": loss}
+
+
+# Module level: the static graphdef/tx of the state key the compilation cache across runs.
+jitted_student_step = jax.jit(student_step, donate_argnums=0)
+
+
+def build_pretrain_step(config: generator_lib.PretrainConfig, teacher_graphdef: nnx.GraphDef):
+  """Pure `step(generator, teacher_params, teacher_batch_stats, key) -> (generator, metrics)`."""
+
+  def step(generator: TrainState, teacher_params: PyTree, teacher_batch_stats: PyTree,
+           key: jax.Array):
+    z = jax.random.normal(key, (config.batch_size, config.latent_dim))  # (B, latent)
+
+    def loss_fn(params):
+      x, new_stats = core.apply(generator.graphdef, params, generator.batch_stats, z, train=True)
+      out, bn_stats = generator_lib.teacher_forward_with_bn_statistics(
+          teacher_graphdef, teacher_params, teacher_batch_stats, x)
+      terms = generator_lib.generator_loss_terms(config, out.logits, bn_stats)
+      return sum(terms.values()), (terms, new_stats)
+
+    (loss, (terms, new_stats)), grads = jax.value_and_grad(loss_fn, has_aux=True)(generator.params)
+    generator = generator.apply_gradients(grads, new_stats)
+    return generator, {"loss": loss, **{f"l_{k}": v for k, v in terms.items()}}
+
+  return step
+
+
+@functools.cache
+def make_pretrain_step(config: generator_lib.PretrainConfig, teacher_graphdef: nnx.GraphDef):
+  """`build_pretrain_step` jitted with the generator state donated (one per setting, so
+  repeated runs in one process reuse the compiled step)."""
+  return jax.jit(build_pretrain_step(config, teacher_graphdef), donate_argnums=0)
+
+
+def build_finetune_step(student_graphdef: nnx.GraphDef):
+  """Pure `step(generator, student_params, student_batch_stats, z, labels) -> (generator,
+  metrics)`: one update of CE(student(G(z)), labels), the student frozen in eval mode.
+
+  `labels` are released (noisy) labels: no teacher quantity enters this step.
+  """
+
+  def step(generator: TrainState, student_params: PyTree, student_batch_stats: PyTree,
+           z: jax.Array, labels: jax.Array):
+    student_params, student_batch_stats = jax.lax.stop_gradient(
+        (student_params, student_batch_stats))
+
+    def loss_fn(params):
+      x, new_stats = core.apply(generator.graphdef, params, generator.batch_stats, z, train=True)
+      out, _ = core.apply(student_graphdef, student_params, student_batch_stats, x, train=False)
+      ce = optax.softmax_cross_entropy_with_integer_labels(out.logits, labels)  # (B,)
+      return jnp.mean(ce), new_stats
+
+    (loss, new_stats), grads = jax.value_and_grad(loss_fn, has_aux=True)(generator.params)
+    return generator.apply_gradients(grads, new_stats), {"generator_loss": loss}
+
+  return step
+
+
+@functools.cache
+def make_finetune_step(student_graphdef: nnx.GraphDef):
+  """`build_finetune_step` jitted with the generator state donated (one per architecture)."""
+  return jax.jit(build_finetune_step(student_graphdef), donate_argnums=0)
+
+
+def stage_config(plan: privacy.SRRPlan, config: config_lib.SRRConfig, *,
+                 first: bool) -> stage_lib.StageConfig:
+  """What a stage does: ε per query from `plan`; sizes, tau and epochs from `config`."""
+  return stage_lib.StageConfig(
+      samples=config.samples_per_stage, batch_size=config.batch_size,
+      latent_dim=config.latent_dim, epsilon=plan.epsilon_per_query, threshold=config.tau,
+      student_epochs=config.student_epochs, generator_epochs=config.generator_epochs,
+      uniform_prior=first and config.first_prior == "uniform")
+
+
+def build_train_step(plan: privacy.SRRPlan, config: config_lib.SRRConfig,
+                     teacher_label_fn: stage_lib.TeacherLabelFn, *,
+                     mesh: jax.sharding.Mesh) -> StageStep:
+  """`train_step(state, key, stage) -> StageResult`: one stage, the ε per query of `plan`.
+
+  Not jitted: a stage is a loop of jitted steps around one release (`stage.run_stage`). The
+  stage index picks the first stage's prior (`config.first_prior`).
+
+  Args:
+    plan: the executed plan: its `epsilon_per_query` is the one the RR draws use.
+    config: the run (sizes, tau, epochs, first prior).
+    teacher_label_fn: the only path to the teacher (`stage.make_teacher_label_fn`).
+    mesh: devices; batches are split over its 'data' axis.
+  """
+  configs = {first: stage_config(plan, config, first=first) for first in (True, False)}
+
+  def train_step(state: stage_lib.SRRState, key: jax.Array,
+                 stage: int) -> stage_lib.StageResult:
+    return stage_lib.run_stage(
+        state, key, configs[stage == 0], teacher_label_fn, student_step=jitted_student_step,
+        generator_step=make_finetune_step(state.student.graphdef), mesh=mesh)
+
+  return train_step

@@ -1,0 +1,71 @@
+"""SRR config: every bad field fails at construction with a message naming it; the CLI turns
+it into one line and exit status 2."""
+
+import math
+
+import pytest
+
+from dpkd_jax.methods import srr
+from experiments import srr as srr_cli
+
+
+def _config(teacher_dir, **kw):
+  base = dict(dataset="digits", teacher_dir=teacher_dir, epsilon=1.0, student_model="lenet5",
+              generator_channels=8, latent_dim=8, pretrain_steps=2, pretrain_batch_size=16,
+              stages=2, samples_per_stage=32, batch_size=16, student_epochs=2)
+  base.update(kw)
+  return srr.SRRConfig(**base)
+
+
+@pytest.mark.parametrize("kwargs,match", [
+    (dict(epsilon=None), "give epsilon"),
+    (dict(epsilon=0.0), "epsilon"),
+    (dict(epsilon=math.inf, target_epsilon=5.0), "needs noisy labels"),
+    (dict(target_epsilon=-1.0), "target_epsilon"),
+    (dict(delta=1.0), "delta"),
+    (dict(threshold=1.5), "threshold"),
+    (dict(generator_prior="public"), "generator_prior"),
+    (dict(first_prior="teacher"), "first_prior"),
+    (dict(generator_channels=7), "generator_channels"),
+    (dict(generator_prior="none", pretrained_generator_dir="x"), "never uses"),
+    (dict(generator_terms=("ce", "norm")), "generator terms"),
+    (dict(bn_weight=-1.0), "bn_weight"),
+    (dict(samples_per_stage=40), "multiple of batch_size"),
+    (dict(stages=0), "stages"),
+    (dict(student_epochs=0), "student_epochs"),
+    (dict(student_lr=0.0), "student_lr"),
+    (dict(dataset="imagenet"), "unknown dataset"),
+    (dict(student_model="gpt"), "unknown student_model"),
+    (dict(seed=-1), "seed"),
+])
+def test_bad_config_fails_at_construction(kwargs, match):
+  with pytest.raises(ValueError, match=match):
+    _config("unused", **kwargs)
+
+
+@pytest.mark.parametrize("argv,match", [
+    (["--dataset=digits"], "--teacher_dir"),
+    (["--dataset=digits", "--teacher_dir=x", "--epsilon=1", "--generator_terms=ce,xx"], "generator terms"),
+    (["--dataset=digits", "--teacher_dir=x", "--epsilon=inf", "--target_epsilon=3"], "noisy labels"),
+    (["pretrain", "--dataset=digits", "--teacher_dir=x", "--generator_prior=none"], "only generator_prior"),
+    (["pretrain", "--dataset=digits", "--teacher_dir=x", "--generator_terms="], "at least one"),
+])
+def test_cli_rejects_bad_flags(argv, match, capsys):
+  with pytest.raises(SystemExit) as exit_info:
+    srr_cli.main(argv)
+  assert exit_info.value.code == 2
+  assert match in capsys.readouterr().err
+
+
+def test_config_round_trips_through_its_json():
+  config = _config("t", generator_terms=("ce", "bn"), threshold=0.2)
+  saved = config.to_json()
+  assert saved["generator_terms"] == ["ce", "bn"]  # JSON: a list, as checkpoints hold it
+  assert srr.SRRConfig.from_json(saved) == config
+
+
+def test_the_config_holds_no_resolved_privacy():
+  # Only make_plan resolves ε per query: a target-only config has none of its own.
+  config = _config("t", epsilon=None, target_epsilon=5.0)
+  assert config.epsilon is None and not hasattr(config, "plan")
+  assert not hasattr(config, "stage_config")
