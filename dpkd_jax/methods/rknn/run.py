@@ -106,11 +106,13 @@ def _queried(config: config_lib.RKNNConfig, round_index: int, student: core.Mode
 
 def _label_round(run: workdir_lib.Run, plan: privacy.RKNNPlan, config: config_lib.RKNNConfig,
                  keys: _Keys, splits: _Data, public_labels: np.ndarray,
-                 student: core.ModelParts | None, round_index: int) -> dict[str, Any]:
+                 student: core.ModelParts | None,
+                 round_index: int) -> tuple[dict[str, Any], float]:
   """Queries, charge, the round's release, labels (`public_labels` updated in place).
 
   Returns:
-    The round's record so far (round, queried samples, cluster purity, label accuracy, ε).
+    (the round's record so far: round, queried samples, cluster purity, label accuracy;
+    the ledger's ε after the charge).
   """
   queried = _queried(config, round_index, student, splits.public)
   clusters = votes.kmeans(jax.random.fold_in(keys.kmeans, round_index),
@@ -127,8 +129,7 @@ def _label_round(run: workdir_lib.Run, plan: privacy.RKNNPlan, config: config_li
   public_labels[queried] = np.asarray(votes.propagate_labels(noisy_counts, assignments))
   return {"round": round_index + 1, "num_queried_public": int(len(queried)),
           "cluster_purity": _cluster_purity(splits.public.labels[queried], assignments),
-          "label_accuracy": float(np.mean(public_labels == splits.public.labels)),
-          "ledger_epsilon": spent}
+          "label_accuracy": float(np.mean(public_labels == splits.public.labels))}, spent
 
 
 def _results(config: config_lib.RKNNConfig, plan: privacy.RKNNPlan, ledger: Any,
@@ -194,7 +195,8 @@ def train_rknn(config: config_lib.RKNNConfig, workdir: str, *,
   per_round, student = [], None
   # 5. Train: charge -> release -> student -> seal -> save, one release per round
   for round_index in range(plan.releases):
-    record = _label_round(run, plan, config, keys, splits, public_labels, student, round_index)
+    record, spent = _label_round(run, plan, config, keys, splits, public_labels, student,
+                                 round_index)
     student = student_lib.train_student(
         jax.random.fold_in(keys.student, round_index), splits.public.images, public_labels,
         info=config.info, config=config.student, progress=progress, writer=writer,
@@ -203,7 +205,6 @@ def train_rknn(config: config_lib.RKNNConfig, workdir: str, *,
     arrays = run.seal({"student": {"params": student.params, "batch_stats": student.batch_stats},
                        "public_labels": public_labels, "rng": jax.random.key_data(root_key)})
     test_metrics = evaluate_lib.evaluate(student, splits.evaluation)
-    spent = record.pop("ledger_epsilon")
     per_round.append({**record, "student_accuracy": test_metrics["accuracy"],
                       "student_loss": test_metrics["loss"], "ledger_epsilon": spent})
     writer.write(round_index + 1, {"label_accuracy": record["label_accuracy"],
