@@ -15,7 +15,6 @@ import os
 
 from dpkd_jax import representations
 from dpkd_jax.methods import rknn
-from dpkd_jax.methods import rknn_student
 from dpkd_jax.train import distributed
 from dpkd_jax.train import summary
 from experiments import _cli
@@ -44,7 +43,7 @@ def parse_config(argv: list[str]) -> tuple[rknn.RKNNConfig, argparse.Namespace]:
                           skip={"representation_config", "student"})
   p.add_argument("--pca_components", type=int, default=None, help="PCA dimension")
   p.add_argument("--simclr_steps", type=int, default=None, help="SimCLR training steps")
-  _flags.add_config_flags(p, rknn_student.StudentConfig, names=_STUDENT_NAMES)
+  _flags.add_config_flags(p, rknn.StudentConfig, names=_STUDENT_NAMES)
   p.add_argument("--workdir", default=None,
                  help="default runs/rknn/<dataset>_<rep>_<mode>_s<s>_k<k>_eps<ε>[_T<rounds>]")
   p.add_argument("--no_progress", action="store_true")
@@ -57,7 +56,7 @@ def parse_config(argv: list[str]) -> tuple[rknn.RKNNConfig, argparse.Namespace]:
   overrides = {name: value for name, value in overrides.items() if value is not None
                and name in {f.name for f in dataclasses.fields(representation_config)}}
   representation_config = _cli.build(dataclasses.replace, representation_config, **overrides)
-  student = _flags.build_config(rknn_student.StudentConfig, args, names=_STUDENT_NAMES)
+  student = _flags.build_config(rknn.StudentConfig, args, names=_STUDENT_NAMES)
   config = _flags.build_config(rknn.RKNNConfig, args, student=student,
                                representation_config=representation_config)
   if args.workdir is None:

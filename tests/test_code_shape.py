@@ -15,7 +15,6 @@ _PENDING = {
     "methods/dfpate.py:train_dfpate",
     "methods/dpdfd.py:train_dpdfd",
     "methods/dpsgd.py:train_dpsgd",
-    "methods/rknn.py:train_rknn",
     "methods/rona.py:train_rona",
     "teacher.py:train_teacher",
 }

@@ -41,7 +41,6 @@ from dpkd_jax.methods import dpdfd
 from dpkd_jax.methods import dpdfd_direct
 from dpkd_jax.methods import dpsgd
 from dpkd_jax.methods import rknn
-from dpkd_jax.methods import rknn_student
 from dpkd_jax.methods import rona
 from dpkd_jax.methods import srr
 
@@ -207,7 +206,7 @@ def test_rknn(recorder, tmp_path):
   config = rknn.RKNNConfig(
       dataset="digits", num_queries=10, k=1, epsilon=2.0, kmeans_restarts=1,
       kmeans_iterations=2, rounds=2, uncertain_fraction=0.5,
-      student=rknn_student.StudentConfig(model="lenet5_half", epochs=1, batch_size=32))
+      student=rknn.StudentConfig(model="lenet5_half", epochs=1, batch_size=32))
   with recorder.collect() as uses:
     rknn.train_rknn(config, str(tmp_path), progress=False)
   _assert_distinct(uses, minimum=2 * 2)

@@ -65,9 +65,9 @@ ALLOWED: dict[tuple[str, str, str], str] = {
     ("methods/rona.py", "_query_batches", "permutation"): "order of PUBLIC query samples",
     ("methods/rona.py", "train_rona", "permutation"): (
         "hint epochs' random PUBLIC query samples (RONA's public split)"),
-    ("methods/rknn_votes.py", "kmeans_plus_plus_init", "randint"): (
+    ("methods/rknn/votes.py", "kmeans_plus_plus_init", "randint"): (
         "k-means++ on the PUBLIC embeddings (rknn's queries are public: module docstring)"),
-    ("methods/rknn_votes.py", "kmeans_plus_plus_init.add_centre", "categorical"): (
+    ("methods/rknn/votes.py", "kmeans_plus_plus_init.add_centre", "categorical"): (
         "k-means++ D^2 sampling on the PUBLIC embeddings"),
     ("methods/query_selection.py", "_k_center", "randint"): (
         "first centre, uniform over the candidate queries (no data involved)"),

@@ -1,4 +1,5 @@
-"""Reverse k-NN votes: exact counts, per-record footprint, noise scale, k-means, local DP.
+"""Reverse k-NN votes (`rknn/votes.py`): exact counts, per-record footprint, noise scale from
+the plan, k-means, local DP.
 
 Small random data (n <= 500 records, s <= 8 queries). Brute-force references use float64
 NumPy distances; the JAX path computes float32 distances with HIGHEST precision, which on
@@ -14,9 +15,16 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from dpkd_jax.methods import rknn_votes
+from dpkd_jax.methods.rknn import privacy as rknn_privacy
+from dpkd_jax.methods.rknn import votes
 
 NUM_CLASSES = 3
+
+
+def _plan(mode: str, *, k: int, epsilon: float) -> rknn_privacy.RKNNPlan:
+  """A one-round plan of ε_r = epsilon (the mechanisms read mode, k and ε_r only)."""
+  return rknn_privacy.RKNNPlan(releases=1, delta=1e-5, budget_epsilon=epsilon,
+                               sound_epsilon=epsilon, mode=mode, k=k, epsilon_per_round=epsilon)
 
 
 def _data(seed: int, n: int = 53, s: int = 6, d: int = 4):
@@ -41,8 +49,8 @@ def _brute_force_counts(embeddings, labels, queries, k):
 @pytest.mark.parametrize("chunk_size", [7, 64, 2048])  # padding, one chunk, chunk > n
 def test_counts_equal_brute_force(k, chunk_size):
   embeddings, labels, queries = _data(seed=k)
-  counts = rknn_votes.reverse_knn_counts(embeddings, labels, queries, k=k,
-                                         num_classes=NUM_CLASSES, chunk_size=chunk_size)
+  counts = votes.reverse_knn_counts(embeddings, labels, queries, k=k,
+                                    num_classes=NUM_CLASSES, chunk_size=chunk_size)
   chex.assert_shape(counts, (len(queries), NUM_CLASSES))
   chex.assert_type(counts, jnp.int32)
   np.testing.assert_array_equal(counts, _brute_force_counts(embeddings, labels, queries, k))
@@ -52,7 +60,7 @@ def test_counts_equal_brute_force(k, chunk_size):
 @pytest.mark.parametrize("k", [1, 3])
 def test_each_record_touches_at_most_k_queries_and_replace_one_moves_at_most_2k(k):
   embeddings, labels, queries = _data(seed=10 + k)
-  count = functools.partial(rknn_votes.reverse_knn_counts, k=k, num_classes=NUM_CLASSES,
+  count = functools.partial(votes.reverse_knn_counts, k=k, num_classes=NUM_CLASSES,
                             chunk_size=16)
   for i in range(5):
     single = np.asarray(count(embeddings[i:i + 1], labels[i:i + 1], queries))
@@ -73,7 +81,8 @@ def test_each_record_touches_at_most_k_queries_and_replace_one_moves_at_most_2k(
 def test_central_noise_scale_matches_sensitivity_2k(k, epsilon):
   scale = 2 * k / epsilon  # Laplace b = Delta_1 / eps with Delta_1 = 2k
   exact = jnp.zeros((400, 250), jnp.int32)  # 1e5 cells
-  noisy = rknn_votes.central_noisy_counts(jax.random.key(0), exact, k=k, epsilon=epsilon)
+  noisy = votes.central_noisy_counts(jax.random.key(0), exact,
+                                     _plan("central", k=k, epsilon=epsilon))
   noise = np.asarray(noisy, np.float64)
   # Laplace(b): E|X| = b and sd(X) = sqrt(2) b; 1e5 draws: 3% is > 9 standard errors.
   np.testing.assert_allclose(np.mean(np.abs(noise)), scale, rtol=0.03)
@@ -82,9 +91,10 @@ def test_central_noise_scale_matches_sensitivity_2k(k, epsilon):
 
 def test_central_noise_keys_differ_and_repeat():
   exact = jnp.ones((4, 3), jnp.int32)
-  a = rknn_votes.central_noisy_counts(jax.random.key(1), exact, k=1, epsilon=1.0)
-  b = rknn_votes.central_noisy_counts(jax.random.key(2), exact, k=1, epsilon=1.0)
-  again = rknn_votes.central_noisy_counts(jax.random.key(1), exact, k=1, epsilon=1.0)
+  plan = _plan("central", k=1, epsilon=1.0)
+  a = votes.central_noisy_counts(jax.random.key(1), exact, plan)
+  b = votes.central_noisy_counts(jax.random.key(2), exact, plan)
+  again = votes.central_noisy_counts(jax.random.key(1), exact, plan)
   np.testing.assert_array_equal(a, again)
   assert not np.allclose(a, b)
 
@@ -95,8 +105,8 @@ def test_kmeans_finds_separated_blobs(num_restarts):
   means = np.array([[0, 0], [20, 0], [0, 20], [20, 20]], np.float32)
   blob = np.repeat(np.arange(4), 50)  # (200,) true blob of each point
   points = means[blob] + rng.normal(scale=0.5, size=(200, 2)).astype(np.float32)
-  result = rknn_votes.kmeans(jax.random.key(3), points, 4, num_iterations=20,
-                             num_restarts=num_restarts)
+  result = votes.kmeans(jax.random.key(3), points, 4, num_iterations=20,
+                        num_restarts=num_restarts)
   chex.assert_shape([result.centres, result.assignments], [(4, 2), (200,)])
   assignments = np.asarray(result.assignments)
   # Each blob falls in exactly one cluster and each cluster holds exactly one blob.
@@ -110,7 +120,7 @@ def test_kmeans_finds_separated_blobs(num_restarts):
 
 def test_kmeans_plus_plus_init_picks_distinct_data_points():
   points = np.random.default_rng(1).normal(size=(30, 3)).astype(np.float32)
-  centres = np.asarray(rknn_votes.kmeans_plus_plus_init(jax.random.key(0), points, 5))
+  centres = np.asarray(votes.kmeans_plus_plus_init(jax.random.key(0), points, 5))
   matches = [np.flatnonzero(np.all(points == c, axis=1)) for c in centres]
   assert all(len(m) == 1 for m in matches)
   assert len({int(m[0]) for m in matches}) == 5  # D^2 sampling never re-picks a centre
@@ -119,9 +129,12 @@ def test_kmeans_plus_plus_init_picks_distinct_data_points():
 def test_local_counts_exact_at_huge_epsilon_and_unbiased_at_moderate_epsilon():
   embeddings, labels, queries = _data(seed=5, n=500, s=4)
   exact = _brute_force_counts(embeddings, labels, queries, k=2)
-  local = functools.partial(rknn_votes.local_noisy_counts, embeddings=embeddings,
-                            labels=labels, queries=queries, k=2, num_classes=NUM_CLASSES,
-                            chunk_size=128)
+
+  def local(key, epsilon):
+    return votes.local_noisy_counts(key, embeddings, labels, queries,
+                                    _plan("local", k=2, epsilon=epsilon),
+                                    num_classes=NUM_CLASSES, chunk_size=128)
+
   # eps = 200: p = sigmoid(-50) ~ 2e-22, no bit flips: the estimate is the exact count.
   np.testing.assert_allclose(local(jax.random.key(0), epsilon=200.0), exact, atol=1e-3)
   epsilon, k, n = 2.0, 2, 500
@@ -137,9 +150,10 @@ def test_local_counts_exact_at_huge_epsilon_and_unbiased_at_moderate_epsilon():
 def test_local_padding_records_send_no_reports():
   # n = 3 records in one chunk of 64: 61 padded rows would add ~61 p ones per cell if kept.
   embeddings, labels, queries = _data(seed=6, n=3, s=4)
-  estimates = np.stack([np.asarray(rknn_votes.local_noisy_counts(
-      jax.random.key(i), embeddings, labels, queries, k=1, num_classes=NUM_CLASSES,
-      epsilon=1.0, chunk_size=64)) for i in range(200)])
+  plan = _plan("local", k=1, epsilon=1.0)
+  estimates = np.stack([np.asarray(votes.local_noisy_counts(
+      jax.random.key(i), embeddings, labels, queries, plan, num_classes=NUM_CLASSES,
+      chunk_size=64)) for i in range(200)])
   exact = _brute_force_counts(embeddings, labels, queries, k=1)
   p = 1.0 / (math.exp(0.5) + 1.0)
   cell_sd = math.sqrt(3 * p * (1 - p)) / (1 - 2 * p)
@@ -148,17 +162,44 @@ def test_local_padding_records_send_no_reports():
 
 def test_propagate_labels_copies_query_argmax_to_cluster_members():
   noisy = jnp.array([[0.0, 5.0, 1.0], [9.0, -2.0, 3.0]])  # query labels 1, 0
-  labels = rknn_votes.propagate_labels(noisy, jnp.array([1, 0, 0, 1]))
+  labels = votes.propagate_labels(noisy, jnp.array([1, 0, 0, 1]))
   np.testing.assert_array_equal(labels, [0, 1, 1, 0])
 
 
 @pytest.mark.parametrize("call,match", [
-    (lambda e, l, q: rknn_votes.reverse_knn_counts(e, l, q, k=7, num_classes=3), "exceeds"),
-    (lambda e, l, q: rknn_votes.reverse_knn_counts(e, l, q, k=0, num_classes=3), "k must"),
-    (lambda e, l, q: rknn_votes.local_noisy_counts(jax.random.key(0), e, l, q, k=1,
-                                                   num_classes=3, epsilon=0.0), "epsilon"),
-    (lambda e, l, q: rknn_votes.kmeans(jax.random.key(0), q, 7), "exceeds"),
+    (lambda e, l, q: votes.reverse_knn_counts(e, l, q, k=7, num_classes=3), "exceeds"),
+    (lambda e, l, q: votes.reverse_knn_counts(e, l, q, k=0, num_classes=3), "k must"),
+    (lambda e, l, q: votes.local_noisy_counts(jax.random.key(0), e, l, q,
+                                              _plan("local", k=1, epsilon=0.0),
+                                              num_classes=3), "epsilon"),
+    (lambda e, l, q: votes.local_noisy_counts(jax.random.key(0), e, l, q,
+                                              _plan("local", k=7, epsilon=1.0),
+                                              num_classes=3), "exceeds"),
+    (lambda e, l, q: votes.local_noisy_counts(jax.random.key(0), e, l, q,
+                                              _plan("central", k=1, epsilon=1.0),
+                                              num_classes=3), "needs a local plan"),
+    (lambda e, l, q: votes.central_noisy_counts(jax.random.key(0), jnp.zeros((6, 3)),
+                                                _plan("local", k=1, epsilon=1.0)),
+     "needs a central plan"),
+    (lambda e, l, q: votes.kmeans(jax.random.key(0), q, 7), "exceeds"),
 ])
 def test_bad_arguments_raise(call, match):
   with pytest.raises(ValueError, match=match):
     call(*_data(seed=0))
+
+
+@pytest.mark.parametrize("mode", ["central", "local"])
+def test_release_counts_runs_the_plans_mechanism_with_the_plans_k(mode):
+  embeddings, labels, queries = _data(seed=7, n=40, s=5)
+  plan = _plan(mode, k=2, epsilon=3.0)
+  key = jax.random.key(4)
+  released = votes.release_counts(plan, key, embeddings, labels, queries,
+                                  num_classes=NUM_CLASSES, chunk_size=16)
+  if mode == "central":
+    exact = votes.reverse_knn_counts(embeddings, labels, queries, k=2,
+                                     num_classes=NUM_CLASSES, chunk_size=16)
+    expected = votes.central_noisy_counts(key, exact, plan)
+  else:
+    expected = votes.local_noisy_counts(key, embeddings, labels, queries, plan,
+                                        num_classes=NUM_CLASSES, chunk_size=16)
+  np.testing.assert_array_equal(released, expected)

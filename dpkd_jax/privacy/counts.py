@@ -111,17 +111,24 @@ def ldp_flip_bits(
   return noisy
 
 
-def ldp_unbiased_counts(
-    noisy_bit_sums: jax.Array,
-    num_reports: int | jax.Array,
-    *,
-    epsilon: float,
-    k: int,
-    r: int,
-) -> jax.Array:
+def _debiased(observed: jax.Array, num_reports: int | jax.Array, *, false_rate: float | jax.Array,
+              rate_gap: float | jax.Array) -> jax.Array:
+  """(observed - n fpr) / (tpr - fpr): the unbiased count of both local mechanisms.
+
+  A cell's observed sum over n reports is v tpr + (n - v) fpr in expectation for a true count
+  v (tpr: a true item is reported, fpr: another one is), hence the estimator. The caller
+  passes `rate_gap` = tpr - fpr written as its mechanism computes it (float32 `1 - 2p` for
+  bit flipping), so that the estimates stay the same to the bit.
+  """
+  observed = jnp.asarray(observed, jnp.float32)
+  return (observed - jnp.asarray(num_reports, jnp.float32) * false_rate) / rate_gap
+
+
+def ldp_unbiased_counts(noisy_bit_sums: jax.Array, num_reports: int | jax.Array, *,
+                        epsilon: float, k: int, r: int) -> jax.Array:
   """Unbiased count estimate (c - n p) / (1 - 2p) from sums of n flipped reports.
 
-  E[c] = v (1 - p) + (n - v) p = v (1 - 2p) + n p for a true count v, hence unbiasedness.
+  E[c] = v (1 - p) + (n - v) p = v (1 - 2p) + n p for a true count v: tpr = 1 - p, fpr = p.
 
   Args:
     noisy_bit_sums: (...) per-cell sums c of the n noisy reports.
@@ -137,8 +144,7 @@ def ldp_unbiased_counts(
   validation.check_int("k", k, minimum=1)
   validation.check_int("r", r, minimum=1)
   p = ldp_flip_probability(epsilon, k, r)
-  sums = jnp.asarray(noisy_bit_sums, jnp.float32)
-  return (sums - jnp.asarray(num_reports, jnp.float32) * p) / (1.0 - 2.0 * p)
+  return _debiased(noisy_bit_sums, num_reports, false_rate=p, rate_gap=1.0 - 2.0 * p)
 
 
 def collision_num_buckets(epsilon: float, max_set_size: int) -> int:
@@ -290,13 +296,8 @@ def collision_support_counts(
   return support
 
 
-def collision_unbiased_counts(
-    support_counts: jax.Array,
-    num_reports: int | jax.Array,
-    *,
-    epsilon: float,
-    max_set_size: int,
-) -> jax.Array:
+def collision_unbiased_counts(support_counts: jax.Array, num_reports: int | jax.Array, *,
+                              epsilon: float, max_set_size: int) -> jax.Array:
   """Unbiased count estimate (support - n fpr) / (tpr - fpr) of the collision mechanism.
 
   Args:
@@ -309,5 +310,4 @@ def collision_unbiased_counts(
     float32 estimates of the true counts, same shape as `support_counts`.
   """
   _, tpr, fpr = _collision_rates(epsilon, max_set_size)
-  support = jnp.asarray(support_counts, jnp.float32)
-  return (support - jnp.asarray(num_reports, jnp.float32) * fpr) / (tpr - fpr)
+  return _debiased(support_counts, num_reports, false_rate=fpr, rate_gap=tpr - fpr)

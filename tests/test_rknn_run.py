@@ -1,4 +1,4 @@
-"""Reverse k-NN labelling end to end on the embedded digits, configs, splits, CLI.
+"""Reverse k-NN labelling end to end on the embedded digits (`rknn/run.py`), splits, CLI.
 
 Tiny runs: private = 1,442 digits training images, public = 177 test images, evaluation =
 178; s = 10 queries, PCA, a LeNet-5/2 student for 1 epoch. Accuracies are not asserted
@@ -14,16 +14,15 @@ import pytest
 
 from dpkd_jax import data
 from dpkd_jax.methods import rknn
-from dpkd_jax.methods import rknn_student
-from dpkd_jax.methods import rknn_votes
+from dpkd_jax.methods.rknn import run as rknn_run
+from dpkd_jax.methods.rknn import votes
 from dpkd_jax.privacy import ledger as ledger_lib
-from dpkd_jax.representations import pca
 from dpkd_jax.train import checkpoint
 from dpkd_jax.train import outputs
 from dpkd_jax.train import records
 from experiments import rknn as rknn_cli
 
-TINY_STUDENT = rknn_student.StudentConfig(model="lenet5_half", epochs=1, batch_size=32)
+TINY_STUDENT = rknn.StudentConfig(model="lenet5_half", epochs=1, batch_size=32)
 
 
 def _config(**kw):
@@ -31,41 +30,6 @@ def _config(**kw):
               kmeans_iterations=10, student=TINY_STUDENT, seed=0)
   base.update(kw)
   return rknn.RKNNConfig(**base)
-
-
-@pytest.mark.parametrize("kw,match", [
-    (dict(k=0), "k must be >= 1"),
-    (dict(k=11), "k=11 exceeds num_queries=10"),
-    (dict(epsilon=0.0), "epsilon must be"),
-    (dict(epsilon=-1.0), "epsilon must be"),
-    (dict(num_queries=1), "num_queries must be >= 2"),
-    (dict(representation="hog"), "unknown representation 'hog'"),
-    (dict(dataset="imagenet"), "unknown dataset 'imagenet'"),
-    (dict(mode="shuffle"), "mode must be one of"),
-    (dict(rounds=0), "rounds must be >= 1"),
-    (dict(representation="simclr", representation_config=pca.PCAConfig()), "needs a"),
-    (dict(num_public=5), "num_public must be >= 10"),
-    (dict(rounds=2, num_public=40, uncertain_fraction=0.1), "fewer than num_queries"),
-    (dict(seed=-1), "seed must be >= 0"),
-])
-def test_config_errors(kw, match):
-  with pytest.raises(ValueError, match=match):
-    _config(**kw)
-
-
-def test_student_config_errors():
-  with pytest.raises(ValueError, match="unknown student model"):
-    rknn_student.StudentConfig(model="alexnet")
-  with pytest.raises(ValueError, match="label_smoothing"):
-    rknn_student.StudentConfig(label_smoothing=1.0)
-
-
-def test_config_defaults_and_budget_split():
-  config = _config(rounds=4, epsilon=1.0, seed=None)
-  assert isinstance(config.representation_config, pca.PCAConfig)
-  assert config.epsilon_per_round == 0.25 and config.seed is None
-  event = rknn.round_event(config)  # one Laplace(b / Delta_1 = 1 / 0.25) round
-  assert event.count == 1 and event.event.noise_multiplier == 4.0
 
 
 def test_public_evaluation_split_is_a_seeded_partition():
@@ -89,7 +53,7 @@ def test_representation_and_queries_do_not_depend_on_private_data(monkeypatch):
   """The representation is fitted on public images only: altering every private record leaves
   the fitted representation and the k-means queries unchanged (the run is stopped there)."""
   fitted, queries = [], []
-  real_fit, real_kmeans = rknn.representations.fit, rknn_votes.kmeans
+  real_fit, real_kmeans = rknn_run.representations.fit, votes.kmeans
 
   def spy_fit(kind, images, key, config, **kw):
     fitted.append(np.array(images))
@@ -99,8 +63,8 @@ def test_representation_and_queries_do_not_depend_on_private_data(monkeypatch):
     queries.append(np.asarray(real_kmeans(*args, **kw).centres))
     raise _StopAfterQueries
 
-  monkeypatch.setattr(rknn.representations, "fit", spy_fit)
-  monkeypatch.setattr(rknn.rknn_votes, "kmeans", spy_kmeans)
+  monkeypatch.setattr(rknn_run.representations, "fit", spy_fit)
+  monkeypatch.setattr(rknn_run.votes, "kmeans", spy_kmeans)
   real_load = data.load
   for flip_private in (False, True):
     def load(name, split, **kw):
@@ -109,7 +73,7 @@ def test_representation_and_queries_do_not_depend_on_private_data(monkeypatch):
         return data.ArrayDataset(images=255 - dataset.images,
                                  labels=(dataset.labels + 1) % 10, info=dataset.info)
       return dataset
-    monkeypatch.setattr(rknn.data, "load", load)
+    monkeypatch.setattr(rknn_run.data, "load", load)
     with pytest.raises(_StopAfterQueries):
       rknn.train_rknn(_config(), f"/nonexistent/{flip_private}", progress=False)
   test = real_load("digits", "test")
@@ -142,6 +106,7 @@ def test_end_to_end_two_rounds_with_secret_seed(tmp_path):
   assert checkpoint.latest_step(os.path.join(workdir, "checkpoints")) == 2
   meta = checkpoint.restore_metadata(os.path.join(workdir, "checkpoints"))
   assert meta["config"] == on_disk["config"] and meta["round"] == 2
+  assert meta["plan"] == rknn.make_plan(config).to_json()
   with pytest.raises(ValueError, match="already holds"):
     rknn.train_rknn(config, workdir, progress=False)
   # Everything written is released (public data + noisy counts): no private diagnostics.
@@ -162,7 +127,7 @@ def test_cli_local_mode_run(tmp_path, capsys):
   with open(os.path.join(workdir, "results.json")) as f:
     results = json.load(f)
   assert results["mode"] == "local" and results["seed"] == 3
-  assert "per record" in results["privacy_unit"]
+  assert "per record" in results["privacy_unit"] and "simulated" in results["privacy_unit"]
   # Local mode is accounted as pure 8-DP per round (binary RR dominating pair).
   assert results["epsilon"] == 8.0 and 7.5 < results["ledger_epsilon"] <= 8.0 + 1e-3
   assert results["config"]["student"]["model"] == "lenet5_half"

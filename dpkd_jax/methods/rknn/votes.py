@@ -1,4 +1,4 @@
-"""Reverse k-NN labelling votes: k-means++ queries, vote counting, central and local DP.
+"""Reverse k-NN labelling votes: k-means++ queries, vote counting, the central and local release.
 
 Reverse k-NN labelling (Li et al., "Fine-grained private knowledge distillation",
 arXiv:2207.13253): s public *queries* (k-means centres of the public representations) are
@@ -6,7 +6,8 @@ shown to the private data. Every private record adds the one-hot vector of its l
 of its k nearest queries, giving an (s, C) count matrix; each query is labelled by the arg-max
 of its noisy counts, and that label is propagated to the public samples of its cluster.
 
-Privacy of one labelling round (r = 1 label per record; relation: replace one private record):
+Privacy of one labelling round (r = 1 label per record; relation: replace one private record;
+`privacy.RKNNPlan` holds its noise parameters and `release_counts(plan, ...)` executes them):
 
 * Central DP (`central_noisy_counts`). A record contributes exactly k ones, one in each of k
   distinct rows of the count matrix (its k nearest queries, in the column of its label).
@@ -35,10 +36,12 @@ import chex
 import jax
 import jax.numpy as jnp
 
+from dpkd_jax.methods.rknn import config as config_lib
+from dpkd_jax.methods.rknn import privacy as privacy_lib
 from dpkd_jax.privacy import counts as counts_lib
 from dpkd_jax.privacy import validation
 
-DEFAULT_CHUNK_SIZE = 2048
+DEFAULT_CHUNK_SIZE = config_lib.DEFAULT_CHUNK_SIZE
 
 
 class KMeansResult(NamedTuple):
@@ -212,23 +215,25 @@ def reverse_knn_counts(embeddings: jax.Array, labels: jax.Array, queries: jax.Ar
                              chunk_size=chunk_size)
 
 
-def central_noisy_counts(key: jax.Array, counts: jax.Array, *, k: int,
-                         epsilon: float) -> jax.Array:
+def central_noisy_counts(key: jax.Array, counts: jax.Array,
+                         plan: privacy_lib.RKNNPlan) -> jax.Array:
   """Central eps-DP release of reverse k-NN counts: Laplace(2k/eps) on every cell.
 
-  Sensitivity 2 k under replace-one with r = 1 label per record (module docstring).
+  Sensitivity `plan.l1_sensitivity` = 2 k under replace-one with r = 1 label per record
+  (module docstring); eps = `plan.epsilon_per_round`.
 
   Args:
     key: a `jax.random.key`, used once.
-    counts: (s, C) counts from `reverse_knn_counts`.
-    k: neighbours per record.
-    epsilon: eps > 0 of this round.
+    counts: (s, C) counts from `reverse_knn_counts` (with k = `plan.k`).
+    plan: the run's `RKNNPlan` (central mode).
 
   Returns:
     (s, C) float32 noisy counts.
   """
-  validation.check_int("k", k, minimum=1)
-  return counts_lib.laplace_counts(key, counts, l1_sensitivity=2.0 * k, epsilon=epsilon)
+  if plan.mode != "central":
+    raise ValueError(f"central_noisy_counts needs a central plan, got mode {plan.mode!r}")
+  return counts_lib.laplace_counts(key, counts, l1_sensitivity=plan.l1_sensitivity,
+                                   epsilon=plan.epsilon_per_round)
 
 
 @functools.partial(jax.jit, static_argnames=("k", "num_classes", "epsilon", "chunk_size"))
@@ -254,32 +259,61 @@ def _local_bit_sums(key, embeddings, labels, queries, *, k, num_classes, epsilon
 
 
 def local_noisy_counts(key: jax.Array, embeddings: jax.Array, labels: jax.Array,
-                       queries: jax.Array, *, k: int, num_classes: int, epsilon: float,
+                       queries: jax.Array, plan: privacy_lib.RKNNPlan, *, num_classes: int,
                        chunk_size: int = DEFAULT_CHUNK_SIZE) -> jax.Array:
   """Local eps-DP reverse k-NN counts: per-record bit flipping, summed and debiased.
 
-  Every record flips each bit of its (s * C) vote vector (k ones) with
-  p = 1 / (e^{eps/(2k)} + 1); eps is a per-record (local) guarantee.
+  Every record flips each bit of its (s * C) vote vector (k = `plan.k` ones) with
+  p = 1 / (e^{eps/(2k)} + 1) (`plan.flip_probability`), eps = `plan.epsilon_per_round`: a
+  per-record (local) guarantee.
 
   Args:
     key: a `jax.random.key`; chunk i uses `fold_in(key, i)` once.
     embeddings: (N, d) private representations.
     labels: (N,) int private labels.
     queries: (s, d) query representations.
-    k: nearest queries each record votes for, 1 <= k <= s.
+    plan: the run's `RKNNPlan` (local mode; 1 <= k <= s).
     num_classes: C.
-    epsilon: eps > 0 per record.
     chunk_size: records per scan step (memory O(chunk_size * s * C)).
 
   Returns:
     (s, C) float32 unbiased estimates of the counts (can be negative).
   """
+  if plan.mode != "local":
+    raise ValueError(f"local_noisy_counts needs a local plan, got mode {plan.mode!r}")
+  k, epsilon = plan.k, plan.epsilon_per_round
   _check_vote_args(queries, k, num_classes, chunk_size)
-  validation.check_float("epsilon", epsilon, positive=True)
   chex.assert_rank([embeddings, labels, queries], [2, 1, 2])
   sums = _local_bit_sums(key, embeddings, labels, queries, k=k, num_classes=num_classes,
                          epsilon=float(epsilon), chunk_size=chunk_size)
   return counts_lib.ldp_unbiased_counts(sums, embeddings.shape[0], epsilon=epsilon, k=k, r=1)
+
+
+def release_counts(plan: privacy_lib.RKNNPlan, key: jax.Array, embeddings: jax.Array,
+                   labels: jax.Array, queries: jax.Array, *, num_classes: int,
+                   chunk_size: int = DEFAULT_CHUNK_SIZE) -> jax.Array:
+  """One round's released (s, C) counts, with the plan's mode, k and ε_r (the only release).
+
+  The exact counts never leave this function; k is taken from the plan for the votes counted
+  as well as for the noise, so the sensitivity 2 k the plan accounts is the one executed.
+
+  Args:
+    plan: the run's `RKNNPlan`.
+    key: a `jax.random.key`, used once by the mechanism.
+    embeddings: (N, d) private representations; labels: (N,) their int labels.
+    queries: (s, d) the round's public queries.
+    num_classes: C.
+    chunk_size: private records per scan step.
+
+  Returns:
+    (s, C) float32 noisy counts (central) or unbiased estimates (local).
+  """
+  if plan.mode == "central":
+    exact = reverse_knn_counts(embeddings, labels, queries, k=plan.k, num_classes=num_classes,
+                               chunk_size=chunk_size)
+    return central_noisy_counts(key, exact, plan)
+  return local_noisy_counts(key, embeddings, labels, queries, plan, num_classes=num_classes,
+                            chunk_size=chunk_size)
 
 
 def propagate_labels(noisy_counts: jax.Array, assignments: jax.Array) -> jax.Array:
