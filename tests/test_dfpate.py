@@ -11,8 +11,8 @@ import pytest
 
 from dpkd_jax import data
 from dpkd_jax.methods import dfpate
-from dpkd_jax.methods import dfpate_student
-from dpkd_jax.methods import dfpate_teachers
+from dpkd_jax.methods.dfpate import student as dfpate_student
+from dpkd_jax.methods.dfpate import teachers as dfpate_teachers
 from dpkd_jax.privacy import accounting
 from dpkd_jax.privacy import ledger as ledger_lib
 from dpkd_jax.train import checkpoint

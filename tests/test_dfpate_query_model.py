@@ -15,8 +15,8 @@ from dp_accounting import dp_event
 
 from dpkd_jax import data
 from dpkd_jax.methods import dfpate
-from dpkd_jax.methods import dfpate_query_model as qm
-from dpkd_jax.methods import dfpate_student
+from dpkd_jax.methods.dfpate import query_model as qm
+from dpkd_jax.methods.dfpate import student as dfpate_student
 from dpkd_jax.privacy import accounting
 from dpkd_jax.privacy import ledger as ledger_lib
 from dpkd_jax.train import checkpoint

@@ -36,7 +36,7 @@ import pytest
 from dpkd_jax import data
 from dpkd_jax import teacher as teacher_lib
 from dpkd_jax.methods import dfpate
-from dpkd_jax.methods import dfpate_query_model
+from dpkd_jax.methods.dfpate import query_model as dfpate_query_model
 from dpkd_jax.methods import dpdfd
 from dpkd_jax.methods import dpdfd_direct
 from dpkd_jax.methods import dpsgd

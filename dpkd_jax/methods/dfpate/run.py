@@ -51,9 +51,9 @@ from flax import nnx
 from dpkd_jax import data
 from dpkd_jax import models
 from dpkd_jax.data import procedural
-from dpkd_jax.methods import dfpate_query_model
-from dpkd_jax.methods import dfpate_student
-from dpkd_jax.methods import dfpate_teachers
+from dpkd_jax.methods.dfpate import query_model as dfpate_query_model
+from dpkd_jax.methods.dfpate import student as dfpate_student
+from dpkd_jax.methods.dfpate import teachers as dfpate_teachers
 from dpkd_jax.privacy import accounting
 from dpkd_jax.privacy import aggregation
 from dpkd_jax.privacy import calibration
