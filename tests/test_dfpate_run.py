@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from dpkd_jax.methods import dfpate
-from dpkd_jax.methods.dfpate import student as dfpate_student
+from dpkd_jax.methods.dfpate import student as student_lib
 from dpkd_jax.privacy import accounting
 from dpkd_jax.privacy import ledger as ledger_lib
 from dpkd_jax.train import checkpoint
@@ -114,7 +114,7 @@ def test_teacher_self_training_runs_and_reports_both_ensembles(tmp_path):
 
 def test_student_self_training_uses_only_confident_own_labels(tmp_path):
   probs = np.array([[0.97, 0.03], [0.6, 0.4], [0.01, 0.99]])
-  targets, weights = dfpate_student.pseudo_label_targets(probs, threshold=0.95)
+  targets, weights = student_lib.pseudo_label_targets(probs, threshold=0.95)
   np.testing.assert_array_equal(targets, [[1, 0], [1, 0], [0, 1]])
   np.testing.assert_array_equal(weights, [1, 0, 1])
   config = dfpate.DFPATEConfig(**_TINY_DPQ, target_epsilon=8.0, student_pseudo_pool=32,
