@@ -1,10 +1,9 @@
-"""Tests of the DP query model (methods/dfpate_query_model.py) and its use by data-free PATE.
+"""Tests of the DP query model of data-free PATE (`dfpate.query_model`).
 
 Its three releases (clipping, noise, sensitivity) are tested in test_query_model_releases.py.
 """
 
 import math
-import os
 
 import chex
 import jax
@@ -14,12 +13,8 @@ import pytest
 from dp_accounting import dp_event
 
 from dpkd_jax import data
-from dpkd_jax.methods import dfpate
-from dpkd_jax.methods import dfpate_query_model as qm
-from dpkd_jax.methods import dfpate_student
+from dpkd_jax.methods.dfpate import query_model as qm
 from dpkd_jax.privacy import accounting
-from dpkd_jax.privacy import ledger as ledger_lib
-from dpkd_jax.train import checkpoint
 
 _NO_NOISE = dict(pca_noise_multiplier=0.0, kmeans_noise_multiplier=0.0,
                  variance_noise_multiplier=0.0)
@@ -100,58 +95,3 @@ def test_bad_images_and_too_many_components(digits):
                        qm.QueryModelConfig())
   with pytest.raises(ValueError, match="num_components"):
     qm.fit_query_model(jax.random.key(0), digits.images, qm.QueryModelConfig(num_components=785))
-
-
-# ------------------------------------------------------------------------ in data-free PATE
-
-_TINY = dict(dataset="digits", num_teachers=4, teacher_epochs=1, teacher_batch_size=32,
-             rounds=2, queries_per_round=16, pool_factor=2, student_model="lenet5_half",
-             student_epochs=1, student_batch_size=16, seed=0, query_source="dp_model",
-             query_model_components=6, query_model_clusters=4)
-
-
-def test_dfpate_with_the_query_model_charges_it_and_meets_the_target(tmp_path):
-  config = dfpate.DFPATEConfig(**_TINY, target_epsilon=8.0)
-  results = dfpate.train_dfpate(config, str(tmp_path / "run"), progress=False)
-  sigma = results["noise_std"]
-  total = accounting.epsilon(config.total_event(sigma), delta=1e-5)
-  votes_only = accounting.epsilon(accounting.pate_event(noise_std=sigma, num_queries=32),
-                                  delta=1e-5)
-  assert results["epsilon"] == pytest.approx(total, rel=1e-9)
-  assert votes_only < total <= 8.0 and total > 7.9
-  meta = checkpoint.restore_metadata(str(tmp_path / "run" / "checkpoints"))
-  ledger = ledger_lib.PrivacyLedger.from_json(meta["ledger"])
-  assert len(ledger.entries) == 3  # the query model, then one entry per round
-  assert ledger.spent_epsilon() == pytest.approx(total, rel=1e-6)
-  assert os.path.exists(tmp_path / "run" / "samples.png")
-
-
-def test_teacher_self_training_runs_and_reports_both_ensembles(tmp_path):
-  config = dfpate.DFPATEConfig(**_TINY, target_epsilon=8.0, teacher_self_training_pool=24,
-                               teacher_self_training_epochs=1, teacher_pseudo_threshold=0.0)
-  results = dfpate.train_dfpate(config, str(tmp_path / "run"), progress=False)
-  private = results["private_diagnostics"]  # noiseless functions of the teachers
-  assert "teachers" not in results and set(private["teachers"]) == set(
-      private["teachers_before_self_training"])
-  assert results["epsilon"] <= 8.0  # self-training is post-processing of the query model
-  with pytest.raises(ValueError, match="dp_model"):
-    dfpate.DFPATEConfig(**{**_TINY, "query_source": "procedural"},
-                        teacher_self_training_pool=10)
-
-
-def test_student_self_training_uses_only_confident_own_labels(tmp_path):
-  probs = np.array([[0.97, 0.03], [0.6, 0.4], [0.01, 0.99]])
-  targets, weights = dfpate_student.pseudo_label_targets(probs, threshold=0.95)
-  np.testing.assert_array_equal(targets, [[1, 0], [1, 0], [0, 1]])
-  np.testing.assert_array_equal(weights, [1, 0, 1])
-  config = dfpate.DFPATEConfig(**_TINY, target_epsilon=8.0, student_pseudo_pool=32,
-                               student_pseudo_threshold=0.0)
-  results = dfpate.train_dfpate(config, str(tmp_path / "run"), progress=False)
-  assert results["num_queries"] == 32 and results["epsilon"] <= 8.0  # pool is not queried
-
-
-def test_query_model_spending_the_whole_target_is_refused():
-  with pytest.raises(ValueError, match="query_model_noise"):
-    dfpate.DFPATEConfig(**_TINY, target_epsilon=0.05).resolved_noise_std()
-  with pytest.raises(ValueError, match="query_source"):
-    dfpate.DFPATEConfig(**{**_TINY, "query_source": "web"})

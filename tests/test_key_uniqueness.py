@@ -36,7 +36,7 @@ import pytest
 from dpkd_jax import data
 from dpkd_jax import teacher as teacher_lib
 from dpkd_jax.methods import dfpate
-from dpkd_jax.methods import dfpate_query_model
+from dpkd_jax.methods.dfpate import query_model as dfpate_qm
 from dpkd_jax.methods import dpdfd
 from dpkd_jax.methods import dpdfd_direct
 from dpkd_jax.methods import dpsgd
@@ -150,10 +150,10 @@ def test_recorder_sees_jit_vmap_and_loops_and_catches_split_beside_fold_in(recor
 def test_query_model_noise_and_redraws_have_their_own_keys(recorder):
   # Fails with the re-draw key fold_in(key_t, 1) == split(key_t)[1] (the count noise's key).
   images = data.load("digits", "train").images[:200]
-  config = dfpate_query_model.QueryModelConfig(num_components=4, num_clusters=6,
-                                               kmeans_iterations=3)
+  config = dfpate_qm.QueryModelConfig(num_components=4, num_clusters=6,
+                                      kmeans_iterations=3)
   with recorder.collect() as uses:
-    dfpate_query_model.fit_query_model(jax.random.key(0), images, config)
+    dfpate_qm.fit_query_model(jax.random.key(0), images, config)
   _assert_distinct(uses, minimum=1 + 1 + 3 * 3 + 1)
 
 

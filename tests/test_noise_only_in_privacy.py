@@ -57,10 +57,10 @@ ALLOWED: dict[tuple[str, str, str], str] = {
         "epoch shuffles of a training set (`epoch_batches`): data-independent orders"),
     ("representations/simclr.py", "_make_train_step.train_step", "choice"): (
         "SimCLR batch indices over PUBLIC images (module docstring: public images only)"),
-    ("methods/dfpate_teachers.py", "train_ensemble", "permutation"): (
+    ("methods/dfpate/teachers.py", "train_ensemble", "permutation"): (
         "teachers' epoch shuffles: data-independent orders; the teachers are not private (the "
         "vote aggregation in privacy/aggregation.py is the release)"),
-    ("methods/dfpate_student.py", "train_student", "permutation"): (
+    ("methods/dfpate/student.py", "train_student", "permutation"): (
         "student epoch shuffles over queries and labels already released (post-processing)"),
     ("methods/rona.py", "_query_batches", "permutation"): "order of PUBLIC query samples",
     ("methods/rona.py", "train_rona", "permutation"): (
@@ -74,11 +74,11 @@ ALLOWED: dict[tuple[str, str, str], str] = {
     ("methods/query_selection.py", "random_selection", "choice"): (
         "uniform selection of candidate queries (baseline), no data involved"),
     # --- DF-PATE query model: post-processing of its DP releases (privacy/query_model_releases)
-    ("methods/dfpate_query_model.py", "fit_query_model.draw", "normal"): (
+    ("methods/dfpate/query_model.py", "fit_query_model.draw", "normal"): (
         "centroid init / re-draw from the released Gaussian fit (post-processing)"),
-    ("methods/dfpate_query_model.py", "sample_queries", "choice"): (
+    ("methods/dfpate/query_model.py", "sample_queries", "choice"): (
         "cluster of a query, by the released noisy counts (post-processing)"),
-    ("methods/dfpate_query_model.py", "sample_queries", "normal"): (
+    ("methods/dfpate/query_model.py", "sample_queries", "normal"): (
         "query drawn from the released mixture (post-processing)"),
 }
 

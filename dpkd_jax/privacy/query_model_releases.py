@@ -1,6 +1,6 @@
 """The three Gaussian releases of data-free PATE's DP query model (DP-PCA + DP k-means).
 
-`methods/dfpate_query_model.py` fits a mixture model of the private images for drawing
+`methods/dfpate/query_model.py` fits a mixture model of the private images for drawing
 queries; every value it computes from the private rows and releases crosses one function
 here, which clips the rows and adds the noise:
 

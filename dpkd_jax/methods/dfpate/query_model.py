@@ -38,8 +38,8 @@ import jax.numpy as jnp
 import numpy as np
 from dp_accounting import dp_event
 
+from dpkd_jax import config_checks as checks
 from dpkd_jax.privacy import query_model_releases as releases
-from dpkd_jax.privacy import validation
 
 # Streams of the fit key, stream i = fold_in(key, i) (= split(key, n)[i] for any n, so a
 # stream appended here leaves the others unchanged). One purpose each: "redraw" feeds the
@@ -82,14 +82,11 @@ class QueryModelConfig:
   temperature: float = 1.0
 
   def __post_init__(self):
-    for name in ("num_components", "num_clusters", "kmeans_iterations"):
-      validation.check_int(name, getattr(self, name), minimum=1)
-    for name in ("l2_norm_bound", "constant", "projection_bound", "residual_bound",
-                 "temperature"):
-      validation.check_float(name, getattr(self, name), positive=True)
-    for name in ("pca_noise_multiplier", "kmeans_noise_multiplier",
-                 "variance_noise_multiplier", "min_count"):
-      validation.check_float(name, getattr(self, name), positive=False)
+    checks.integers(self, "num_components", "num_clusters", "kmeans_iterations")
+    checks.positive(self, "l2_norm_bound", "constant", "projection_bound", "residual_bound",
+                    "temperature")
+    checks.non_negative(self, "pca_noise_multiplier", "kmeans_noise_multiplier",
+                        "variance_noise_multiplier", "min_count")
 
   @property
   def moment_sensitivity(self) -> float:

@@ -7,12 +7,15 @@ trains all of them together (one compilation, not n runs). Shards come from
 stack; shard i trains teacher i only, which is what makes one private record change at most
 one teacher (`privacy.aggregation`). Teachers are not private; everything that leaves this
 module towards a student must go through `aggregation.noisy_histogram`.
+
+`get_teachers` (trained or reused from `teachers_dir`) and `self_train_teachers` build the
+ensemble of a run from its config.
 """
 
 from __future__ import annotations
 
 import functools
-from collections.abc import Callable, Sequence
+import time
 from typing import Any, NamedTuple
 
 import jax
@@ -21,10 +24,15 @@ import numpy as np
 import optax
 from flax import nnx
 
+from dpkd_jax import config_checks
 from dpkd_jax import data
 from dpkd_jax import errors
 from dpkd_jax import models
+from dpkd_jax.methods.dfpate import config as config_lib
+from dpkd_jax.methods.dfpate import query_model as query_model_lib
+from dpkd_jax.methods.dfpate import teacher_models
 from dpkd_jax.models import core
+from dpkd_jax.train import checkpoint
 from dpkd_jax.train import evaluate
 
 PyTree = Any
@@ -33,78 +41,6 @@ PyTree = Any
 _SHIFT = 2
 # Teacher-image pairs per `ensemble_logits` call (bounds its memory to ~1 GB for PatchCNN).
 _TEACHER_IMAGES_PER_CALL = 25_000
-
-
-class MLP(nnx.Module):
-  """flatten → dense(hidden) → ReLU → dense(hidden) → ReLU → dense(classes).
-
-  The default teacher: vmapped over n teachers its layers are batched matrix products, which
-  XLA runs fast on CPU, whereas vmapped convolutions become grouped convolutions (slow there).
-  Same keyword signature as every registry classifier; `norm` must be "none".
-  """
-
-  def __init__(self, *, num_classes: int, input_shape: Sequence[int], norm: str = "none",
-               rngs: nnx.Rngs, hidden_width: int = 128):
-    if norm != "none":
-      raise ValueError(f"MLP has no normalisation layers; norm must be 'none', got {norm!r}")
-    size = int(np.prod(input_shape))
-    self.fc1 = nnx.Linear(size, hidden_width, rngs=rngs)
-    self.fc2 = nnx.Linear(hidden_width, hidden_width, rngs=rngs)
-    self.head = nnx.Linear(hidden_width, num_classes, rngs=rngs)
-
-  def __call__(self, x: jax.Array, *, train: bool = False) -> core.ClassifierOutput:
-    del train  # no dropout / normalisation
-    hidden = jax.nn.relu(self.fc1(x.reshape(x.shape[0], -1)))  # (B, hidden)
-    features = jax.nn.relu(self.fc2(hidden))  # (B, hidden)
-    return core.ClassifierOutput(self.head(features), features, hidden)
-
-
-class PatchCNN(nnx.Module):
-  """Two 5×5 stride-2 convolutions (widths 8, 16) → ReLU → dense(classes), as patch matmuls.
-
-  Each convolution extracts 5×5 patches (`conv_general_dilated_patches`, no parameters) and
-  multiplies them by an (in·25, out) kernel, so n vmapped teachers run batched matrix
-  products instead of CPU-slow grouped convolutions. Shapes at 28×28×C: (14, 14, 8) →
-  (7, 7, 16) → 784 features. Same keyword signature as the registry; `norm` must be "none".
-  """
-
-  def __init__(self, *, num_classes: int, input_shape: Sequence[int], norm: str = "none",
-               rngs: nnx.Rngs, widths: tuple[int, int] = (8, 16)):
-    if norm != "none":
-      raise ValueError(f"PatchCNN has no normalisation layers; norm must be 'none', got {norm!r}")
-    height, width, channels = (int(s) for s in input_shape)
-    self.conv1 = nnx.Linear(channels * 25, widths[0], rngs=rngs)
-    self.conv2 = nnx.Linear(widths[0] * 25, widths[1], rngs=rngs)
-    out_h, out_w = -(-(-(-height // 2)) // 2), -(-(-(-width // 2)) // 2)
-    self.head = nnx.Linear(out_h * out_w * widths[1], num_classes, rngs=rngs)
-
-  @staticmethod
-  def _patches(x: jax.Array) -> jax.Array:
-    """(B, H, W, C) → (B, ceil(H/2), ceil(W/2), 25·C) 5×5 patches at stride 2 ("SAME").
-
-    Built from 25 strided slices of the padded input (memory moves only): XLA's CPU
-    patch extraction is itself a grouped convolution, which is what we avoid.
-    """
-    height, width = x.shape[1:3]
-    out_h, out_w = -(-height // 2), -(-width // 2)
-    pad_h, pad_w = max((out_h - 1) * 2 + 5 - height, 0), max((out_w - 1) * 2 + 5 - width, 0)
-    padded = jnp.pad(x, ((0, 0), (pad_h // 2, pad_h - pad_h // 2),
-                         (pad_w // 2, pad_w - pad_w // 2), (0, 0)))
-    slices = [padded[:, i:i + 2 * out_h:2, j:j + 2 * out_w:2, :]
-              for i in range(5) for j in range(5)]  # 25 × (B, out_h, out_w, C)
-    return jnp.concatenate(slices, axis=-1)
-
-  def __call__(self, x: jax.Array, *, train: bool = False) -> core.ClassifierOutput:
-    del train
-    hint = jax.nn.relu(self.conv1(self._patches(x)))  # (B, H/2, W/2, 8)
-    maps = jax.nn.relu(self.conv2(self._patches(hint)))  # (B, H/4, W/4, 16)
-    features = maps.reshape(maps.shape[0], -1)
-    return core.ClassifierOutput(self.head(features), features, hint)
-
-
-# Teacher architectures: the zoo's classifiers plus the MLP above (explicit registry).
-TEACHER_MODELS: dict[str, Callable[..., nnx.Module]] = {"mlp": MLP, "patch_cnn": PatchCNN,
-                                                         **models.CLASSIFIERS}
 
 
 class Ensemble(NamedTuple):
@@ -125,10 +61,10 @@ class Ensemble(NamedTuple):
 
 def init_ensemble(model: str, num_teachers: int, info: data.DatasetInfo,
                   key: jax.Array) -> Ensemble:
-  """`num_teachers` independently initialised copies of `TEACHER_MODELS[model]` (norm "none").
+  """`num_teachers` independently initialised copies of a teacher architecture (norm "none").
 
   Args:
-    model: a key of `TEACHER_MODELS`.
+    model: a key of `teacher_models.TEACHER_MODELS`.
     num_teachers: n >= 1.
     info: the private dataset's info (classes, image shape).
     key: a `jax.random.key`; teacher i initialises from `fold_in(key, i)`.
@@ -136,14 +72,11 @@ def init_ensemble(model: str, num_teachers: int, info: data.DatasetInfo,
   Returns:
     The `Ensemble` (params stacked to (n, ...)).
   """
-  if num_teachers < 1:
-    raise ValueError(f"num_teachers must be >= 1, got {num_teachers}")
-
-  if model not in TEACHER_MODELS:
-    raise ValueError(f"unknown teacher model {model!r}; choose one of {sorted(TEACHER_MODELS)}")
+  config_checks.integer("num_teachers", num_teachers, minimum=1)
+  config_checks.one_of("teacher model", model, teacher_models.TEACHER_MODELS)
 
   def build(init_key: jax.Array) -> core.ModelParts:
-    return models.split(TEACHER_MODELS[model](
+    return models.split(teacher_models.TEACHER_MODELS[model](
         num_classes=info.num_classes, input_shape=info.image_shape, norm="none",
         rngs=nnx.Rngs(init_key)))
 
@@ -338,3 +271,71 @@ def ensemble_accuracy(ensemble: Ensemble, dataset: data.ArrayDataset) -> dict[st
   return {"teacher_mean": float((votes == dataset.labels[None]).mean()),
           "plurality": float((counts.argmax(-1) == dataset.labels).mean()),
           "agreement": float(counts.max(-1).mean() / ensemble.size)}
+
+
+def get_teachers(config: config_lib.DFPATEConfig, train: data.ArrayDataset,
+                 test: data.ArrayDataset, *, init_key: jax.Array, train_key: jax.Array
+                 ) -> tuple[Ensemble, float, dict[str, float]]:
+  """(ensemble, training seconds, test report): restored from `teachers_dir` if it matches,
+  else trained (and saved there). The test report (`ensemble_accuracy`, n forward passes per
+  test image: minutes on CPU) is computed once and stored beside the ensemble.
+
+  Args:
+    config: the run (teacher fields, `teachers_dir`).
+    train, test: the private training set and the test set.
+    init_key, train_key: keys of `init_ensemble` and `train_ensemble`.
+  """
+  info = config.info
+  ensemble = init_ensemble(config.teacher_model, config.num_teachers, info, init_key)
+  saved_dir = config.teachers_dir
+  if saved_dir and checkpoint.latest_step(saved_dir) is not None:
+    meta = checkpoint.restore_metadata(saved_dir)
+    if meta.get("identity") != config.teacher_identity():
+      raise ValueError(f"{saved_dir!r} holds an ensemble trained for {meta.get('identity')},"
+                       f" not {config.teacher_identity()}; use another teachers_dir")
+    params, meta = checkpoint.restore(saved_dir, ensemble.params)
+    ensemble = Ensemble(ensemble.graphdef, params)
+    if "report" not in meta:  # an ensemble saved without its report: add it once
+      meta["report"] = ensemble_accuracy(ensemble, test)
+      checkpoint.save(saved_dir, checkpoint.latest_step(saved_dir) + 1,
+                      jax.device_get(ensemble.params), meta)
+    return ensemble, float(meta["train_seconds"]), meta["report"]
+  images, labels = equal_shards(train, config.num_teachers, seed=config.shard_seed)
+  start = time.perf_counter()
+  ensemble, _ = train_ensemble(
+      ensemble, images, labels, info, train_key, epochs=config.teacher_epochs,
+      batch_size=min(config.teacher_batch_size, labels.shape[1]),
+      learning_rate=config.teacher_lr)
+  seconds = time.perf_counter() - start
+  report = ensemble_accuracy(ensemble, test)
+  if saved_dir:
+    checkpoint.save(saved_dir, 0, jax.device_get(ensemble.params),
+                    {"identity": config.teacher_identity(), "train_seconds": seconds,
+                     "report": report})
+  return ensemble, seconds, report
+
+
+def self_train_teachers(config: config_lib.DFPATEConfig, ensemble: Ensemble,
+                        train: data.ArrayDataset, query_model: query_model_lib.QueryModel, *,
+                        pool_key: jax.Array, train_key: jax.Array) -> tuple[Ensemble, float]:
+  """`self_train` on samples of the released query model (not cached: the pool depends on
+  the run's secret seed). Returns (ensemble, seconds).
+
+  Args:
+    config: the run (`teacher_self_training_*` fields).
+    ensemble: the trained teachers.
+    train: the private training set (re-cut into the same shards).
+    query_model: the released DP query model (its samples are public).
+    pool_key, train_key: keys of the pool's samples and of the continued training.
+  """
+  start = time.perf_counter()
+  pool = query_model_lib.sample_queries(
+      pool_key, query_model, config.teacher_self_training_pool, config.info.image_shape,
+      temperature=config.query_temperature)
+  images, labels = equal_shards(train, config.num_teachers, seed=config.shard_seed)
+  ensemble, _ = self_train(
+      ensemble, images, labels, pool, config.info, train_key,
+      epochs=config.teacher_self_training_epochs,
+      batch_size=min(config.teacher_batch_size, labels.shape[1]),
+      learning_rate=config.teacher_lr, threshold=config.teacher_pseudo_threshold)
+  return ensemble, time.perf_counter() - start

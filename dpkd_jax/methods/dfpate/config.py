@@ -1,0 +1,150 @@
+"""The configuration of a data-free PATE run: flags -> `DFPATEConfig` (validated, frozen).
+
+The config holds what the user asked for; it resolves no noise. σ of the vote histograms
+(given, or calibrated to `target_epsilon`) and the query model's noise multipliers are
+resolved once, by `privacy.make_plan`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+from dpkd_jax import config_checks as checks
+from dpkd_jax import data
+from dpkd_jax import models
+from dpkd_jax.data import procedural
+from dpkd_jax.methods.dfpate import student
+from dpkd_jax.methods.dfpate import teacher_models
+from dpkd_jax.privacy import aggregation
+from dpkd_jax.privacy import seeds
+
+QUERY_SOURCES = ("procedural", "dp_model")
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class DFPATEConfig:
+  """A data-free PATE run. Privacy fields first, then teachers, queries, student.
+
+  Attributes:
+    dataset, data_dir: the private dataset and the directory of `<dataset>.npz`.
+    target_epsilon: ε budget for all Q queries; σ is calibrated to it when `noise_std` is None.
+    noise_std: σ per histogram bin; None = calibrate; 0 = no noise (ε = ∞, a baseline).
+    delta: δ.
+    use_teachers: False replaces every vote histogram by zeros before the noise (a baseline
+      that never touches the private data: ε = 0).
+    num_teachers, teacher_model, teacher_epochs, teacher_batch_size, teacher_lr: the ensemble
+      (`teacher_model`: a key of `dfpate.teacher_models.TEACHER_MODELS`, built with norm
+      "none").
+    shard_seed: public seed of the shard assignment.
+    teacher_self_training_pool: P > 0 (needs query_source="dp_model"): after training, every
+      teacher labels P samples of the released query model with its OWN confident
+      predictions and trains on its shard plus those (`dfpate.teachers.self_train`; each
+      teacher still depends on one shard only). 0 = off.
+    teacher_self_training_epochs, teacher_pseudo_threshold: epochs of that training and the
+      confidence a teacher needs to label a pool image.
+    teachers_dir: save the trained ensemble there, or reuse it if it holds one of the same
+      dataset, shards and training fields.
+    votes: "hard" (one-hot argmax per teacher) or "soft" (probabilities).
+    rounds, queries_per_round, pool_factor: Q = rounds · queries_per_round; rounds >= 1 pick
+      from a pool `pool_factor` times larger with the student (1 = no selection).
+    query_source: "procedural" (public randomness, no privacy cost) or "dp_model" (samples
+      of a DP mixture of the private images, `dfpate.query_model`; its releases are charged).
+    query_model_components, query_model_clusters: m and k of the DP query model.
+    query_model_noise: multiplies the default noise multipliers of the query model's three
+      kinds of release (`dfpate.query_model.QueryModelConfig`; larger = cheaper, noisier).
+    query_temperature: scales the per-cluster standard deviation of the query samples.
+    invert_probability: chance that a procedural image has inverted polarity.
+    target, margin_threshold: student targets (`dfpate.student.targets_from_votes`).
+    student_model, student_epochs, student_batch_size, student_lr: the student (epochs per
+      round, over every query answered so far).
+    student_pseudo_pool, student_pseudo_threshold: from round 1 on, the student also trains
+      on this many fresh unanswered queries that it labels itself with confidence >= the
+      threshold (self-training; post-processing, no privacy cost). 0 = off.
+    seed: root seed; None (default) draws a secret one.
+  """
+
+  dataset: str
+  data_dir: str | None = None
+  target_epsilon: float | None = 10.0
+  noise_std: float | None = None
+  delta: float = 1e-5
+  use_teachers: bool = True
+  num_teachers: int = 250
+  teacher_model: str = "mlp"
+  teacher_epochs: int = 20
+  teacher_batch_size: int = 32
+  teacher_lr: float = 3e-3
+  shard_seed: int = 0
+  teachers_dir: str | None = None
+  teacher_self_training_pool: int = 0
+  teacher_self_training_epochs: int = 5
+  teacher_pseudo_threshold: float = 0.9
+  votes: str = "hard"
+  rounds: int = 2
+  queries_per_round: int = 1000
+  pool_factor: int = 5
+  query_source: str = "procedural"
+  query_model_components: int = 20
+  query_model_clusters: int = 40
+  query_model_noise: float = 1.0
+  query_temperature: float = 1.0
+  invert_probability: float = 0.5
+  target: str = "hard"
+  margin_threshold: float = 0.0
+  student_model: str = "lenet5"
+  student_epochs: int = 20
+  student_batch_size: int = 64
+  student_lr: float = 1e-3
+  student_pseudo_pool: int = 0
+  student_pseudo_threshold: float = 0.95
+  seed: int | None = None
+
+  def __post_init__(self):
+    checks.one_of("dataset", self.dataset, data.DATASETS)
+    checks.one_of("teacher_model", self.teacher_model, teacher_models.TEACHER_MODELS)
+    checks.one_of("student_model", self.student_model, models.CLASSIFIERS)
+    checks.one_of("votes", self.votes, aggregation.VOTE_KINDS)
+    checks.one_of("query_source", self.query_source, QUERY_SOURCES)
+    checks.one_of("target", self.target, student.TARGET_KINDS)
+    checks.integers(self, "num_teachers", "teacher_epochs", "teacher_batch_size", "rounds",
+                    "queries_per_round", "pool_factor", "student_epochs", "student_batch_size",
+                    "teacher_self_training_epochs", "query_model_components",
+                    "query_model_clusters")
+    checks.integers(self, "shard_seed", "teacher_self_training_pool", "student_pseudo_pool",
+                    minimum=0)
+    checks.positive(self, "teacher_lr", "student_lr", "query_model_noise", "query_temperature")
+    for name in ("margin_threshold", "teacher_pseudo_threshold", "student_pseudo_threshold",
+                 "invert_probability"):
+      checks.fraction(name, getattr(self, name), open_low=False, open_high=False)
+    if self.teacher_self_training_pool and self.query_source != "dp_model":
+      raise ValueError("teacher_self_training_pool needs query_source='dp_model' (the pool "
+                       "is drawn from the released query model)")
+    if self.noise_std is None and self.target_epsilon is None:
+      raise ValueError("give target_epsilon (σ is calibrated) or noise_std")
+    if self.target_epsilon is not None and not self.target_epsilon > 0:
+      raise ValueError(f"target_epsilon must be > 0, got {self.target_epsilon!r}")
+    if self.noise_std is not None:
+      checks.non_negative(self, "noise_std")
+    checks.fraction("delta", self.delta)
+    seeds.resolve_seed(0 if self.seed is None else self.seed)  # validates an explicit seed
+
+  @property
+  def info(self) -> data.DatasetInfo:
+    return data.DATASETS[self.dataset]
+
+  @property
+  def num_queries(self) -> int:
+    """Q = rounds · queries_per_round, the noisy histograms the run releases."""
+    return self.rounds * self.queries_per_round
+
+  def procedural_config(self) -> procedural.ProceduralConfig:
+    """The public generator of procedural queries (no privacy cost)."""
+    return procedural.ProceduralConfig(image_shape=self.info.image_shape,
+                                       invert_probability=self.invert_probability)
+
+  def teacher_identity(self) -> dict[str, Any]:
+    """What a saved ensemble must have been trained with to be reused."""
+    return {"dataset": self.dataset, **{name: getattr(self, name) for name in (
+        "num_teachers", "teacher_model", "teacher_epochs", "teacher_batch_size", "teacher_lr",
+        "shard_seed")}}
