@@ -67,6 +67,6 @@ def fraction(name: str, value: Any, *, open_low: bool = True, open_high: bool = 
 
 
 def seed(value: Any) -> None:
-  """A run's seed: None (a secret one is drawn) or a non-negative integer."""
-  if value is not None:
-    integer("seed", value, minimum=0)
+  """A run's seed: None (a secret one is drawn) or an integer in [0, 2**64) (64-bit keys)."""
+  if value is not None and integer("seed", value, minimum=0) >= 2**64:
+    raise ValueError(f"seed must be < 2**64, got {value}")

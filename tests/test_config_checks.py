@@ -62,7 +62,7 @@ def test_fraction_intervals():
 
 def test_seed():
   checks.seed(None)
-  checks.seed(2**63)
-  for bad in (-1, True, 1.0):
+  checks.seed(2**64 - 1)
+  for bad in (-1, True, 1.0, 2**64):
     with pytest.raises(ValueError, match="seed"):
       checks.seed(bad)
