@@ -18,7 +18,6 @@ _PENDING = {
     "methods/rknn.py:train_rknn",
     "methods/rona.py:train_rona",
     "methods/srr.py:train_srr",
-    "teacher.py:train_teacher",
 }
 
 
