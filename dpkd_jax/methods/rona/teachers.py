@@ -25,6 +25,7 @@ from dpkd_jax import data
 from dpkd_jax import errors
 from dpkd_jax import models
 from dpkd_jax import teacher as teacher_lib
+from dpkd_jax.methods.rona.config import RONAConfig
 from dpkd_jax.models import core
 from dpkd_jax.privacy import seeds
 from dpkd_jax.train import checkpoint
@@ -107,13 +108,13 @@ def _load(workdir: str, info: data.DatasetInfo) -> teacher_lib.Teacher:
                                   input_shape=info.image_shape)
 
 
-def load_or_train_teacher(config, workdir: str, *, progress: bool,
+def load_or_train_teacher(config: RONAConfig, workdir: str, *, progress: bool,
                           mesh: jax.sharding.Mesh) -> teacher_lib.Teacher:
   """The cumbersome teacher: `config.teacher_dir`, else trained on the whole training split
   (public + sensitive) in `<workdir>/teacher` (reused if its card exists).
 
   Args:
-    config: a `rona.RONAConfig`.
+    config: the RONA run's config.
     workdir: the RONA workdir.
     progress, mesh: as for `teacher.train_teacher`.
   """
@@ -129,8 +130,9 @@ def load_or_train_teacher(config, workdir: str, *, progress: bool,
   return _load(teacher_dir, config.info)
 
 
-def load_or_train_aux_teacher(config, public: data.ArrayDataset, public_split: dict[str, Any],
-                              teacher: teacher_lib.Teacher, workdir: str, *, progress: bool,
+def load_or_train_aux_teacher(config: RONAConfig, public: data.ArrayDataset,
+                              public_split: dict[str, Any], teacher: teacher_lib.Teacher,
+                              workdir: str, *, progress: bool,
                               mesh: jax.sharding.Mesh) -> teacher_lib.Teacher:
   """The auxiliary teacher: `config.aux_teacher_dir`, else the teacher's recipe (model, norm,
   optimizer, augmentation) with `config.teacher_epochs`/`teacher_seed` on `public` only, in
@@ -159,8 +161,8 @@ def load_or_train_aux_teacher(config, public: data.ArrayDataset, public_split: d
   return aux
 
 
-def teachers(config, public_split: dict[str, Any], public: data.ArrayDataset, workdir: str, *,
-             progress: bool, mesh: jax.sharding.Mesh
+def teachers(config: RONAConfig, public_split: dict[str, Any], public: data.ArrayDataset,
+             workdir: str, *, progress: bool, mesh: jax.sharding.Mesh
              ) -> tuple[teacher_lib.Teacher, teacher_lib.Teacher | None]:
   """(teacher, auxiliary teacher); the auxiliary one only for the adaptive bound (the only use
   of it), checked to share the hint shape its norms stand in for."""
