@@ -162,9 +162,10 @@ def _split_fields(config: TeacherConfig, num_train: int, source: dict[str, Any])
           "shard_seed": config.shard_seed, "num_train_examples": num_train, **source}
 
 
-def _card(config: TeacherConfig, state: TrainState, test: data.ArrayDataset, *,
+def make_card(config: TeacherConfig, state: TrainState, test: data.ArrayDataset, *,
           split: dict[str, Any], seconds: tuple[float, float]) -> dict[str, Any]:
-  """The teacher's card.json: what it is, what it saw, its final test accuracy.
+  """A teacher's card.json (also RONA's public-split teacher's): what it is, what it saw, its
+  final test accuracy.
 
   Args:
     config: the recipe.
@@ -193,6 +194,13 @@ def _card(config: TeacherConfig, state: TrainState, test: data.ArrayDataset, *,
       "config": dataclasses.asdict(config),
       "dpkd_jax_version": dpkd_jax.__version__,
   }
+
+
+def write_card(workdir: str, card: dict[str, Any]) -> None:
+  """Writes `<workdir>/card.json` (process 0 only): the mark of a finished teacher."""
+  if jax.process_index() == 0:
+    with open(os.path.join(workdir, "card.json"), "w") as f:
+      json.dump(card, f, indent=2)
 
 
 @workdir_lib.run_scope
@@ -259,12 +267,10 @@ def train_teacher(config: TeacherConfig, workdir: str, *, progress: bool = True,
   bar.close()
   writer.close()
 
-  card = _card(config, state, test, split=_split_fields(config, len(train), source),
-               seconds=(round(time.time() - start_time, 1),
-                        round(time.process_time() - start_cpu, 1)))
-  if jax.process_index() == 0:
-    with open(os.path.join(workdir, "card.json"), "w") as f:
-      json.dump(card, f, indent=2)
+  card = make_card(config, state, test, split=_split_fields(config, len(train), source),
+                   seconds=(round(time.time() - start_time, 1),
+                            round(time.process_time() - start_cpu, 1)))
+  write_card(workdir, card)
   return card
 
 

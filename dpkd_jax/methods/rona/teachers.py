@@ -11,7 +11,6 @@ refuses a teacher whose card does not name the run's split. Its workdir has the 
 from __future__ import annotations
 
 import dataclasses
-import json
 import os
 import time
 from typing import Any
@@ -20,16 +19,13 @@ import jax
 import jax.numpy as jnp
 import tqdm
 
-import dpkd_jax
 from dpkd_jax import data
 from dpkd_jax import errors
-from dpkd_jax import models
 from dpkd_jax import teacher as teacher_lib
 from dpkd_jax.methods.rona.config import RONAConfig
 from dpkd_jax.models import core
 from dpkd_jax.privacy import seeds
 from dpkd_jax.train import checkpoint
-from dpkd_jax.train import evaluate as evaluate_lib
 from dpkd_jax.train import sharding
 from dpkd_jax.train.state import TrainState
 
@@ -80,26 +76,15 @@ def train_public_teacher(config: teacher_lib.TeacherConfig, public: data.ArrayDa
                                               mesh)
         state, _ = train_step(state, images, labels, jax.random.fold_in(augment_key, bar.n))
         bar.update(1)
-  config_json = dataclasses.asdict(config)
   checkpoint.save(os.path.join(workdir, "checkpoints"), total_steps,
-                  jax.device_get(state.arrays()), {"epoch": config.epochs, "config": config_json})
-  final = evaluate_lib.evaluate(state.parts, test)
-  info = config.info
-  card = {
-      "dataset": config.dataset, "model": config.model, "norm": config.norm,
-      "num_classes": info.num_classes, "input_shape": list(info.image_shape),
-      "split": {"num_shards": 1, "shard": 0, "shard_seed": config.shard_seed,
-                "num_train_examples": len(public)},
-      "public_split": public_split, "seed": config.seed,
-      "test_accuracy": final["accuracy"], "test_loss": final["loss"],
-      "param_count": models.count_params(state.params), "steps": total_steps,
-      "train_seconds_this_run": round(time.time() - start_time, 1),
-      "train_cpu_seconds_this_run": round(time.process_time() - start_cpu, 1),
-      "config": config_json, "dpkd_jax_version": dpkd_jax.__version__,
-  }
-  if jax.process_index() == 0:
-    with open(os.path.join(workdir, "card.json"), "w") as f:
-      json.dump(card, f, indent=2)
+                  jax.device_get(state.arrays()),
+                  {"epoch": config.epochs, "config": dataclasses.asdict(config)})
+  split = {"num_shards": 1, "shard": 0, "shard_seed": config.shard_seed,
+           "num_train_examples": len(public)}
+  card = {**teacher_lib.make_card(config, state, test, split=split, seconds=(
+      round(time.time() - start_time, 1), round(time.process_time() - start_cpu, 1))),
+          "public_split": public_split}
+  teacher_lib.write_card(workdir, card)
   return card
 
 
