@@ -17,7 +17,6 @@ import time
 from typing import Any, NamedTuple
 
 import jax
-import jax.numpy as jnp
 import optax
 import tqdm
 from flax import nnx
@@ -33,6 +32,7 @@ from dpkd_jax.train import checkpoint
 from dpkd_jax.train import evaluate as evaluate_lib
 from dpkd_jax.train import metrics as metrics_lib
 from dpkd_jax.train import sharding
+from dpkd_jax.train import supervised
 from dpkd_jax.train import workdir as workdir_lib
 from dpkd_jax.train.state import TrainState
 
@@ -134,16 +134,7 @@ def make_train_step(config: TeacherConfig):
       images_uint8 = data.augment(key, images_uint8, pad=pad, flip=info.flip_invariant,
                                   pad_mode=pad_mode)
     x = data.normalize(images_uint8, info)  # (B, H, W, C) float32
-
-    def loss_fn(params):
-      out, new_stats = core.apply(state.graphdef, params, state.batch_stats, x, train=True)
-      loss = optax.softmax_cross_entropy_with_integer_labels(out.logits, labels).mean()
-      return loss, (out.logits, new_stats)
-
-    (loss, (logits, new_stats)), grads = jax.value_and_grad(loss_fn, has_aux=True)(state.params)
-    state = state.apply_gradients(grads, new_stats)
-    accuracy = jnp.mean(jnp.argmax(logits, -1) == labels)
-    return state, {"loss": loss, "accuracy": accuracy}
+    return supervised.cross_entropy_step(state, x, labels)
 
   return jax.jit(train_step, donate_argnums=0)
 
@@ -163,6 +154,53 @@ def _training_split(config: TeacherConfig) -> tuple[data.ArrayDataset, dict[str,
     return train, source
   shards = data.shard_indices(len(train), config.num_shards, seed=config.shard_seed)
   return train.subset(shards[config.shard]), source
+
+
+def _split_fields(config: TeacherConfig, num_train: int, source: dict[str, Any]) -> dict[str, Any]:
+  """The card's `split`: which shard of the training split the teacher saw, and its source."""
+  return {"num_shards": config.num_shards, "shard": config.shard,
+          "shard_seed": config.shard_seed, "num_train_examples": num_train, **source}
+
+
+def make_card(config: TeacherConfig, state: TrainState, test: data.ArrayDataset, *,
+          split: dict[str, Any], seconds: tuple[float, float]) -> dict[str, Any]:
+  """A teacher's card.json (also RONA's public-split teacher's): what it is, what it saw, its
+  final test accuracy.
+
+  Args:
+    config: the recipe.
+    state: the trained state (its model is evaluated on `test`).
+    test: the test split.
+    split: the card's `split` fields (`_split_fields`).
+    seconds: (wall, CPU) seconds of this run's training, rounded.
+  """
+  final = evaluate_lib.evaluate(state.parts, test)
+  return {
+      "dataset": config.dataset,
+      "model": config.model,
+      "norm": config.norm,
+      "num_classes": config.info.num_classes,
+      "input_shape": list(config.info.image_shape),
+      "split": split,
+      "seed": config.seed,
+      "test_accuracy": final["accuracy"],
+      "test_loss": final["loss"],
+      "param_count": models.count_params(state.params),
+      "steps": int(state.step),
+      "train_seconds_this_run": seconds[0],
+      # CPU seconds of this process, all threads (XLA uses every core): the machine-load-
+      # independent cost figure, beside the wall time above.
+      "train_cpu_seconds_this_run": seconds[1],
+      "config": dataclasses.asdict(config),
+      "dpkd_jax_version": dpkd_jax.__version__,
+  }
+
+
+def write_card(workdir: str, card: dict[str, Any]) -> None:
+  """Writes `<workdir>/card.json` (process 0 only): the mark of a finished teacher."""
+  if jax.process_index() == 0:
+    with open(os.path.join(workdir, "card.json"), "w") as f:
+      json.dump(card, f, indent=2)
 
 
 @workdir_lib.run_scope
@@ -229,30 +267,10 @@ def train_teacher(config: TeacherConfig, workdir: str, *, progress: bool = True,
   bar.close()
   writer.close()
 
-  final = evaluate_lib.evaluate(state.parts, test)
-  card = {
-      "dataset": config.dataset,
-      "model": config.model,
-      "norm": config.norm,
-      "num_classes": config.info.num_classes,
-      "input_shape": list(config.info.image_shape),
-      "split": {"num_shards": config.num_shards, "shard": config.shard, "shard_seed": config.shard_seed,
-                "num_train_examples": len(train), **source},
-      "seed": config.seed,
-      "test_accuracy": final["accuracy"],
-      "test_loss": final["loss"],
-      "param_count": models.count_params(state.params),
-      "steps": int(state.step),
-      "train_seconds_this_run": round(time.time() - start_time, 1),
-      # CPU seconds of this process, all threads (XLA uses every core): the machine-load-
-      # independent cost figure, beside the wall time above.
-      "train_cpu_seconds_this_run": round(time.process_time() - start_cpu, 1),
-      "config": config_json,
-      "dpkd_jax_version": dpkd_jax.__version__,
-  }
-  if jax.process_index() == 0:
-    with open(os.path.join(workdir, "card.json"), "w") as f:
-      json.dump(card, f, indent=2)
+  card = make_card(config, state, test, split=_split_fields(config, len(train), source),
+                   seconds=(round(time.time() - start_time, 1),
+                            round(time.process_time() - start_cpu, 1)))
+  write_card(workdir, card)
   return card
 
 

@@ -13,8 +13,6 @@ _MAX_FUNCTION_LINES = 80
 _PENDING = {
     "methods/dpdfd.py:train_dpdfd",
     "methods/dpsgd.py:train_dpsgd",
-    "methods/rona.py:train_rona",
-    "teacher.py:train_teacher",
 }
 
 

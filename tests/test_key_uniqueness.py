@@ -12,7 +12,7 @@ Runs use secret seeds (the default); explicit public seeds may legitimately meet
 public seed (both public, so nothing secret is shared).
 
 Known, documented reuse, kept out of the collected runs: RONA's auxiliary teacher follows the
-teacher's recipe including `teacher_seed` (`rona_teachers.load_or_train_aux_teacher`), so its
+teacher's recipe including `teacher_seed` (`rona.teachers.load_or_train_aux_teacher`), so its
 init and batch-order keys equal the teacher's: public, data-independent draws of two non-private
 models (the RONA run here uses fixed bounds, which need no auxiliary teacher). Loading a teacher
 builds its template from `key(0)` (shapes only, values replaced by the checkpoint): each run here

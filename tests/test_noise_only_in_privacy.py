@@ -62,16 +62,16 @@ ALLOWED: dict[tuple[str, str, str], str] = {
         "vote aggregation in privacy/aggregation.py is the release)"),
     ("methods/dfpate/student.py", "train_student", "permutation"): (
         "student epoch shuffles over queries and labels already released (post-processing)"),
-    ("methods/rona.py", "_query_batches", "permutation"): "order of PUBLIC query samples",
-    ("methods/rona.py", "train_rona", "permutation"): (
+    ("methods/rona/run.py", "_query_batches", "permutation"): "order of PUBLIC query samples",
+    ("methods/rona/run.py", "_private_epoch", "permutation"): (
         "hint epochs' random PUBLIC query samples (RONA's public split)"),
     ("methods/rknn/votes.py", "kmeans_plus_plus_init", "randint"): (
         "k-means++ on the PUBLIC embeddings (rknn's queries are public: module docstring)"),
     ("methods/rknn/votes.py", "kmeans_plus_plus_init.add_centre", "categorical"): (
         "k-means++ D^2 sampling on the PUBLIC embeddings"),
-    ("methods/query_selection.py", "_k_center", "randint"): (
+    ("methods/rona/query_selection.py", "_k_center", "randint"): (
         "first centre, uniform over the candidate queries (no data involved)"),
-    ("methods/query_selection.py", "random_selection", "choice"): (
+    ("methods/rona/query_selection.py", "random_selection", "choice"): (
         "uniform selection of candidate queries (baseline), no data involved"),
     # --- DF-PATE query model: post-processing of its DP releases (privacy/query_model_releases)
     ("methods/dfpate/query_model.py", "fit_query_model.draw", "normal"): (

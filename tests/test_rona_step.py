@@ -1,10 +1,12 @@
-"""RONA steps: the student learns only from sanitized teacher knowledge; bounds; adapter.
+"""RONA steps: the student learns only from sanitized teacher knowledge, with σ and B taken
+from the plan; the adaptive bound; self learning; BatchNorm re-estimation.
 
 Teachers, auxiliary teacher and student are all compact_5k (hint (7, 7, 16), so a 1×1-conv
-adapter; one architecture keeps XLA's initialiser compilations to one set). Reference steps are written out here with plain SGD (Adam's first step is
-a sign and would hide gradient differences). One-device mesh (the 8-device path is exercised
-end to end in test_rona.py). Tolerances: the same float32 computations in another jit agree to
-1e-6 (atol); empirical noise std within 5% over >= 6,400 draws (its standard error is ~1%).
+adapter; one architecture keeps XLA's initialiser compilations to one set). Reference steps
+are written out here with plain SGD (Adam's first step is a sign and would hide gradient
+differences). One-device mesh (the 8-device path is exercised end to end in
+test_rona_run.py). Tolerances: the same float32 computations in another jit agree to 1e-6
+(atol).
 """
 
 import math
@@ -19,8 +21,10 @@ from flax import nnx
 
 from dpkd_jax import data
 from dpkd_jax import losses
-from dpkd_jax import models
-from dpkd_jax.methods import rona_step
+from dpkd_jax.methods import rona
+from dpkd_jax.methods.rona import sanitize
+from dpkd_jax.methods.rona import step
+from dpkd_jax.methods.rona import student
 from dpkd_jax.models import compact
 from dpkd_jax.models import core
 from dpkd_jax.train import sharding
@@ -36,7 +40,7 @@ SGD = optax.sgd(0.1)
 def _teacher(seed):
   parts = core.split(compact.compact_5k(num_classes=10, input_shape=(28, 28, 1),
                                         rngs=nnx.Rngs(seed)))
-  return parts.graphdef, rona_step.FrozenModel(parts.params, parts.batch_stats)
+  return parts.graphdef, step.FrozenModel(parts.params, parts.batch_stats)
 
 
 @pytest.fixture(scope="module")
@@ -44,9 +48,9 @@ def setup():
   graphdef, teacher = _teacher(0)
   _, other_teacher = _teacher(1)
   _, aux = _teacher(2)
-  student = compact.compact_5k(num_classes=10, input_shape=(28, 28, 1), rngs=nnx.Rngs(3))
-  hinted = core.split(rona_step.create_hinted_student(
-      student, input_shape=(28, 28, 1), teacher_hint_shape=(7, 7, 16), rngs=nnx.Rngs(4)))
+  bare = compact.compact_5k(num_classes=10, input_shape=(28, 28, 1), rngs=nnx.Rngs(3))
+  hinted = core.split(student.create_hinted_student(
+      bare, input_shape=(28, 28, 1), teacher_hint_shape=(7, 7, 16), rngs=nnx.Rngs(4)))
   train = data.load("digits", "train")
   batch = (train.images[:NUM_ROWS], np.arange(NUM_ROWS) < NUM_REAL)
   return dict(graphdef=graphdef, teacher=teacher, other_teacher=other_teacher, aux=aux,
@@ -60,10 +64,19 @@ def _state(setup):
   return TrainState.create(core.ModelParts(setup["hinted"].graphdef, params, batch_stats), SGD)
 
 
+def _plan(config):
+  """A plan executing `config`'s σ and bound (the step reads nothing else of it)."""
+  return rona.RONAPlan(
+      releases=1, queries_per_epoch=1, noise_multiplier=config.noise_multiplier,
+      bound_mode=config.bound_mode, hint_l2_bound=config.l2_bound,
+      distill_l2_bound=config.l2_bound, delta=1e-5, budget_epsilon=None,
+      sound_epsilon=math.inf)
+
+
 def _step(setup, kind, config):
-  return rona_step.make_private_step(kind, config, temperature=TEMPERATURE, info=INFO,
-                                     teacher_graphdef=setup["graphdef"],
-                                     aux_graphdef=setup["graphdef"], mesh=MESH)
+  return step.make_train_step(_plan(config), kind, temperature=TEMPERATURE, info=INFO,
+                              teacher_graphdef=setup["graphdef"],
+                              aux_graphdef=setup["graphdef"], mesh=MESH)
 
 
 def _knowledge(setup, model, kind):
@@ -94,13 +107,13 @@ def _reference_update(state, images, mask, target, kd_teacher_logits):
 
 def _run(setup, kind, config, *, teacher="teacher", aux="aux", bound=None, seed=0):
   images, mask = setup["batch"]
-  step = _step(setup, kind, config)
-  return step(_state(setup), setup[teacher], setup[aux], bound or rona_step.BoundState.zeros(),
-              images, mask, jax.random.key(seed))
+  train_step = _step(setup, kind, config)
+  return train_step(_state(setup), setup[teacher], setup[aux],
+                    bound or sanitize.BoundState.zeros(), images, mask, jax.random.key(seed))
 
 
 def test_distill_step_without_noise_or_bound_is_hinton_kd(setup):
-  config = rona_step.SanitizeConfig(noise_multiplier=0.0, bound_mode="fixed", l2_bound=1e6)
+  config = sanitize.SanitizeConfig(noise_multiplier=0.0, bound_mode="fixed", l2_bound=1e6)
   state, _, _ = _run(setup, "distill", config)
   images, mask = setup["batch"]
   teacher_logits = core.apply(setup["graphdef"], setup["teacher"].params,
@@ -112,11 +125,11 @@ def test_distill_step_without_noise_or_bound_is_hinton_kd(setup):
 
 
 def test_hint_step_learns_exactly_from_the_sanitized_release(setup):
-  config = rona_step.SanitizeConfig(noise_multiplier=1.0)
+  config = sanitize.SanitizeConfig(noise_multiplier=1.0)
   state, _, metrics = _run(setup, "hint", config, seed=7)
-  noisy, _, l2_bound, noise_stddev = rona_step.release_knowledge(
+  noisy, _, l2_bound, noise_stddev = sanitize.release_knowledge(
       config, jax.random.key(7), _knowledge(setup, setup["teacher"], "hint"),
-      _knowledge(setup, setup["aux"], "hint"), rona_step.BoundState.zeros())
+      _knowledge(setup, setup["aux"], "hint"), sanitize.BoundState.zeros())
   images, mask = setup["batch"]
   expected = _reference_update(_state(setup), images, mask, noisy, None)
   chex.assert_trees_all_close(state.params, expected.params, atol=1e-6)
@@ -135,7 +148,7 @@ def test_hint_step_learns_exactly_from_the_sanitized_release(setup):
 
 
 def test_adaptive_bound_is_the_running_mean_of_aux_norms_only(setup):
-  config = rona_step.SanitizeConfig(noise_multiplier=1.0)
+  config = sanitize.SanitizeConfig(noise_multiplier=1.0)
   aux_norm = float(jnp.linalg.norm(_knowledge(setup, setup["aux"], "hint")))
   _, bound, metrics = _run(setup, "hint", config)
   np.testing.assert_allclose(metrics["l2_bound"], aux_norm, rtol=1e-5)
@@ -147,59 +160,15 @@ def test_adaptive_bound_is_the_running_mean_of_aux_norms_only(setup):
   _, _, metrics_swapped = _run(setup, "hint", config, aux="other_teacher")
   assert float(metrics_swapped["l2_bound"]) != float(metrics["l2_bound"])
   # Running mean: a second batch with a previous norm of 10 gives (10 + ||aux||) / 2.
-  previous = rona_step.BoundState(jnp.float32(10.0), jnp.float32(1.0))
+  previous = sanitize.BoundState(jnp.float32(10.0), jnp.float32(1.0))
   _, bound2, metrics2 = _run(setup, "hint", config, bound=previous)
   np.testing.assert_allclose(metrics2["l2_bound"], (10.0 + aux_norm) / 2, rtol=1e-5)
   np.testing.assert_allclose(bound2.count, 2.0)
 
 
-@pytest.mark.parametrize("mode", ["fixed", "adaptive"])
-def test_release_noise_std_is_sigma_times_bound(mode):
-  sigma, bound = 0.5, 2.0
-  config = rona_step.SanitizeConfig(noise_multiplier=sigma, bound_mode=mode,
-                                    l2_bound=bound if mode == "fixed" else None)
-  knowledge = jnp.zeros((64, 10, 10))
-  aux = jnp.full((64, 10, 10), bound / 80.0)  # Frobenius norm = bound
-  noisy, state, l2_bound, noise_stddev = rona_step.release_knowledge(
-      config, jax.random.key(0), knowledge, aux, rona_step.BoundState.zeros())
-  np.testing.assert_allclose([l2_bound, noise_stddev], [bound, sigma * bound], rtol=1e-5)
-  np.testing.assert_allclose(jnp.std(noisy), sigma * bound, rtol=0.05)
-  assert float(state.count) == (1.0 if mode == "adaptive" else 0.0)
-
-
-def test_release_without_noise_inside_the_bound_is_the_raw_knowledge():
-  # With the step test below (the student fits exactly the release), σ = 0 and an inactive
-  # bound make the hint step the non-private one.
-  config = rona_step.SanitizeConfig(noise_multiplier=0.0, bound_mode="fixed", l2_bound=1e6)
-  knowledge = jax.random.normal(jax.random.key(1), (32, 7, 7, 16))
-  noisy, _, _, noise_stddev = rona_step.release_knowledge(
-      config, jax.random.key(0), knowledge, None, rona_step.BoundState.zeros())
-  chex.assert_trees_all_equal(noisy, knowledge)
-  assert float(noise_stddev) == 0.0
-
-
-def test_release_without_bound_is_the_raw_knowledge():
-  config = rona_step.SanitizeConfig(noise_multiplier=0.0, bound_mode="none")
-  knowledge = jax.random.normal(jax.random.key(1), (32, 10)) * 5.0
-  noisy, state, l2_bound, noise_stddev = rona_step.release_knowledge(
-      config, jax.random.key(0), knowledge, knowledge, rona_step.BoundState.zeros())
-  chex.assert_trees_all_equal(noisy, knowledge)
-  assert float(l2_bound) == math.inf and float(noise_stddev) == 0 and float(state.count) == 0
-
-
-def test_release_bounds_the_whole_batch_to_norm_b():
-  config = rona_step.SanitizeConfig(noise_multiplier=0.0, bound_mode="fixed", l2_bound=3.0)
-  knowledge = jax.random.normal(jax.random.key(1), (32, 10)) * 5.0
-  noisy, *_ = rona_step.release_knowledge(config, jax.random.key(0), knowledge, knowledge,
-                                          rona_step.BoundState.zeros())
-  np.testing.assert_allclose(jnp.linalg.norm(noisy), 3.0, rtol=1e-5)
-  np.testing.assert_allclose(noisy / jnp.linalg.norm(noisy),
-                             knowledge / jnp.linalg.norm(knowledge), atol=1e-6)
-
-
 def test_batch_stats_step_moves_only_the_running_statistics(setup):
   images, _ = setup["batch"]
-  state = rona_step.make_batch_stats_step(INFO, MESH)(_state(setup), images)
+  state = step.make_batch_stats_step(INFO, MESH)(_state(setup), images)
   chex.assert_trees_all_equal(state.params, setup["hinted"].params)
   chex.assert_trees_all_equal(state.opt_state, SGD.init(setup["hinted"].params))
   # BatchNorm momentum 0.9: running mean <- 0.9 * 0 + 0.1 * (batch mean of conv1's output).
@@ -214,7 +183,7 @@ def test_batch_stats_step_moves_only_the_running_statistics(setup):
 def test_self_learning_step_is_cross_entropy_on_public_labels(setup):
   images, _ = setup["batch"]
   labels = setup["labels"]
-  state, metrics = rona_step.make_self_learning_step(INFO, MESH)(_state(setup), images, labels)
+  state, metrics = step.make_self_learning_step(INFO, MESH)(_state(setup), images, labels)
 
   @jax.jit
   def reference(state):
@@ -230,36 +199,3 @@ def test_self_learning_step_is_cross_entropy_on_public_labels(setup):
   np.testing.assert_allclose(metrics["loss"], loss, rtol=1e-5)
 
 
-@pytest.mark.parametrize("student_hint,teacher_hint,is_conv", [
-    ((7, 7, 16), (7, 7, 64), True),
-    ((7, 7, 16), (5, 5, 8), False),
-    ((32,), (7, 7, 64), False),
-])
-def test_adapter_maps_to_the_teacher_hint_shape(student_hint, teacher_hint, is_conv):
-  adapter = rona_step.HintAdapter(student_hint, teacher_hint, rngs=nnx.Rngs(0))
-  assert adapter.is_conv == is_conv
-  out = jax.eval_shape(adapter, jax.ShapeDtypeStruct((3, *student_hint), jnp.float32))
-  assert out.shape == (3, *teacher_hint)
-
-
-def test_deployed_student_excludes_the_adapter(setup):
-  state = _state(setup)
-  student = compact.compact_5k(num_classes=10, input_shape=(28, 28, 1), rngs=nnx.Rngs(3))
-  parts = rona_step.student_parts(state, core.split(student).graphdef)
-  assert models.count_params(parts.params) == 5026
-  out, _ = core.apply(parts.graphdef, parts.params, parts.batch_stats,
-                      jnp.zeros((2, 28, 28, 1)), train=False)
-  assert out.hint.shape == (2, 7, 7, 16)
-
-
-@pytest.mark.parametrize("kwargs,match", [
-    (dict(noise_multiplier=-1.0), "noise_multiplier"),
-    (dict(noise_multiplier=1.0, bound_mode="median"), "bound_mode"),
-    (dict(noise_multiplier=1.0, bound_mode="fixed"), "l2_bound exactly"),
-    (dict(noise_multiplier=1.0, l2_bound=2.0), "l2_bound exactly"),
-    (dict(noise_multiplier=1.0, bound_mode="fixed", l2_bound=0.0), "l2_bound must be"),
-    (dict(noise_multiplier=1.0, bound_mode="none"), "needs noise_multiplier=0"),
-])
-def test_sanitize_config_errors(kwargs, match):
-  with pytest.raises(ValueError, match=match):
-    rona_step.SanitizeConfig(**kwargs)

@@ -1,19 +1,20 @@
 """RONA's run configuration: `RONAConfig` and its schedule check, validated at construction.
 
-Its own module so that `rona.py` (schedule, loop) and `rona_privacy.py` (the plan) both import
-it without importing each other.
+The config holds the user's flags only: σ is given (`noise_multiplier`) or left to the plan
+to calibrate for `target_epsilon` (`privacy.make_plan`, the only place σ is resolved).
 """
 
 from __future__ import annotations
 
 import dataclasses
 
+from dpkd_jax import config_checks as checks
 from dpkd_jax import data
 from dpkd_jax import models
-from dpkd_jax.methods import query_selection
-from dpkd_jax.methods import rona_step
+from dpkd_jax.methods.rona import query_selection
+from dpkd_jax.methods.rona import sanitize
+from dpkd_jax.methods.rona import student
 from dpkd_jax.privacy import accounting
-from dpkd_jax.privacy import validation
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -30,7 +31,7 @@ class RONAConfig:
     teacher_dir, aux_teacher_dir: trained teachers to load (the auxiliary one trained by this
       module on the same split; used by the adaptive bound only), else trained in the workdir
       with `teacher_model`, `teacher_epochs`, `teacher_batch_size`, `teacher_seed`.
-    student_model, student_norm: a name in `rona_step.STUDENTS` and its norm.
+    student_model, student_norm: a name in `student.STUDENTS` and its norm.
     hint_epochs Th, rounds R, self_learning_epochs Ts, distillation_epochs Td,
       num_query_samples |x_q|, batch_size S (query batch), self_learning_batch_size,
       temperature τ, query_selection (a name in `query_selection.SELECTORS`), learning_rate
@@ -76,44 +77,41 @@ class RONAConfig:
                        f"noise_multiplier={self.noise_multiplier!r}, "
                        f"target_epsilon={self.target_epsilon!r}")
     if self.target_epsilon is not None:
-      validation.check_float("target_epsilon", self.target_epsilon, positive=True)
-    validation.check_delta(self.delta)
-    self.sanitize_configs(1.0 if self.noise_multiplier is None else self.noise_multiplier)
+      checks.positive(self, "target_epsilon")
+    if self.noise_multiplier is not None:
+      checks.non_negative(self, "noise_multiplier")
+    checks.fraction("delta", self.delta)
+    self._check_bounds()
+    for name, known in (("dataset", data.DATASETS), ("teacher_model", models.CLASSIFIERS),
+                        ("student_model", student.STUDENTS), ("student_norm", models.NORMS),
+                        ("query_selection", query_selection.SELECTORS)):
+      checks.one_of(name, getattr(self, name), known)
+    checks.fraction("public_fraction", self.public_fraction)
+    checks.integers(self, "split_seed", "teacher_seed", "hint_epochs", "rounds",
+                    "self_learning_epochs", "distillation_epochs", minimum=0)
+    checks.integers(self, "teacher_epochs", "teacher_batch_size", "num_query_samples",
+                    "batch_size", "self_learning_batch_size", minimum=1)
+    check_schedule(rounds=self.rounds, self_learning_epochs=self.self_learning_epochs,
+                   distillation_epochs=self.distillation_epochs)
+    checks.positive(self, "temperature", "learning_rate")
+    checks.seed(self.seed)
+
+  def _check_bounds(self) -> None:
+    """The bound flags: B exactly in fixed mode, raw knowledge only without noise, the
+    auxiliary teacher only where it is used (the adaptive bound)."""
+    for name in ("hint_l2_bound", "distill_l2_bound"):
+      sanitize.check_bound(self.bound_mode, getattr(self, name), name=name)
+    if self.bound_mode == "none" and self.noise_multiplier != 0:
+      raise ValueError(f"bound_mode='none' releases raw teacher knowledge: it needs "
+                       f"noise_multiplier=0 (non-private), got noise_multiplier="
+                       f"{self.noise_multiplier!r}, target_epsilon={self.target_epsilon!r}")
     if self.aux_teacher_dir is not None and self.bound_mode != "adaptive":
       raise ValueError(f"aux_teacher_dir is only used by the adaptive bound, got "
                        f"bound_mode={self.bound_mode!r}")
-    for name, table in (("dataset", data.DATASETS), ("teacher_model", models.CLASSIFIERS),
-                        ("student_model", rona_step.STUDENTS),
-                        ("query_selection", query_selection.SELECTORS)):
-      if getattr(self, name) not in table:
-        raise ValueError(f"unknown {name} {getattr(self, name)!r}; known: {sorted(table)}")
-    if self.student_norm not in models.NORMS:
-      raise ValueError(f"student_norm must be one of {models.NORMS}, got {self.student_norm!r}")
-    if not (isinstance(self.public_fraction, float) and 0 < self.public_fraction < 1):
-      raise ValueError(f"public_fraction must be a float in (0, 1), got {self.public_fraction!r}")
-    for name, minimum in (("split_seed", 0), ("teacher_epochs", 1), ("teacher_batch_size", 1),
-                          ("teacher_seed", 0), ("hint_epochs", 0), ("rounds", 0),
-                          ("self_learning_epochs", 0), ("distillation_epochs", 0),
-                          ("num_query_samples", 1), ("batch_size", 1),
-                          ("self_learning_batch_size", 1)):
-      validation.check_int(name, getattr(self, name), minimum=minimum)
-    check_schedule(rounds=self.rounds, self_learning_epochs=self.self_learning_epochs,
-                   distillation_epochs=self.distillation_epochs)
-    for name in ("temperature", "learning_rate"):
-      validation.check_float(name, getattr(self, name), positive=True)
-    if self.seed is not None:
-      validation.check_int("seed", self.seed, minimum=0)
 
   @property
   def info(self) -> data.DatasetInfo:
     return data.DATASETS[self.dataset]
-
-  def sanitize_configs(self, noise_multiplier: float) -> dict[str, rona_step.SanitizeConfig]:
-    """The hint and distillation sanitizers at σ (validates the bound flags)."""
-    return {kind: rona_step.SanitizeConfig(noise_multiplier=noise_multiplier,
-                                           bound_mode=self.bound_mode, l2_bound=bound)
-            for kind, bound in (("hint", self.hint_l2_bound),
-                                ("distill", self.distill_l2_bound))}
 
   def num_queries(self) -> int:
     """T = (Th + R·Td)·ceil(|x_q|/S), the planned number of sanitized releases."""

@@ -12,7 +12,7 @@ import pytest
 from flax import nnx
 
 from dpkd_jax import data
-from dpkd_jax.methods import query_selection as qs
+from dpkd_jax.methods.rona import query_selection as qs
 from dpkd_jax.models import compact
 from dpkd_jax.models import core
 

@@ -11,7 +11,6 @@ refuses a teacher whose card does not name the run's split. Its workdir has the 
 from __future__ import annotations
 
 import dataclasses
-import json
 import os
 import time
 from typing import Any
@@ -20,15 +19,13 @@ import jax
 import jax.numpy as jnp
 import tqdm
 
-import dpkd_jax
 from dpkd_jax import data
 from dpkd_jax import errors
-from dpkd_jax import models
 from dpkd_jax import teacher as teacher_lib
+from dpkd_jax.methods.rona.config import RONAConfig
 from dpkd_jax.models import core
 from dpkd_jax.privacy import seeds
 from dpkd_jax.train import checkpoint
-from dpkd_jax.train import evaluate as evaluate_lib
 from dpkd_jax.train import sharding
 from dpkd_jax.train.state import TrainState
 
@@ -79,26 +76,15 @@ def train_public_teacher(config: teacher_lib.TeacherConfig, public: data.ArrayDa
                                               mesh)
         state, _ = train_step(state, images, labels, jax.random.fold_in(augment_key, bar.n))
         bar.update(1)
-  config_json = dataclasses.asdict(config)
   checkpoint.save(os.path.join(workdir, "checkpoints"), total_steps,
-                  jax.device_get(state.arrays()), {"epoch": config.epochs, "config": config_json})
-  final = evaluate_lib.evaluate(state.parts, test)
-  info = config.info
-  card = {
-      "dataset": config.dataset, "model": config.model, "norm": config.norm,
-      "num_classes": info.num_classes, "input_shape": list(info.image_shape),
-      "split": {"num_shards": 1, "shard": 0, "shard_seed": config.shard_seed,
-                "num_train_examples": len(public)},
-      "public_split": public_split, "seed": config.seed,
-      "test_accuracy": final["accuracy"], "test_loss": final["loss"],
-      "param_count": models.count_params(state.params), "steps": total_steps,
-      "train_seconds_this_run": round(time.time() - start_time, 1),
-      "train_cpu_seconds_this_run": round(time.process_time() - start_cpu, 1),
-      "config": config_json, "dpkd_jax_version": dpkd_jax.__version__,
-  }
-  if jax.process_index() == 0:
-    with open(os.path.join(workdir, "card.json"), "w") as f:
-      json.dump(card, f, indent=2)
+                  jax.device_get(state.arrays()),
+                  {"epoch": config.epochs, "config": dataclasses.asdict(config)})
+  split = {"num_shards": 1, "shard": 0, "shard_seed": config.shard_seed,
+           "num_train_examples": len(public)}
+  card = {**teacher_lib.make_card(config, state, test, split=split, seconds=(
+      round(time.time() - start_time, 1), round(time.process_time() - start_cpu, 1))),
+          "public_split": public_split}
+  teacher_lib.write_card(workdir, card)
   return card
 
 
@@ -107,13 +93,13 @@ def _load(workdir: str, info: data.DatasetInfo) -> teacher_lib.Teacher:
                                   input_shape=info.image_shape)
 
 
-def load_or_train_teacher(config, workdir: str, *, progress: bool,
+def load_or_train_teacher(config: RONAConfig, workdir: str, *, progress: bool,
                           mesh: jax.sharding.Mesh) -> teacher_lib.Teacher:
   """The cumbersome teacher: `config.teacher_dir`, else trained on the whole training split
   (public + sensitive) in `<workdir>/teacher` (reused if its card exists).
 
   Args:
-    config: a `rona.RONAConfig`.
+    config: the RONA run's config.
     workdir: the RONA workdir.
     progress, mesh: as for `teacher.train_teacher`.
   """
@@ -129,8 +115,9 @@ def load_or_train_teacher(config, workdir: str, *, progress: bool,
   return _load(teacher_dir, config.info)
 
 
-def load_or_train_aux_teacher(config, public: data.ArrayDataset, public_split: dict[str, Any],
-                              teacher: teacher_lib.Teacher, workdir: str, *, progress: bool,
+def load_or_train_aux_teacher(config: RONAConfig, public: data.ArrayDataset,
+                              public_split: dict[str, Any], teacher: teacher_lib.Teacher,
+                              workdir: str, *, progress: bool,
                               mesh: jax.sharding.Mesh) -> teacher_lib.Teacher:
   """The auxiliary teacher: `config.aux_teacher_dir`, else the teacher's recipe (model, norm,
   optimizer, augmentation) with `config.teacher_epochs`/`teacher_seed` on `public` only, in
@@ -159,8 +146,8 @@ def load_or_train_aux_teacher(config, public: data.ArrayDataset, public_split: d
   return aux
 
 
-def teachers(config, public_split: dict[str, Any], public: data.ArrayDataset, workdir: str, *,
-             progress: bool, mesh: jax.sharding.Mesh
+def teachers(config: RONAConfig, public_split: dict[str, Any], public: data.ArrayDataset,
+             workdir: str, *, progress: bool, mesh: jax.sharding.Mesh
              ) -> tuple[teacher_lib.Teacher, teacher_lib.Teacher | None]:
   """(teacher, auxiliary teacher); the auxiliary one only for the adaptive bound (the only use
   of it), checked to share the hint shape its norms stand in for."""

@@ -1,4 +1,5 @@
-"""RONA end to end on the embedded digits (tiny epochs, 8 fake devices), plan, config errors.
+"""RONA end to end on the embedded digits (tiny epochs, 8 fake devices): results, ledger,
+record, resume, the auxiliary teacher's split, the schedule.
 
 One full run trains both teachers (LeNet-5-Half, 1 epoch) and a LeNet-5-Half student (one
 architecture keeps XLA's initialiser compilations to one set; compact students are covered by
@@ -19,7 +20,6 @@ import os
 import pytest
 
 from dpkd_jax.methods import rona
-from dpkd_jax.methods import rona_privacy
 from dpkd_jax.privacy import accounting
 from dpkd_jax.privacy import ledger as ledger_lib
 from dpkd_jax.train import outputs
@@ -145,73 +145,3 @@ def test_schedule_and_query_count():
       hint_epochs=2, distillation_epochs=2, rounds=2, num_query_samples=100, batch_size=32)
 
 
-def test_target_epsilon_calibrates_sigma():
-  plan = rona_privacy.make_plan(_config(noise_multiplier=None, target_epsilon=5.0,
-                                num_query_samples=640))
-  assert plan.num_queries == 40
-  assert 4.95 <= plan.planned_epsilon <= 5.0
-  assert plan.planned_epsilon == pytest.approx(accounting.epsilon(accounting.rona_event(
-      noise_multiplier=plan.noise_multiplier, num_queries=40), delta=1e-5))
-
-
-def test_non_private_plan_reports_infinite_epsilon_and_no_paper_figure():
-  plan = rona_privacy.make_plan(_config(noise_multiplier=0.0, bound_mode="none"))
-  assert plan.planned_epsilon == math.inf and plan.paper_epsilon_per_query is None
-
-
-@pytest.mark.parametrize("kwargs,match", [
-    (dict(noise_multiplier=None), "exactly one of noise_multiplier and target_epsilon"),
-    (dict(target_epsilon=3.0), "exactly one of noise_multiplier and target_epsilon"),
-    (dict(noise_multiplier=-1.0), "noise_multiplier must be"),
-    (dict(bound_mode="none"), "needs noise_multiplier=0"),
-    (dict(bound_mode="fixed", hint_l2_bound=1.0), "l2_bound exactly"),
-    (dict(distill_l2_bound=1.0), "l2_bound exactly"),
-    (dict(bound_mode="fixed", hint_l2_bound=1.0, distill_l2_bound=1.0, aux_teacher_dir="x"),
-     "only used by the adaptive bound"),
-    (dict(delta=1.5), "delta"),
-    (dict(dataset="imagenet"), "unknown dataset 'imagenet'"),
-    (dict(student_model="gpt"), "unknown student_model 'gpt'"),
-    (dict(teacher_model="compact_5k"), "unknown teacher_model"),
-    (dict(query_selection="entropy"), "unknown query_selection"),
-    (dict(student_norm="layer"), "student_norm"),
-    (dict(public_fraction=1.0), "public_fraction"),
-    (dict(num_query_samples=0), "num_query_samples must be >= 1"),
-    (dict(rounds=-1), "rounds must be >= 0"),
-    (dict(rounds=0), "rounds must be >= 1: with rounds=0 the student's classifier is never"),
-    (dict(self_learning_epochs=0, distillation_epochs=0), "would never be trained"),
-    (dict(temperature=0.0), "temperature must be"),
-    (dict(seed=-3), "seed must be >= 0"),
-])
-def test_config_errors(kwargs, match):
-  with pytest.raises(ValueError, match=match):
-    _config(**kwargs)
-
-
-def test_target_epsilon_without_queries_is_refused():
-  with pytest.raises(ValueError, match="target_epsilon needs queries"):
-    rona_privacy.make_plan(_config(noise_multiplier=None, target_epsilon=1.0, hint_epochs=0,
-                                   distillation_epochs=0))
-
-
-@pytest.mark.parametrize("argv,match", [
-    (["--dataset=digits"], "exactly one of noise_multiplier"),
-    (["--dataset=digits", "--noise_multiplier=1", "--rounds=0"], "rounds must be >= 1"),
-    (["--dataset=digits", "--noise_multiplier=1", "--bound_mode=none"], "noise_multiplier=0"),
-    (["--dataset=digits", "--target_epsilon=1", "--query_selection=x"], "unknown query_selection"),
-])
-def test_cli_rejects_bad_flags(argv, match, capsys):
-  with pytest.raises(SystemExit) as exit_info:
-    rona_cli.main(argv)
-  assert exit_info.value.code == 2
-  assert match in capsys.readouterr().err
-
-
-def test_cli_flags_reach_the_config():
-  config, args = rona_cli.parse_config(["--dataset=digits", "--target_epsilon=7.68",
-                                        "--public_fraction=0.8", "--student_model=compact_10k",
-                                        "--bound_mode=fixed", "--hint_l2_bound=5",
-                                        "--distill_l2_bound=0.5", "--seed=3"])
-  assert config == rona.RONAConfig(dataset="digits", target_epsilon=7.68, public_fraction=0.8,
-                                   student_model="compact_10k", bound_mode="fixed",
-                                   hint_l2_bound=5.0, distill_l2_bound=0.5, seed=3)
-  assert args.workdir == os.path.join("runs", "rona", "digits_compact_10k")

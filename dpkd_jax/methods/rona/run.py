@@ -1,0 +1,386 @@
+"""RONA's run: `train_rona(config, workdir)`, its schedule of epoch-sized units, its results.
+
+`train_rona` reads top to bottom in numbered sections (workdir, data and plan, teachers and
+state, steps and ledger, train, results); each unit of the schedule is one of
+
+  hint / distill   a private epoch (`_private_epoch`): charge its queries to the ledger, then
+                   release the sanitized teacher knowledge batch by batch and learn from it;
+                   re-estimate the BatchNorm statistics on uniform public batches after;
+  self             a self-learning epoch on the public labels (no teacher, no privacy cost);
+  select           the query selection of the round (reads only the student: post-processing);
+
+and is followed by a seal of the state, the evaluation and a checkpoint (config, plan, ledger
+and root seed as metadata). Key streams: the root key's fold_in(0) initialises the student,
+fold_in(1) orders the public samples, fold_in(2) draws the noise and fold_in(3) seeds the
+selection, each then folded with the unit and the batch: no key is reused.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import itertools
+import json
+import math
+import time
+from typing import Any, Callable, NamedTuple
+
+import jax
+import numpy as np
+import tqdm
+from jax.sharding import Mesh
+
+import dpkd_jax
+from dpkd_jax import data
+from dpkd_jax import errors
+from dpkd_jax import teacher as teacher_lib
+from dpkd_jax.methods.rona import compression_report
+from dpkd_jax.methods.rona import privacy as rona_plan
+from dpkd_jax.methods.rona import query_selection
+from dpkd_jax.methods.rona import sanitize
+from dpkd_jax.methods.rona import step as step_lib
+from dpkd_jax.methods.rona import student
+from dpkd_jax.methods.rona import teachers as teachers_lib
+from dpkd_jax.methods.rona.config import RONAConfig
+from dpkd_jax.privacy import ledger as ledger_lib
+from dpkd_jax.privacy import seeds
+from dpkd_jax.train import evaluate as evaluate_lib
+from dpkd_jax.train import metrics as metrics_lib
+from dpkd_jax.train import outputs
+from dpkd_jax.train import sharding
+from dpkd_jax.train import workdir as workdir_lib
+from dpkd_jax.train.state import TrainState
+
+_TRAINING_PHASES = ("hint", "self", "distill")
+# Forward passes that re-estimate BatchNorm statistics after a private epoch: with momentum 0.9
+# the statistics of the epoch's last (possibly atypical) query batch weigh 0.9**50 < 1% after.
+_BATCH_STATS_BATCHES = 50
+
+
+def schedule(config: RONAConfig) -> list[tuple[str, int, int]]:
+  """The run as epoch-sized units (phase, round, epoch); a checkpoint follows every unit."""
+  units = [("hint", 0, e) for e in range(config.hint_epochs)]
+  for r in range(config.rounds):
+    units += [("self", r, e) for e in range(config.self_learning_epochs)]
+    if config.distillation_epochs:
+      units += [("select", r, 0)] + [("distill", r, e) for e in range(config.distillation_epochs)]
+  return units
+
+
+def public_split_card(config: RONAConfig, num_public: int) -> dict[str, Any]:
+  """What an auxiliary teacher's card must record to prove it saw only this public split."""
+  return {"dataset": config.dataset, "public_fraction": config.public_fraction,
+          "split_seed": config.split_seed, "num_examples": num_public}
+
+
+def _query_batches(key: jax.Array, indices: np.ndarray, batch_size: int):
+  """Shuffled (S,) index batches over `indices`; the last is padded (mask False) with real
+  public rows so that BatchNorm statistics and shapes stay ordinary."""
+  order = indices[np.asarray(jax.random.permutation(key, len(indices)))]
+  for start in range(0, len(order), batch_size):
+    chunk = order[start:start + batch_size]
+    mask = np.arange(batch_size) < len(chunk)
+    yield np.resize(chunk, batch_size), mask
+
+
+class _Carry(NamedTuple):
+  """The run between two units: what a checkpoint holds besides its metadata."""
+
+  state: TrainState  # the HintedStudent (student + adapter), replicated on the mesh
+  bounds: dict[str, sanitize.BoundState]  # per private kind: running mean of aux norms
+  opt_states: dict[str, Any]  # per training phase: its own Adam moments
+  selected: np.ndarray  # (|x_q|,) int32 public indices of the round's distillation queries
+  root_key: jax.Array
+  unit: int = 0  # schedule units done
+  executed: int = 0  # queries released
+
+  def arrays(self) -> dict[str, Any]:
+    return {"state": self.state.arrays(), "rng": jax.random.key_data(self.root_key),
+            "selected": self.selected,
+            "bounds": {k: b._asdict() for k, b in self.bounds.items()},
+            "opt_states": self.opt_states}
+
+
+class _Context(NamedTuple):
+  """What every unit reads and nothing changes during the run."""
+
+  config: RONAConfig
+  plan: rona_plan.RONAPlan
+  run: workdir_lib.Run
+  ledger: ledger_lib.PrivacyLedger | None
+  public: data.ArrayDataset
+  test: data.ArrayDataset
+  mesh: Mesh
+  student_graphdef: Any
+  private_steps: dict[str, Callable]  # "hint"/"distill" jitted steps, σ and B from the plan
+  self_step: Callable
+  batch_stats_step: Callable
+  frozen: tuple[step_lib.FrozenModel, step_lib.FrozenModel | None]  # teacher, aux (replicated)
+  keys: dict[str, jax.Array]  # named streams: "order", "noise", "select"
+
+
+def _data(config: RONAConfig) -> tuple[int, data.ArrayDataset, data.ArrayDataset]:
+  """(size of the training split, its seeded public part, the test split)."""
+  train = data.load(config.dataset, "train", data_dir=config.data_dir, download=config.download)
+  test = data.load(config.dataset, "test", data_dir=config.data_dir, download=config.download)
+  _, public = data.private_public_split(train, config.public_fraction, seed=config.split_seed)
+  if config.num_query_samples > len(public):
+    raise errors.UserError(f"num_query_samples={config.num_query_samples} exceeds the "
+                           f"{len(public)} public samples")
+  return len(train), public, test
+
+
+def _initial_carry(config: RONAConfig, run: workdir_lib.Run, teacher: teacher_lib.Teacher,
+                   root_seed: seeds.ResolvedSeed, mesh: Mesh) -> tuple[_Carry, Any]:
+  """(the fresh student, bounds and per-phase Adam moments, or the checkpoint's, replicated
+  on `mesh`; the bare student's graphdef)."""
+  root_key = seeds.root_key(root_seed)
+  state, student_graphdef = student.init_state(
+      config.student_model, info=config.info, norm=config.student_norm,
+      learning_rate=config.learning_rate,
+      teacher_hint_shape=teachers_lib.hint_shape(teacher.parts, config.info),
+      key=jax.random.fold_in(root_key, 0))
+  # Each stage keeps its own Adam moments: the second moments of a noisy stage are orders of
+  # magnitude above those of self learning and would otherwise freeze its updates for
+  # ~1/(1 - b2) = 1000 steps.
+  carry = _Carry(state, {kind: sanitize.BoundState.zeros() for kind in step_lib.KINDS},
+                 {phase: state.tx.init(state.params) for phase in _TRAINING_PHASES},
+                 np.zeros((config.num_query_samples,), np.int32), root_key)
+  if run.resuming:
+    arrays, meta = run.restore(carry.arrays())
+    carry = _Carry(state.with_arrays(arrays["state"]),
+                   {k: sanitize.BoundState(**b) for k, b in arrays["bounds"].items()},
+                   arrays["opt_states"], np.asarray(arrays["selected"]),
+                   jax.random.wrap_key_data(arrays["rng"]), meta["unit"], meta["executed"])
+  state, bounds, opt_states = sharding.replicate((carry.state, carry.bounds, carry.opt_states),
+                                                 mesh)
+  return carry._replace(state=state, bounds=bounds, opt_states=opt_states), student_graphdef
+
+
+def _steps(config: RONAConfig, plan: rona_plan.RONAPlan, teacher: teacher_lib.Teacher,
+           aux: teacher_lib.Teacher | None, mesh: Mesh) -> dict[str, Any]:
+  """The jitted steps (private ones from `plan`) and the frozen teachers, as `_Context`
+  fields."""
+  frozen = sharding.replicate(tuple(
+      None if t is None else step_lib.FrozenModel(t.parts.params, t.parts.batch_stats)
+      for t in (teacher, aux)), mesh)
+  private_steps = {kind: step_lib.make_train_step(
+      plan, kind, temperature=config.temperature, info=config.info,
+      teacher_graphdef=teacher.parts.graphdef,
+      aux_graphdef=None if aux is None else aux.parts.graphdef, mesh=mesh)
+      for kind in step_lib.KINDS}
+  return dict(private_steps=private_steps, frozen=frozen,
+              self_step=step_lib.make_self_learning_step(config.info, mesh),
+              batch_stats_step=step_lib.make_batch_stats_step(config.info, mesh))
+
+
+@workdir_lib.run_scope
+def train_rona(config: RONAConfig, workdir: str, *, resume: bool = False,
+               stop_after_units: int | None = None, progress: bool = True,
+               mesh: Mesh | None = None, latency_seconds: float = 1.0) -> dict[str, Any]:
+  """Runs RONA, keeps the privacy ledger, writes the compression report.
+
+  The ledger checks and records each epoch's queries before they are released (a crash never
+  under-counts; privacy_ledger.json is written first); a resumed run continues the most-spent
+  ledger on disk and replays the same keys, so replayed releases equal the lost ones and reuse
+  their charges (`train.ledger_file`). The workdir is locked for the whole run.
+
+  Args:
+    config: the validated configuration.
+    workdir: output directory (created).
+    resume: continue the checkpoint in `workdir` (same config required); without it a
+      workdir holding a checkpoint is refused.
+    stop_after_units: end this invocation (checkpointed) after this many schedule units.
+    progress: show a tqdm progress bar.
+    mesh: mesh with a 'data' axis (default: all devices); S and the self-learning batch must
+      divide by its size.
+    latency_seconds: minimum timing of each latency figure of the compression report.
+
+  Returns:
+    The results (also `<workdir>/results.json`).
+  """
+  # 1. Workdir: lock, resume or refuse, root seed
+  started, clock = (time.time(), time.process_time()), outputs.RunClock()
+  run = workdir_lib.open_run(workdir, kind="RONA", config=dataclasses.asdict(config),
+                             resume=resume)
+  mesh = sharding.data_mesh() if mesh is None else mesh
+  for size in (config.batch_size, config.self_learning_batch_size):
+    sharding.check_divisible(size, mesh)
+  root_seed = run.root_seed(config.seed)
+  # 2. Data and plan (σ and T resolved once; the steps and the ledger read them from `plan`)
+  num_train, public, test = _data(config)
+  plan = rona_plan.make_plan(config)
+  # 3. Teachers (the auxiliary one saw the public split only) and the student's state
+  teacher, aux = teachers_lib.teachers(config, public_split_card(config, len(public)), public,
+                                       workdir, progress=progress, mesh=mesh)
+  carry, student_graphdef = _initial_carry(config, run, teacher, root_seed, mesh)
+  # 4. Ledger and steps (private ones from the plan)
+  ledger = run.ledger(plan.new_ledger())
+  keys = dict(zip(("order", "noise", "select"),
+                  (jax.random.fold_in(carry.root_key, i) for i in (1, 2, 3))))
+  ctx = _Context(config=config, plan=plan, run=run, ledger=ledger, public=public, test=test,
+                 mesh=mesh, student_graphdef=student_graphdef, keys=keys,
+                 **_steps(config, plan, teacher, aux, mesh))
+  # 5. Train: charge -> release -> seal -> save, one unit of the schedule at a time
+  carry, test_metrics = _train_units(ctx, carry, root_seed, workdir=workdir,
+                                     stop_after_units=stop_after_units, show_progress=progress)
+  # 6. Results record
+  return _finish(ctx, carry, test_metrics, teacher=teacher, aux=aux, num_train=num_train,
+                 root_seed=root_seed, workdir=workdir, started=started, clock=clock,
+                 latency_seconds=latency_seconds)
+
+
+def _train_units(ctx: _Context, carry: _Carry, root_seed: seeds.ResolvedSeed, *, workdir: str,
+                 stop_after_units: int | None, show_progress: bool
+                 ) -> tuple[_Carry, dict[str, float] | None]:
+  """Runs the schedule's units from `carry.unit` (up to `stop_after_units` of them), each
+  sealed, evaluated and checkpointed; returns the carry and the last test metrics."""
+  config, units = ctx.config, schedule(ctx.config)
+  stop = len(units) if stop_after_units is None else min(len(units),
+                                                         carry.unit + stop_after_units)
+  writer = metrics_lib.MetricsWriter(workdir, resume_step=carry.unit)
+  bar = tqdm.tqdm(total=len(units), initial=carry.unit, disable=not show_progress,
+                  desc=f"rona {config.student_model}/{config.dataset}", unit="epoch")
+  test_metrics = None
+  while carry.unit < stop:
+    phase, round_index, epoch = units[carry.unit]
+    carry, step_metrics = _run_unit(ctx, carry, phase, round_index, epoch)
+    bar.update(1)
+    host_arrays = ctx.run.seal(carry.arrays())  # before any output of this unit's releases
+    if phase != "select":
+      test_metrics = _log_unit(ctx, carry, phase, step_metrics, writer, bar)
+    ctx.run.save(carry.unit, host_arrays,
+                 {"config": dataclasses.asdict(config), "unit": carry.unit,
+                  "executed": carry.executed, "plan": ctx.plan.to_json(),
+                  "ledger": None if ctx.ledger is None else ctx.ledger.to_json(),
+                  "root_seed": list(root_seed)})
+  bar.close()
+  writer.close()
+  return carry, test_metrics
+
+
+def _run_unit(ctx: _Context, carry: _Carry, phase: str, round_index: int,
+              epoch: int) -> tuple[_Carry, Any]:
+  """One unit of the schedule; returns the carry after it and its last step's metrics."""
+  unit_order = jax.random.fold_in(ctx.keys["order"], carry.unit)
+  if phase in _TRAINING_PHASES:
+    carry = carry._replace(state=carry.state.replace(opt_state=carry.opt_states[phase]))
+  step_metrics = None
+  if phase == "select":
+    carry = carry._replace(selected=_select_queries(ctx, carry))
+  elif phase == "self":
+    state = carry.state
+    for indices in data.epoch_batches(unit_order, len(ctx.public),
+                                      ctx.config.self_learning_batch_size):
+      batch = sharding.shard_batch((ctx.public.images[indices], ctx.public.labels[indices]),
+                                   ctx.mesh)
+      state, step_metrics = ctx.self_step(state, *batch)
+    carry = carry._replace(state=state)
+  else:
+    carry, step_metrics = _private_epoch(ctx, carry, phase, f"{phase} round {round_index} "
+                                         f"epoch {epoch}", unit_order)
+  if phase in _TRAINING_PHASES:
+    carry = carry._replace(opt_states={**carry.opt_states, phase: carry.state.opt_state})
+  return carry._replace(unit=carry.unit + 1), step_metrics
+
+
+def _select_queries(ctx: _Context, carry: _Carry) -> np.ndarray:
+  """The round's |x_q| distillation queries, chosen from the student's outputs on the public
+  split (post-processing: no privacy cost)."""
+  log_probs = query_selection.student_log_probs(
+      student.student_parts(carry.state, ctx.student_graphdef), ctx.public.images,
+      ctx.config.info)
+  return query_selection.select_queries(
+      ctx.config.query_selection, jax.random.fold_in(ctx.keys["select"], carry.unit),
+      log_probs, ctx.config.num_query_samples)
+
+
+def _private_epoch(ctx: _Context, carry: _Carry, phase: str, note: str,
+                   unit_order: jax.Array) -> tuple[_Carry, Any]:
+  """A hint epoch (random public samples) or a distillation epoch (the selected ones):
+  charge, then release and learn batch by batch; BatchNorm statistics re-estimated after."""
+  config, public, unit = ctx.config, ctx.public, carry.unit
+  queries = (np.asarray(jax.random.permutation(unit_order, len(public)))[
+      :config.num_query_samples] if phase == "hint" else carry.selected)
+  # Account before releasing: a crash never under-counts (a run without a ledger gets inf).
+  ctx.run.charge(ctx.plan.event(ctx.plan.queries_per_epoch), step=unit, note=note)
+  state, bound, executed, step_metrics = carry.state, carry.bounds[phase], carry.executed, None
+  noise_key = jax.random.fold_in(ctx.keys["noise"], unit)
+  batches = _query_batches(jax.random.fold_in(unit_order, 1), queries, config.batch_size)
+  for b, (indices, mask) in enumerate(batches):
+    images, mask = sharding.shard_batch((public.images[indices], mask), ctx.mesh)
+    key = sharding.replicate(jax.random.fold_in(noise_key, b), ctx.mesh)
+    state, bound, step_metrics = ctx.private_steps[phase](state, *ctx.frozen, bound, images,
+                                                          mask, key)
+    executed += 1
+  if jax.tree.leaves(state.batch_stats):  # BatchNorm statistics from uniform public batches
+    for indices in itertools.islice(data.epoch_batches(
+        jax.random.fold_in(unit_order, 2), len(public), config.self_learning_batch_size),
+                                    _BATCH_STATS_BATCHES):
+      state = ctx.batch_stats_step(state, sharding.shard_batch(public.images[indices],
+                                                               ctx.mesh))
+  return carry._replace(state=state, bounds={**carry.bounds, phase: bound},
+                        executed=executed), step_metrics
+
+
+def _log_unit(ctx: _Context, carry: _Carry, phase: str, step_metrics: Any,
+              writer: metrics_lib.MetricsWriter, bar: tqdm.tqdm) -> dict[str, float]:
+  """Evaluates the deployed student, writes the unit's scalars; returns the test metrics."""
+  test_metrics = evaluate_lib.evaluate(student.student_parts(carry.state, ctx.student_graphdef),
+                                       ctx.test)
+  epsilon = ctx.ledger.spent_epsilon() if ctx.ledger is not None else ctx.plan.sound_epsilon
+  scalars = {f"{phase}_{k}": float(v) for k, v in jax.device_get(step_metrics or {}).items()}
+  # Non-private runs have B = ε = inf: nothing finite to plot (results.json says inf).
+  scalars = {k: v for k, v in {**scalars, "epsilon": epsilon}.items() if math.isfinite(v)}
+  writer.write(carry.unit, scalars, prefix="train/")
+  writer.write(carry.unit, test_metrics, prefix="test/")
+  bar.set_postfix(phase=phase, acc=f"{test_metrics['accuracy']:.4f}", eps=f"{epsilon:.3g}")
+  return test_metrics
+
+
+def _finish(ctx: _Context, carry: _Carry, test_metrics: dict[str, float] | None, *,
+            teacher: teacher_lib.Teacher, aux: teacher_lib.Teacher | None, num_train: int,
+            root_seed: seeds.ResolvedSeed, workdir: str, started: tuple[float, float],
+            clock: outputs.RunClock, latency_seconds: float) -> dict[str, Any]:
+  """The compression report, results.json and record.json; returns the results."""
+  config, plan, ledger = ctx.config, ctx.plan, ctx.ledger
+  deployed = student.student_parts(carry.state, ctx.student_graphdef)
+  if test_metrics is None:
+    test_metrics = evaluate_lib.evaluate(deployed, ctx.test)
+  report = compression_report.compression_report(
+      teacher.parts, deployed, student_accuracy=test_metrics["accuracy"], info=config.info,
+      min_seconds=latency_seconds)
+  if aux is not None:  # trained on the public split only (its card says so): public
+    report["aux_teacher"] = {"params": aux.card["param_count"],
+                             "test_accuracy": aux.card["test_accuracy"]}
+  report["teacher"]["model"] = teacher.card["model"]
+  report["student"]["model"] = config.student_model
+  epsilon = ledger.spent_epsilon() if ledger is not None else (
+      math.inf if plan.noise_multiplier == 0 and carry.executed else 0.0)
+  units_planned = len(schedule(config))
+  results = {
+      "method": "rona", "dataset": config.dataset, "student_model": config.student_model,
+      "test_accuracy": test_metrics["accuracy"], "test_loss": test_metrics["loss"],
+      "epsilon": epsilon, "delta": config.delta,
+      "accountant": "dp_accounting PLD; teacher not private (bounded batch sensitivity 2B)",
+      "neighbouring_relation": "replace_one_sensitive_record", **plan.results_fields(),
+      "num_queries_executed": carry.executed, "units_done": carry.unit,
+      "units_planned": units_planned, "finished": carry.unit == units_planned,
+      "bound_mode": config.bound_mode,
+      "final_l2_bounds": rona_plan.final_bounds(plan, jax.device_get(carry.bounds)),
+      "num_public": len(ctx.public), "num_sensitive": num_train - len(ctx.public),
+      "compression": report, "seed": root_seed.public_description(),
+      # This invocation, teachers trained here included; CPU: all threads of the process.
+      "wall_seconds_this_run": round(time.time() - started[0], 1),
+      "cpu_seconds_this_run": round(time.process_time() - started[1], 1),
+      "config": dataclasses.asdict(config),
+      "ledger": None if ledger is None else json.loads(ledger.to_json()),
+      "dpkd_jax_version": dpkd_jax.__version__,
+      outputs.PRIVATE_KEY: outputs.private_section(  # the teacher saw the sensitive data
+          {"teacher_test_accuracy": teacher.card["test_accuracy"]}, workdir=workdir,
+          files=("teacher",)),
+  }
+  return outputs.finish_run(
+      workdir, results, clock=clock, dataset=config.dataset,
+      test_accuracy=test_metrics["accuracy"], sound_epsilon=epsilon, delta=config.delta,
+      paper_epsilon=plan.paper_epsilon, target_epsilon=config.target_epsilon,
+      extra={"paper_epsilon_scope": "per query (classic Gaussian bound, sensitivity B)"})
