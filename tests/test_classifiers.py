@@ -16,7 +16,7 @@ import numpy as np
 import pytest
 from flax import nnx
 
-from dpkd_jax.models import classifiers, core
+from dpkd_jax.models import classifiers, core, mobilenet
 
 NUM_CLASSES = 10
 SHAPES = ((28, 28, 1), (32, 32, 3))
@@ -27,7 +27,7 @@ MODELS = {
     "datalens_cnn": (classifiers.DataLensCNN, 64, (11, 11, 64), (13, 13, 64)),
     "small_cnn": (classifiers.SmallCNN, 128, (7, 7, 64), (8, 8, 64)),
     "vgg": (classifiers.VGG, 128, (7, 7, 64), (8, 8, 64)),
-    "mobilenet": (classifiers.MobileNet, 256, (7, 7, 32), (8, 8, 32)),
+    "mobilenet": (mobilenet.MobileNet, 256, (7, 7, 32), (8, 8, 32)),
 }
 
 # One compiled forward per (graphdef, input shape, mode), shared by all tests of this file.
@@ -154,7 +154,7 @@ def test_models_reject_inputs_too_small_for_their_pooling():
   with pytest.raises(ValueError, match="stage_widths"):
     classifiers.VGG(num_classes=10, input_shape=(28, 28, 1), rngs=rngs, stage_widths=())
   with pytest.raises(ValueError, match="block_settings"):
-    classifiers.MobileNet(num_classes=10, input_shape=(28, 28, 1), rngs=rngs,
+    mobilenet.MobileNet(num_classes=10, input_shape=(28, 28, 1), rngs=rngs,
                           block_settings=((6, 24, 0, 2),))
 
 

@@ -8,11 +8,12 @@ Build a model by name, split it once, then use only pure functions:
                                       train=False)
 """
 
-from dpkd_jax.models.classifiers import (NORMS, VGG, DataLensCNN, LeNet5, LeNet5Half, MobileNet,
-                                         SmallCNN, group_count)
+from dpkd_jax.models.classifiers import (NORMS, VGG, DataLensCNN, LeNet5, LeNet5Half, SmallCNN,
+                                         group_count)
 from dpkd_jax.models.core import ClassifierOutput, ModelParts, apply, merge, split
 from dpkd_jax.models.cost import count_params, flops_per_example
 from dpkd_jax.models.generators import DAFLGenerator
+from dpkd_jax.models.mobilenet import MobileNet
 from dpkd_jax.models.registry import CLASSIFIERS, GENERATORS, create_classifier, create_generator
 from dpkd_jax.models.resnet import ResNet, ResNet18, ResNet34, WideResNet
 

@@ -11,7 +11,7 @@ import jax
 import numpy as np
 from flax import nnx
 
-from dpkd_jax.models import classifiers, generators, resnet
+from dpkd_jax.models import classifiers, generators, mobilenet, resnet
 
 CLASSIFIERS: dict[str, Callable[..., nnx.Module]] = {
     "lenet5": classifiers.LeNet5,
@@ -19,7 +19,7 @@ CLASSIFIERS: dict[str, Callable[..., nnx.Module]] = {
     "datalens_cnn": classifiers.DataLensCNN,
     "small_cnn": classifiers.SmallCNN,
     "vgg": classifiers.VGG,
-    "mobilenet": classifiers.MobileNet,
+    "mobilenet": mobilenet.MobileNet,
     "resnet18": resnet.ResNet18,
     "resnet34": resnet.ResNet34,
     "wide_resnet": resnet.WideResNet,
