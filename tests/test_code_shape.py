@@ -14,7 +14,6 @@ _PENDING = {
     "methods/dfpate.py",
     "methods/dfpate.py:train_dfpate",
     "methods/dpdfd.py:train_dpdfd",
-    "methods/dpsgd.py:train_dpsgd",
     "methods/rknn.py:train_rknn",
     "methods/rona.py:train_rona",
     "methods/srr.py:train_srr",
