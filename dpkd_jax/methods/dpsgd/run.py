@@ -79,12 +79,12 @@ def train_dpsgd(config: DPSGDConfig, workdir: str, *, resume: bool = False,
   # 2. Data: the private training split (Poisson-sampled) and the public test split.
   train, test = (data.load(config.dataset, split, data_dir=config.data_dir,
                            download=config.download) for split in ("train", "test"))
-  # 3. Plan: q, T, M and z, resolved once (the step and the ledger both read it).
+  # 3. Plan and ledger: q, T, M and z resolved once (the step and the ledger both read it).
   plan = make_plan(config, num_examples=len(train), num_devices=mesh.shape[sharding.DATA_AXIS])
-  # 4. State: root seed, model and optimizer, or the resumed checkpoint's; then the ledger.
+  ledger = run.ledger(plan.new_ledger())  # None without noise; a resumed run's own ledger
+  # 4. State: root seed, model and optimizer, or the resumed checkpoint's.
   root_seed = run.root_seed(config.seed)  # a resumed run also restores its key data below
   state, root_key = _initial_state(run, config, seeds.root_key(root_seed))
-  ledger = run.ledger(plan.new_ledger())
   # 5. Train: charge -> release -> seal -> evaluate -> save, one expected epoch at a time.
   loop = _Loop(run=run, config=config, plan=plan, mesh=mesh, train=train, test=test,
                root_key=root_key, root_seed=root_seed, ledger=ledger)
@@ -98,7 +98,7 @@ def train_dpsgd(config: DPSGDConfig, workdir: str, *, resume: bool = False,
   outputs.finish_run(workdir, results, clock=clock, dataset=config.dataset,
                      test_accuracy=results["test_accuracy"], sound_epsilon=results["epsilon"],
                      delta=plan.delta, target_epsilon=config.target_epsilon,
-                     neighbouring="replace-one")
+                     neighbouring=plan.relation)
   return results
 
 
