@@ -43,7 +43,6 @@ from dpkd_jax import models
 from dpkd_jax.methods import dpdfd_direct
 from dpkd_jax.methods import dpdfd_step
 from dpkd_jax.methods import dpsgd
-from dpkd_jax.methods import dpsgd_step
 from dpkd_jax.models import core
 from dpkd_jax.privacy import accounting
 from dpkd_jax.train import sharding
@@ -184,7 +183,8 @@ def jax_steps(images_uint8: jax.Array, labels: jax.Array, key: jax.Array,
   holder["ours"] = sharding.replicate(
       TrainState.create(parts._replace(params=copy(parts.params)), dpsgd.make_optimizer(config)),
       mesh)
-  ours = dpsgd_step.make_train_step(config, mesh, noise_multiplier=NOISE_MULTIPLIER)
+  plan = dpsgd.make_plan(config, num_examples=NUM_EXAMPLES, num_devices=1)  # z, C, B
+  ours = dpsgd.make_train_step(plan, config.info, mesh)
 
   def ours_step(i: int) -> None:
     holder["ours"], metrics = ours(holder["ours"], images_uint8, labels, mask,

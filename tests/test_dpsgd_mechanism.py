@@ -1,7 +1,7 @@
 """Tests of privacy/dpsgd_mechanism.py: DP-SGD's clipped sum, its noise and sensitivities.
 
 The clipping itself (norms, non-finite rows) and the sharded step are tested in
-test_dpsgd.py; here small pytrees check the mechanism's contract.
+test_dpsgd_step.py; here small pytrees check the mechanism's contract.
 """
 
 import jax

@@ -148,7 +148,7 @@ def test_graph_sees_the_known_edges(graph):
   edges, _ = graph
   assert "dpkd_jax.data.splits" in edges["dpkd_jax.data.sources"]  # from pkg import submodule
   assert "dpkd_jax.data.arrays" in edges["dpkd_jax.data.splits"]  # from pkg.mod import name
-  assert "dpkd_jax.data" in edges["dpkd_jax.methods.dpsgd_config"]  # package re-export
+  assert "dpkd_jax.data" in edges["dpkd_jax.methods.dpsgd.config"]  # package re-export
   assert "dpkd_jax.data.sources" in edges["dpkd_jax.data"]  # __init__ -> submodule
 
 

@@ -276,3 +276,16 @@ def test_key_is_required():
   with pytest.raises(TypeError):
     mechanisms.output_gradient_mechanism(  # pylint: disable=missing-kwoa
         jnp.ones((2, 2)), l2_norm_bound=1.0, noise_multiplier=1.0)
+
+
+@pytest.mark.parametrize("method", ["normalize", "clip"])
+def test_one_teacher_mechanism_is_the_multi_teacher_one_with_n_1(method):
+  """`output_gradient_mechanism` is `multi_teacher_output_gradients` on one teacher: the same
+  bits (bound, draw, std, sensitivity), zero and non-finite rows included."""
+  x = _input((6, 5)).at[0].set(0.0).at[1, 2].set(jnp.nan)
+  kwargs = dict(l2_norm_bound=C, noise_multiplier=SIGMA, method=method)
+  one = jax.jit(functools.partial(mechanisms.output_gradient_mechanism, **kwargs))(
+      jax.random.key(4), x)
+  multi = jax.jit(functools.partial(mechanisms.multi_teacher_output_gradients, **kwargs))(
+      jax.random.key(4), x[None])
+  chex.assert_trees_all_equal(tuple(one), tuple(multi))

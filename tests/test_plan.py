@@ -53,6 +53,7 @@ def test_base_event_must_be_defined():
 def test_ledger_takes_budget_and_delta_from_the_plan():
   ledger = _plan().new_ledger()
   assert ledger.target_epsilon == 5.0 and ledger.delta == 1e-5
+  assert ledger.relation == neighbouring.REPLACE_ONE  # a mixed-relation charge is refused
   assert _plan(budget_epsilon=None).new_ledger() is None
   assert not _plan(budget_epsilon=None).private
 

@@ -182,23 +182,12 @@ def output_gradient_mechanism(
     GaussianRelease with `noisy` (B, K) (what the student fits), `noise_stddev` = sigma C and
     `l2_sensitivity` = 2 C sqrt(B).
   """
-  bounder = _row_bounder(method)
-  validation.check_float("l2_norm_bound", l2_norm_bound, positive=True)
-  validation.check_float("noise_multiplier", noise_multiplier, positive=False)
-  validation.check_float("stability", stability, positive=False)
+  # One teacher is the n = 1 case of `multi_teacher_output_gradients`: the same bound, draw
+  # and sensitivity (the sum over one teacher and the division by 1 are exact).
   chex.assert_rank(per_sample_grads, 2)
-  chex.assert_type(per_sample_grads, float)
-  batch_size = per_sample_grads.shape[0]
-  bounded = bounder(per_sample_grads, l2_norm_bound, stability)  # (B, K)
-  noise_stddev = noise_multiplier * l2_norm_bound
-  noise = jax.random.normal(key, bounded.shape, bounded.dtype)  # (B, K), i.i.d. per row
-  noisy = bounded + noise_stddev * noise
-  chex.assert_equal_shape((noisy, per_sample_grads))
-  return GaussianRelease(
-      noisy=noisy,
-      noise_stddev=jnp.asarray(noise_stddev, noisy.dtype),
-      l2_sensitivity=jnp.asarray(2.0 * l2_norm_bound * math.sqrt(batch_size), noisy.dtype),
-  )
+  return multi_teacher_output_gradients(
+      key, per_sample_grads[None], l2_norm_bound=l2_norm_bound,
+      noise_multiplier=noise_multiplier, stability=stability, method=method)
 
 
 def multi_teacher_output_gradients(

@@ -77,7 +77,8 @@ class Plan:
     """An empty ledger with this plan's budget (None for a run without noise)."""
     if not self.private:
       return None
-    return ledger_lib.PrivacyLedger(target_epsilon=self.budget_epsilon, delta=self.delta)
+    return ledger_lib.PrivacyLedger(target_epsilon=self.budget_epsilon, delta=self.delta,
+                                   relation=self.relation)
 
   def to_json(self) -> dict[str, Any]:
     """The plan as JSON-ready values (inf stays a float: `json` writes Infinity)."""

@@ -1,8 +1,9 @@
-"""DP-SGD's step: per-example gradients, then the mechanism of `privacy.dpsgd_mechanism`.
+"""DP-SGD's step and state: per-example gradients, the mechanism, the optax update.
 
-Split from `dpsgd.py` (config, plan, loop). The clipping and the noise (and their
-sensitivity) live in `dpkd_jax.privacy.dpsgd_mechanism`; this module only computes the
-per-example gradients, lays the mechanism out over devices and applies the update.
+The clipping and the noise (and their sensitivity) live in `dpkd_jax.privacy.dpsgd_mechanism`;
+this module only computes the per-example gradients, lays the mechanism out over devices and
+applies the update. z, C and the normaliser B come from the `DPSGDPlan` (the object whose
+`event` the ledger charges), never from the config.
 Multi-device: auto-sharded `jit(vmap(grad))` over convolutions returned zero per-example
 gradients off device 0 (fake CPU devices, JAX 0.10.2), so clipped sums are computed in
 `jax.shard_map` over 'data' and `psum`med; the noise is drawn once, after, from a replicated
@@ -11,7 +12,6 @@ key.
 
 from __future__ import annotations
 
-import dataclasses
 import functools
 from typing import Any, Callable
 
@@ -22,12 +22,13 @@ from flax import nnx
 from jax.sharding import Mesh, PartitionSpec as P
 
 from dpkd_jax import data
+from dpkd_jax import models
 from dpkd_jax.models import core
 from dpkd_jax.privacy import dpsgd_mechanism
-from dpkd_jax.privacy import validation
 from dpkd_jax.train import sharding
 from dpkd_jax.train.state import TrainState
-from dpkd_jax.methods.dpsgd_config import DPSGDConfig
+from dpkd_jax.methods.dpsgd.config import DPSGDConfig
+from dpkd_jax.methods.dpsgd.privacy import DPSGDPlan
 
 PyTree = Any
 
@@ -54,15 +55,16 @@ def per_example_gradients(graphdef: nnx.GraphDef, params: PyTree, batch_stats: P
   return losses, logits, grads
 
 
-def train_step_fn(config: DPSGDConfig, mesh: Mesh, *, noise_multiplier: float) -> Callable:
+def build_train_step(plan: DPSGDPlan, info: data.DatasetInfo, mesh: Mesh) -> Callable:
   """The pure `train_step(state, images_uint8, labels, mask, noise_key) -> (state, metrics)`.
 
   `make_train_step` jits it; tests wrap it (`chex.assert_max_traces`) first.
 
   Args:
-    config: gives C, the expected batch size and the dataset normalization.
+    plan: gives z (>= 0; 0 only for tests and clipping-only ablations), C and the expected
+      batch size B (the normaliser of the noisy sum).
+    info: the dataset, for the normalization of the uint8 images.
     mesh: mesh with a 'data' axis; the (M,) batch rows are split over it.
-    noise_multiplier: z >= 0 (0 only for tests and clipping-only ablations).
 
   Returns:
     The step: images (M, H, W, C) uint8, labels (M,) int32, mask (M,) bool (False: padding),
@@ -71,9 +73,8 @@ def train_step_fn(config: DPSGDConfig, mesh: Mesh, *, noise_multiplier: float) -
     NOT covered by ε: `train_dpsgd` writes them only to `private_diagnostics.csv`, and only
     with `log_private_diagnostics=True`.
   """
-  noise_multiplier = validation.check_float("noise_multiplier", noise_multiplier, positive=False)
-  info, clip_norm = config.info, float(config.l2_clip_norm)
-  normalizer = float(config.expected_batch_size)
+  noise_multiplier, clip_norm = plan.noise_multiplier, plan.l2_clip_norm
+  normalizer = float(plan.expected_batch_size)
   axis = sharding.DATA_AXIS
 
   def train_step(state: TrainState, images_uint8: jax.Array, labels: jax.Array,
@@ -110,18 +111,38 @@ def train_step_fn(config: DPSGDConfig, mesh: Mesh, *, noise_multiplier: float) -
   return train_step
 
 
-def make_train_step(config: DPSGDConfig, mesh: Mesh, *, noise_multiplier: float) -> Callable:
-  """`train_step_fn` jitted: `state` donated, outputs replicated on `mesh` (the layout of the
-  input state, so the loop compiles once). Cached per (config, mesh, z), the seed and the
-  logging flag left out (keys are step inputs; logging happens outside the step): repeated
-  runs in one process (resume, sweeps, tests) reuse the compiled step instead of recompiling
-  it."""
-  return _make_train_step(dataclasses.replace(config, seed=None, log_private_diagnostics=False),
-                          mesh, noise_multiplier)
+@functools.cache
+def make_train_step(plan: DPSGDPlan, info: data.DatasetInfo, mesh: Mesh) -> Callable:
+  """`build_train_step` jitted: `state` donated, outputs replicated on `mesh` (the layout of
+  the input state, so the loop compiles once). Cached per (plan, dataset, mesh): keys are step
+  inputs and logging happens outside the step, so repeated runs in one process (resume,
+  sweeps, tests) reuse the compiled step instead of recompiling it."""
+  replicated = sharding.replicated(mesh)
+  return jax.jit(build_train_step(plan, info, mesh), donate_argnums=0,
+                 out_shardings=(replicated, replicated))
+
+
+def make_optimizer(config: DPSGDConfig) -> optax.GradientTransformation:
+  """Constant-rate SGD (optional momentum) or Adam: post-processing of the noisy gradient."""
+  return _optimizer(config.optimizer, config.learning_rate, config.momentum)
 
 
 @functools.cache
-def _make_train_step(config: DPSGDConfig, mesh: Mesh, noise_multiplier: float) -> Callable:
-  replicated = sharding.replicated(mesh)
-  return jax.jit(train_step_fn(config, mesh, noise_multiplier=noise_multiplier),
-                 donate_argnums=0, out_shardings=(replicated, replicated))
+def _optimizer(name: str, learning_rate: float, momentum: float) -> optax.GradientTransformation:
+  # One object per setting: TrainState's static `tx` is compared by identity under jit, so
+  # repeated runs in one process (resume, sweeps, tests) then reuse the compiled step.
+  if name == "adam":
+    return optax.adam(learning_rate)
+  return optax.sgd(learning_rate, momentum=momentum or None)
+
+
+def init_model(config: DPSGDConfig, key: jax.Array) -> core.ModelParts:
+  """The config's classifier, initialised from `key` and split."""
+  return core.split(models.create_classifier(
+      config.model, num_classes=config.info.num_classes, input_shape=config.info.image_shape,
+      norm=config.norm, rngs=nnx.Rngs(key)))
+
+
+def init_state(config: DPSGDConfig, key: jax.Array) -> TrainState:
+  """A fresh training state: the model initialised from `key` and the config's optimizer."""
+  return TrainState.create(init_model(config, key), make_optimizer(config))

@@ -1,13 +1,14 @@
 """DP-SGD's run configuration: `DPSGDConfig`, validated at construction.
 
-Its own module so that `dpsgd.py` (plan, loop) and `dpsgd_step.py` (the step) both import it
-without importing each other.
+The config holds the user's flags only: it never resolves σ (z) or the number of steps for a
+privacy target; `privacy.make_plan` does, once.
 """
 
 from __future__ import annotations
 
 import dataclasses
 
+from dpkd_jax import config_checks
 from dpkd_jax import data
 from dpkd_jax import models
 from dpkd_jax.privacy import validation
@@ -60,8 +61,7 @@ class DPSGDConfig:
   def __post_init__(self):
     for name, table in (("dataset", data.DATASETS), ("model", models.CLASSIFIERS),
                         ("optimizer", _OPTIMIZERS)):
-      if getattr(self, name) not in table:
-        raise ValueError(f"unknown {name} {getattr(self, name)!r}; known: {sorted(table)}")
+      config_checks.one_of(name, getattr(self, name), table)
     if self.norm not in _DP_NORMS:
       why = (": BatchNorm mixes the examples of a batch, so clipping would not bound one "
              "record's effect" if self.norm == "batch" else "")
@@ -70,19 +70,20 @@ class DPSGDConfig:
       if (getattr(self, first) is None) == (getattr(self, second) is None):
         raise ValueError(f"give exactly one of {first} and {second}, got {first}="
                          f"{getattr(self, first)!r}, {second}={getattr(self, second)!r}")
-    validation.check_int("expected_batch_size", self.expected_batch_size, minimum=1)
+    config_checks.integers(self, "expected_batch_size")
     for name, minimum in (("max_batch_size", self.expected_batch_size), ("steps", 1)):
       if getattr(self, name) is not None:
-        validation.check_int(name, getattr(self, name), minimum=minimum)
-    for name, positive in (("l2_clip_norm", True), ("noise_multiplier", False),
-                           ("target_epsilon", True), ("epochs", True), ("learning_rate", True)):
-      if getattr(self, name) is not None:
-        validation.check_float(name, getattr(self, name), positive=positive)
+        config_checks.integer(name, getattr(self, name), minimum=minimum)
+    config_checks.positive(self, "l2_clip_norm", "learning_rate", *self._given(
+        "target_epsilon", "epochs"))
+    config_checks.non_negative(self, *self._given("noise_multiplier"))
     validation.check_delta(self.delta)
-    if not 0.0 <= self.momentum < 1.0:
-      raise ValueError(f"momentum must be in [0, 1), got {self.momentum!r}")
-    if self.seed is not None:
-      validation.check_int("seed", self.seed, minimum=0)
+    config_checks.fraction("momentum", self.momentum, open_low=False)
+    config_checks.seed(self.seed)
+
+  def _given(self, *names: str) -> tuple[str, ...]:
+    """The optional fields among `names` that are set (not None)."""
+    return tuple(name for name in names if getattr(self, name) is not None)
 
   @property
   def info(self) -> data.DatasetInfo:

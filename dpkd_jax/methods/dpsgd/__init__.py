@@ -1,0 +1,51 @@
+"""DP-SGD (Abadi et al. 2016) on the private training split, as jax_privacy / Opacus do it.
+
+The sound baseline of the comparison tables: the student is trained directly on the private
+data, with no teacher. Each step: a Poisson sample (every record in independently w.p. q);
+per-example gradients, each clipped to L2 norm C over the whole parameter pytree; their sum
+plus N(0, z²C²) per coordinate, divided by the expected batch size B = q N (data-independent,
+unlike the realised size); an optax update. Padding rows of the fixed-size batch weigh 0; an
+oversized sample raises, never truncates; a non-finite per-example gradient becomes zero.
+
+Privacy (docs/privacy.md): T steps are `accounting.dpsgd_event(noise_multiplier=z,
+sampling_rate=q, steps=T, relation=...)` (N public, as in Opacus / jax_privacy). The run's
+`epsilon` (ledger, budget, `target_epsilon` calibration) is REPLACE-ONE, the relation of every
+other method here; `epsilon_add_remove` (Opacus' figure) is reported beside it.
+`noise_multiplier=0` trains without noise: allowed, reported as ε = inf (NOT private).
+
+Rooms, in the order the data flows (flags -> config -> plan -> step -> mechanism -> ledger ->
+record):
+* `config.py`: `DPSGDConfig`, the user's flags, validated at construction.
+* `privacy.py`: `DPSGDPlan` (q, T, M, z, C, the planned replace-one and add/remove ε, the
+  budget) and `make_plan`, the one place z is given or calibrated; `plan.event(n)` is what
+  the ledger charges for n steps.
+* `step.py`: `build_train_step(plan, ...)` (per-example gradients, then the clipping and the
+  single noise draw of `dpkd_jax.privacy.dpsgd_mechanism`, with z and C from the plan),
+  `make_train_step` (jitted, cached), `init_state` / `init_model` / `make_optimizer`.
+* `run.py`: `train_dpsgd`: workdir, data, plan, state, then per expected epoch charge ->
+  releases -> seal -> evaluate -> checkpoint, and the results record.
+"""
+
+from dpkd_jax.methods.dpsgd.config import DPSGDConfig
+from dpkd_jax.methods.dpsgd.privacy import DPSGDPlan
+from dpkd_jax.methods.dpsgd.privacy import make_plan
+from dpkd_jax.methods.dpsgd.run import train_dpsgd
+from dpkd_jax.methods.dpsgd.step import build_train_step
+from dpkd_jax.methods.dpsgd.step import init_model
+from dpkd_jax.methods.dpsgd.step import init_state
+from dpkd_jax.methods.dpsgd.step import make_optimizer
+from dpkd_jax.methods.dpsgd.step import make_train_step
+from dpkd_jax.methods.dpsgd.step import per_example_gradients
+
+__all__ = [
+    "DPSGDConfig",
+    "DPSGDPlan",
+    "build_train_step",
+    "init_model",
+    "init_state",
+    "make_optimizer",
+    "make_plan",
+    "make_train_step",
+    "per_example_gradients",
+    "train_dpsgd",
+]

@@ -1,0 +1,120 @@
+"""DP-SGD's privacy plan: `DPSGDPlan` and `make_plan`, the one place z and T are resolved.
+
+A run of T steps is `accounting.dpsgd_event(noise_multiplier=z, sampling_rate=q, steps=T,
+relation=...)` (N public, as in Opacus / jax_privacy; the mechanism and its sensitivity are in
+`dpkd_jax.privacy.dpsgd_mechanism`). The plan's relation is REPLACE-ONE, the relation of every
+other method here and so of the comparison tables (one record's clipped gradient moves from g
+to g' in its sample slot): the ledger, its budget and a `target_epsilon` calibration use it.
+The add/remove figure (a record joins or leaves the sample, Opacus' figure) is kept beside it.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+
+from dp_accounting import dp_event
+
+from dpkd_jax import data
+from dpkd_jax import errors
+from dpkd_jax.privacy import accounting
+from dpkd_jax.privacy import calibration
+from dpkd_jax.privacy import plan as plan_lib
+from dpkd_jax.methods.dpsgd.config import DPSGDConfig
+
+
+def _event(noise_multiplier: float, sampling_rate: float, steps: int,
+           relation: str) -> dp_event.DpEvent:
+  """The tagged event of `steps` DP-SGD steps (the plan's and the calibration's, alike)."""
+  return accounting.dpsgd_event(noise_multiplier=noise_multiplier, sampling_rate=sampling_rate,
+                                steps=steps, relation=relation)
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class DPSGDPlan(plan_lib.Plan):
+  """A config resolved for N records on a mesh: what the step executes and the ledger charges.
+
+  `releases` is T, the number of steps (one noisy clipped sum each); `sound_epsilon` is the
+  replace-one ε at δ of all T steps (inf for z = 0), `budget_epsilon` the ledger's budget
+  (`privacy.plan.budget`: target_epsilon if given, else the planned ε; None for z = 0).
+
+  Attributes:
+    num_examples: N, size of the private training split (public, as in Opacus).
+    sampling_rate: q = B / N, the Poisson rate of every step.
+    expected_batch_size: B = q N, the update's normaliser (data-independent).
+    steps_per_epoch: ceil(N / B), the ledger / checkpoint / evaluation interval.
+    max_batch_size: M, the padded batch (a multiple of the device count).
+    noise_multiplier: z, noise std z C on every coordinate of the clipped sum.
+    l2_clip_norm: C, the per-example clipping bound.
+    target_epsilon: the user's budget (replace-one), or None when z was given.
+    epsilon_add_remove: ε at δ of all T steps under add/remove (inf for z = 0).
+  """
+
+  num_examples: int
+  sampling_rate: float
+  expected_batch_size: int
+  steps_per_epoch: int
+  max_batch_size: int
+  noise_multiplier: float
+  l2_clip_norm: float
+  target_epsilon: float | None = None
+  epsilon_add_remove: float
+
+  @property
+  def steps(self) -> int:
+    """T: the planned steps (= `releases`)."""
+    return self.releases
+
+  def event(self, releases: int, *, relation: str | None = None) -> dp_event.DpEvent:
+    """The event of `releases` steps, under the plan's relation unless `relation` is given
+    (the add/remove figure reported beside the ledger's)."""
+    return _event(self.noise_multiplier, self.sampling_rate, releases,
+                  self.relation if relation is None else relation)
+
+
+def make_plan(config: DPSGDConfig, *, num_examples: int, num_devices: int) -> DPSGDPlan:
+  """Resolves q, T, M and z (calibrating z for `target_epsilon`), cheap checks first.
+
+  Args:
+    config: the validated configuration.
+    num_examples: N, size of the private training split.
+    num_devices: size of the mesh's 'data' axis.
+
+  Returns:
+    The plan. Raises UserError for a batch larger than N, ValueError for an M not divisible
+    by the devices. z = 0 (no noise) plans ε = inf and no budget: a non-private run, kept by
+    no ledger.
+  """
+  if config.expected_batch_size > num_examples:
+    raise errors.UserError(f"expected_batch_size={config.expected_batch_size} exceeds the "
+                           f"{num_examples} private training examples")
+  q = config.expected_batch_size / num_examples
+  steps = config.steps if config.steps is not None else math.ceil(config.epochs / q)
+  # Default M: the overflow-safe size rounded up to a multiple of the device count.
+  max_batch_size = config.max_batch_size or -(
+      -data.suggested_max_batch_size(num_examples, q) // num_devices) * num_devices
+  if max_batch_size % num_devices:
+    raise ValueError(f"max_batch_size={max_batch_size} is not divisible by the {num_devices} "
+                     f"devices of the 'data' mesh axis; use a multiple of {num_devices}")
+  relation = accounting.REPLACE_ONE  # the budget's and the comparison tables' relation
+  noise_multiplier = float(config.noise_multiplier) if config.target_epsilon is None else (
+      calibration.calibrate_noise_multiplier(
+          lambda z: _event(z, q, steps, relation), target_epsilon=config.target_epsilon,
+          delta=config.delta))
+
+  def epsilon(of: str) -> float:
+    return (math.inf if noise_multiplier == 0 else
+            accounting.epsilon(_event(noise_multiplier, q, steps, of), delta=config.delta))
+
+  sound = epsilon(relation)
+  return DPSGDPlan(
+      releases=steps, delta=config.delta, relation=relation,
+      budget_epsilon=plan_lib.budget(target_epsilon=config.target_epsilon, accounting="sound",
+                                     sound_epsilon=sound),
+      sound_epsilon=sound, num_examples=num_examples, sampling_rate=q,
+      expected_batch_size=config.expected_batch_size,
+      steps_per_epoch=math.ceil(num_examples / config.expected_batch_size),
+      max_batch_size=max_batch_size, noise_multiplier=noise_multiplier,
+      l2_clip_norm=float(config.l2_clip_norm),
+      target_epsilon=None if config.target_epsilon is None else float(config.target_epsilon),
+      epsilon_add_remove=epsilon(accounting.ADD_REMOVE))

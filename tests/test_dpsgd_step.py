@@ -1,0 +1,136 @@
+"""DP-SGD's step (`methods/dpsgd/step.py`): clipping, noise, normaliser, 8 devices == 1, no
+retracing. Fixtures in `dpsgd_fixtures.py`. Tolerances: float32 sums in another order agree to
+~1e-6: atol 1e-5.
+"""
+
+import math
+
+import chex
+import jax
+import jax.flatten_util
+import jax.numpy as jnp
+import numpy as np
+import optax
+import pytest
+
+from dpkd_jax import data
+from dpkd_jax.methods.dpsgd import step as step_lib
+from dpkd_jax.models import core
+from dpkd_jax.privacy import dpsgd_mechanism
+from dpkd_jax.train import sharding
+from dpsgd_fixtures import NUM_REAL, batch, inputs, key, make_config, make_plan, make_step  # noqa: F401
+from dpsgd_fixtures import noisy_step_8_devices, parts  # noqa: F401
+
+
+def test_no_noise_huge_clip_is_sgd_on_summed_gradient_over_expected_batch(parts, batch):
+  config = make_config(noise_multiplier=0.0, l2_clip_norm=1e6)
+  step = make_step(config)
+  new_state, metrics = step(*inputs(parts, config, batch), key(1))
+  images, labels, mask = batch
+
+  def summed_loss(params):  # plain batch forward; GroupNorm keeps examples independent
+    out, _ = core.apply(parts.graphdef, params, parts.batch_stats,
+                        data.normalize(jnp.asarray(images), config.info), train=True)
+    losses = optax.softmax_cross_entropy_with_integer_labels(out.logits, labels)  # (M,)
+    return jnp.sum(jnp.where(mask, losses, 0.0)) / config.expected_batch_size
+
+  grads = jax.jit(jax.grad(summed_loss))(parts.params)
+  expected = jax.tree.map(lambda p, g: p - 0.5 * g, parts.params, grads)
+  chex.assert_trees_all_close(jax.device_get(new_state.params), expected, atol=1e-5, rtol=1e-5)
+  assert float(metrics["batch_size"]) == NUM_REAL
+  assert float(metrics["clipped_fraction"]) == 0.0
+  assert int(new_state.step) == 1
+
+
+def _norms(tree):
+  """(B,) L2 norms over the whole pytree of each example (NumPy reference)."""
+  return np.sqrt(sum(np.sum(np.square(np.asarray(g).reshape(g.shape[0], -1)), axis=1)
+                     for g in jax.tree.leaves(tree)))
+
+
+@pytest.fixture(scope="module")
+def per_example(parts):
+  """Gradient-like pytree: the model's parameter shapes with a leading axis of 8 examples,
+  scaled so the example norms span 0.02..50 (clipped by some C values and not by others)."""
+  # NumPy for test data: one eager jax.random draw per leaf shape compiles for seconds each.
+  rng = np.random.default_rng(7)
+  grads = jax.tree.map(lambda p: rng.standard_normal((8,) + p.shape, np.float32), parts.params)
+  target = np.geomspace(0.02, 50.0, 8)
+  scale = target / _norms(grads)
+  return jax.tree.map(lambda g: g * scale.reshape((-1,) + (1,) * (g.ndim - 1)), grads)
+
+
+_clip = jax.jit(dpsgd_mechanism.clip_per_example_gradients)  # C traced: one compile, every C
+
+
+@pytest.mark.parametrize("clip_norm", [0.1, 8.0, 1e4])
+def test_every_clipped_per_example_norm_is_at_most_clip_norm(per_example, clip_norm):
+  grads = per_example
+  clipped, norms = _clip(grads, clip_norm)
+  chex.assert_trees_all_equal_shapes(clipped, grads)
+  np.testing.assert_allclose(norms, _norms(grads), rtol=1e-5)
+  clipped_norms = _norms(clipped)
+  assert np.all(clipped_norms <= clip_norm * (1 + 1e-5))
+  # Short gradients are untouched; long ones keep their direction at norm C.
+  scale = np.minimum(1.0, clip_norm / _norms(grads))  # (8,)
+  chex.assert_trees_all_close(
+      clipped, jax.tree.map(lambda g: g * scale.reshape((-1,) + (1,) * (g.ndim - 1)), grads),
+      rtol=1e-5, atol=1e-7)
+  if clip_norm == 8.0:  # norms span 0.02..50: this C clips some examples and not others
+    assert 0 < np.sum(_norms(grads) > clip_norm) < 8
+
+
+def test_non_finite_example_gradient_becomes_zero():
+  grads = {"w": jnp.array([[3.0, 4.0], [jnp.nan, 1.0], [0.0, 0.0]]),
+           "b": jnp.array([[0.0], [1.0], [0.0]])}
+  clipped, norms = _clip(grads, 1.0)
+  chex.assert_trees_all_close(clipped["w"], jnp.array([[0.6, 0.8], [0.0, 0.0], [0.0, 0.0]]),
+                              atol=1e-7)
+  chex.assert_trees_all_equal(clipped["b"], jnp.zeros((3, 1)))
+  assert norms[0] == pytest.approx(5.0) and not np.isfinite(norms[1]) and norms[2] == 0.0
+
+
+def test_noise_std_of_update_is_z_times_clip_over_expected_batch(parts, batch,
+                                                                noisy_step_8_devices):
+  config, step = noisy_step_8_devices
+  new_a, _ = step(*inputs(parts, config, batch), key(1))
+  new_b, _ = step(*inputs(parts, config, batch), key(2))
+  # Same data and clipped sum, different noise: the first (plain SGD) step moves the params by
+  # lr (G + n) / (q N), so new_a - new_b = lr (n_b - n_a) / (q N) has per-coordinate std
+  # lr sqrt(2) z C / (q N) = 0.5 * sqrt(2) * 1 * 2 / 16.
+  diff, _ = jax.flatten_util.ravel_pytree(
+      jax.tree.map(lambda a, b: a - b, jax.device_get(new_a.params), jax.device_get(new_b.params)))
+  expected_std = 0.5 * math.sqrt(2) * 1.0 * 2.0 / 16
+  # ~15.8k coordinates: one sigma of the sample std is ~0.6%, so 3% is 5 sigma; same for the mean.
+  assert diff.size > 15_000
+  assert float(jnp.std(diff)) == pytest.approx(expected_std, rel=0.03)
+  assert abs(float(jnp.mean(diff))) < 5 * expected_std / math.sqrt(diff.size)
+
+
+def test_eight_devices_equal_one_device(parts, batch, noisy_step_8_devices):
+  config, step8 = noisy_step_8_devices
+  new8, metrics8 = step8(*inputs(parts, config, batch), key(3))
+  mesh1 = sharding.data_mesh(jax.devices()[:1])
+  step1 = make_step(config, mesh1)
+  new1, metrics1 = step1(*inputs(parts, config, batch, mesh1), key(3, mesh1))
+  chex.assert_trees_all_close(jax.device_get(new8.params), jax.device_get(new1.params),
+                              atol=1e-5)
+  chex.assert_trees_all_close(jax.device_get(metrics8), jax.device_get(metrics1), rtol=1e-5)
+  # One device sees every row, so equality also shows that devices 1..7 contributed (each
+  # example moves the update by up to lr C / (q N) = 0.06, far above the tolerance).
+  assert float(metrics8["batch_size"]) == NUM_REAL
+  assert 0.0 < float(metrics8["clipped_fraction"]) <= 1.0
+
+
+def test_trace_guard_catches_a_retrace(parts, batch):
+  """The guard of `noisy_step_8_devices` (and `runs`) is live: a new batch shape fails.
+
+  No `chex.clear_trace_counter()` here: it would also reset the count of the guarded step.
+  """
+  config = make_config()
+  step = jax.jit(chex.assert_max_traces(
+      step_lib.build_train_step(make_plan(config), config.info, sharding.data_mesh()), n=1))
+  state, *rows = inputs(parts, config, batch)
+  step.trace(state, *rows, key(0))
+  with pytest.raises(AssertionError, match="traced > 1 times"):
+    step.trace(state, *(a[:16] for a in rows), key(0))
