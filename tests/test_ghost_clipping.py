@@ -53,6 +53,8 @@ def test_kernel_method_is_mixed_ghost_clipping():
   assert ghost_clipping.kernel_method(4, 288, 64) == "gram"  # 2·16 < 18432
   assert ghost_clipping.kernel_method(196, 288, 64) == "per_example"  # 2·196² > 18432
   assert ghost_clipping.kernel_method(784, 9, 32) == "per_example"
+  assert ghost_clipping.kernel_method(4, 288, 64, allow_gram=False) == "per_example"
+  assert ghost_clipping.kernel_method(1, 400, 120, allow_gram=False) == "rank1"
 
 
 @pytest.mark.parametrize("groups,strides,padding,rhs_dilation", [

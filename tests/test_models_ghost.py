@@ -110,6 +110,18 @@ def test_equals_the_vmap_path_with_grouped_strided_convolutions():
   _check_against_vmap(core.split(model), (6, 6, 2), 3, mid_clip_checks=False)
 
 
+def test_without_the_gram_form_the_sums_are_the_same():
+  # small_cnn at 8×8: conv2 has T = 16 positions, so 2T² < 288·64 picks the Gram form.
+  parts = core.split(registry.create_classifier("small_cnn", num_classes=4, input_shape=(8, 8, 1),
+                                                norm="none", seed=0))
+  x, targets, mask = _batch((8, 8, 1), 4)
+  sums = [jax.jit(lambda p, allow_gram=allow_gram: ghost.ghost_clip_and_sum(
+      parts.graphdef, p, parts.batch_stats, x, targets, mask, loss_fn=_loss, l2_clip_norm=0.5,
+      allow_gram=allow_gram))(parts.params) for allow_gram in (True, False)]
+  _assert_tree_close(sums[0][0], sums[1][0])
+  np.testing.assert_allclose(sums[0][1], sums[1][1], rtol=1e-6)
+
+
 def _largest_intermediate(jaxpr) -> int:
   """Elements of the largest value any equation of `jaxpr` (or a sub-jaxpr) produces."""
   largest = 0

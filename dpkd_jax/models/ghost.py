@@ -242,7 +242,7 @@ def _per_example_pass(graphdef: nnx.GraphDef, params: PyTree, batch_stats: PyTre
 def ghost_clipped_sum(graphdef: nnx.GraphDef, params: PyTree, batch_stats: PyTree,
                       x: jax.Array, targets: PyTree, mask: jax.Array, *,
                       loss_fn: Callable[[Any, Any], jax.Array], l2_clip_norm: float,
-                      train: bool = True) -> GhostOutputs:
+                      train: bool = True, allow_gram: bool = True) -> GhostOutputs:
   """Σ_i mask_i clip_C(∇θ loss_i) and the (B,) norms, by ghost norms and book-keeping.
 
   Equal to float rounding to `dpsgd_clip_and_sum(vmap(grad(loss_i)), mask, l2_clip_norm=C)`,
@@ -259,6 +259,9 @@ def ghost_clipped_sum(graphdef: nnx.GraphDef, params: PyTree, batch_stats: PyTre
       logits, (F,) features, hint).
     l2_clip_norm: C > 0 (may be traced).
     train: passed to the model (GroupNorm and no-norm models do not depend on it).
+    allow_gram: False never uses the Gram (ghost-norm) form, whose rounding grows with
+      cancellation (`privacy.ghost_clipping`): layers that would use it materialise their
+      (B, layer) per-example gradients instead.
 
   Returns:
     `GhostOutputs`. Raises UserError (see the module docstring) for unsupported models.
@@ -272,7 +275,9 @@ def ghost_clipped_sum(graphdef: nnx.GraphDef, params: PyTree, batch_stats: PyTre
   operands, kernel_norms, biases = {}, {}, {}
   for path, has_bias in layers.items():
     a, g = _operands(inputs[path], out_grads[path], specs.get(path))
-    kernel_norms[path] = ghost_clipping.kernel_sq_norms(a, g)
+    method = ghost_clipping.kernel_method(a.shape[1], a.shape[3], g.shape[3],
+                                          allow_gram=allow_gram)
+    kernel_norms[path] = ghost_clipping.kernel_sq_norms(a, g, method)
     operands[path] = (a, g)
     sq_norms = sq_norms + kernel_norms[path].sq_norms
     if has_bias:
@@ -291,10 +296,10 @@ def ghost_clipped_sum(graphdef: nnx.GraphDef, params: PyTree, batch_stats: PyTre
 
 def ghost_clip_and_sum(graphdef: nnx.GraphDef, params: PyTree, batch_stats: PyTree,
                        x: jax.Array, targets: PyTree, mask: jax.Array, *,
-                       loss_fn: Callable[[Any, Any], jax.Array],
-                       l2_clip_norm: float) -> tuple[PyTree, jax.Array]:
+                       loss_fn: Callable[[Any, Any], jax.Array], l2_clip_norm: float,
+                       allow_gram: bool = True) -> tuple[PyTree, jax.Array]:
   """(clipped_sum, norms) as `dpsgd_mechanism.dpsgd_clip_and_sum` returns them (see
   `ghost_clipped_sum`, which also returns the losses and outputs)."""
   out = ghost_clipped_sum(graphdef, params, batch_stats, x, targets, mask, loss_fn=loss_fn,
-                          l2_clip_norm=l2_clip_norm)
+                          l2_clip_norm=l2_clip_norm, allow_gram=allow_gram)
   return out.clipped_sum, out.norms

@@ -32,6 +32,14 @@ agree to float rounding; for magnitudes near float32's range an intermediate (e.
 overflow where the materialised sum would not: that example then counts as non-finite and
 contributes 0, which only removes a contribution.
 
+Rounding: the rank-1 and per-example forms add non-negative terms (relative error of order ε,
+and a materialised G_i is both measured and summed, as on the vmap path). The Gram form adds
+terms of both signs, and the sum a^T (w ⊙ g) is not the array whose norm was measured; its
+relative error grows as an example's per-position contributions cancel, about
+ε·T·(Σ_t ||a_it|| ||g_it||)² / ||a_i^T g_i||², so a contribution may exceed C by that relative
+amount (ε: float32's 6e-8). Where that matters, exclude it (`kernel_method(allow_gram=False)`,
+`models.ghost`'s `allow_gram=False`) at the memory cost of the per-example form.
+
 Sensitivity: exactly that of `dpsgd_mechanism.dpsgd_clip_and_sum`, whose value this computes
 (to float rounding): every example's contribution w_i ∇θ loss_i has L2 norm <= C, padding rows
 (mask 0) and non-finite examples contribute 0; so C under add/remove-one and 2C under
@@ -64,15 +72,19 @@ class KernelNorms(NamedTuple):
   per_example: jax.Array | None
 
 
-def kernel_method(tokens: int, in_features: int, out_features: int) -> str:
+def kernel_method(tokens: int, in_features: int, out_features: int, *,
+                  allow_gram: bool = True) -> str:
   """The cheapest exact form for a layer with T positions, d inputs and p outputs per group.
 
-  "rank1" when T = 1; else "gram" iff 2T² < d·p (the two Gram matrices are smaller than one
-  per-example gradient: Bu et al. 2022's mixed ghost clipping), else "per_example".
+  "rank1" when T = 1; else "gram" iff `allow_gram` and 2T² < d·p (the two Gram matrices are
+  smaller than one per-example gradient: Bu et al. 2022's mixed ghost clipping), else
+  "per_example".
   """
   if tokens == 1:
     return "rank1"
-  return "gram" if 2 * tokens * tokens < in_features * out_features else "per_example"
+  if allow_gram and 2 * tokens * tokens < in_features * out_features:
+    return "gram"
+  return "per_example"
 
 
 def _check_layer(a: jax.Array, g: jax.Array) -> None:
