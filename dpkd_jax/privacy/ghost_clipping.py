@@ -1,0 +1,224 @@
+"""Per-example clipping without per-example gradients: ghost norms and book-keeping.
+
+DP-SGD needs, for every example i, the norm ||∇θ loss_i|| over all parameters, then the sum
+Σ_i w_i ∇θ loss_i with w_i = mask_i · min(1, C / ||∇θ loss_i||). `dpsgd_mechanism` gets both
+from the (B, D) per-example gradients of `vmap(grad)`. For a layer z = a W (+ b) the gradient
+of example i is a_i^T g_i, a function of the layer's input a_i (T, d) and of its output
+gradient g_i = ∂loss_i/∂z_i (T, p) alone (T: positions sharing the weights: 1 for a dense
+layer on (B, d), the output pixels of a convolution, a sequence). So one forward and backward
+pass that records a and g per layer gives both quantities without any (B, D) array:
+
+* norms (per layer, the cheapest exact form; Li et al. 2021, Bu et al. 2022):
+  - rank-1 (T = 1): ||a_i^T g_i||² = ||a_i||² ||g_i||², O(d + p) per example;
+  - ghost norm (Gram): ||a_i^T g_i||² = Σ_{t,s} (a_i a_i^T)_{ts} (g_i g_i^T)_{ts}, O(T²(d + p))
+    time and a (B, T, T) array;
+  - per-example: G_i = a_i^T g_i materialised, O(T d p) time and a (B, d, p) array.
+  Mixed ghost clipping (Bu et al. 2022) takes the Gram form iff 2T² < d p, for each layer;
+  the bias gradient is Σ_t g_it, always materialised ((B, p)).
+* book-keeping (Bu et al. 2022): the clipped sum of a layer is Σ_i w_i a_i^T g_i = a^T (w ⊙ g),
+  one matrix product over the batch, or Σ_i w_i G_i for the materialised layers: no second
+  backward pass.
+
+A convolution is a dense layer on its input patches (`conv_patches`, T = output pixels,
+d = C/G · window). Grouped convolutions (G groups, depthwise: G = C) keep a group axis: a is
+(B, T, G, d), g is (B, T, G, p), and every formula sums over the groups.
+
+Non-finite examples follow `dpsgd_mechanism.clip_per_example_gradients`: an example whose
+total squared norm is NaN or infinite (an entry is, or the sum overflows) gets weight 0 and its
+rows of a and g are zeroed before the sums (NaN · 0 would still be NaN). A non-finite a_i or
+g_i makes every form above non-finite (an infinite entry meets either a non-zero factor or a
+zero one: inf or NaN), so such examples are always caught. The squared norms of the three forms
+agree to float rounding; for magnitudes near float32's range an intermediate (e.g. ||a_i||²) may
+overflow where the materialised sum would not: that example then counts as non-finite and
+contributes 0, which only removes a contribution.
+
+Rounding: the rank-1 and per-example forms add non-negative terms (relative error of order ε,
+and a materialised G_i is both measured and summed, as on the vmap path). The Gram form adds
+terms of both signs, and the sum a^T (w ⊙ g) is not the array whose norm was measured; its
+relative error grows as an example's per-position contributions cancel, about
+ε·T·(Σ_t ||a_it|| ||g_it||)² / ||a_i^T g_i||², so a contribution may exceed C by that relative
+amount (ε: float32's 6e-8). Where that matters, exclude it (`kernel_method(allow_gram=False)`,
+`models.ghost`'s `allow_gram=False`) at the memory cost of the per-example form.
+
+Sensitivity: exactly that of `dpsgd_mechanism.dpsgd_clip_and_sum`, whose value this computes
+(to float rounding): every example's contribution w_i ∇θ loss_i has L2 norm <= C, padding rows
+(mask 0) and non-finite examples contribute 0; so C under add/remove-one and 2C under
+replace-one. The norms are pure functions of one example's own a_i and g_i: the model must not
+mix examples (no BatchNorm), which the caller (`models.ghost`) checks.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any, NamedTuple
+
+import jax
+import jax.numpy as jnp
+from jax import lax
+
+METHODS = ("rank1", "gram", "per_example")
+
+
+class KernelNorms(NamedTuple):
+  """Per-example squared norms of one layer's weight gradient.
+
+  Attributes:
+    sq_norms: (B,) ||a_i^T g_i||²_F summed over the groups.
+    per_example: (B, G, d, p) the per-example gradients when the method materialised them,
+      else None (rank-1 and Gram layers).
+  """
+
+  sq_norms: jax.Array
+  per_example: jax.Array | None
+
+
+def kernel_method(tokens: int, in_features: int, out_features: int, *,
+                  allow_gram: bool = True) -> str:
+  """The cheapest exact form for a layer with T positions, d inputs and p outputs per group.
+
+  "rank1" when T = 1; else "gram" iff `allow_gram` and 2T² < d·p (the two Gram matrices are
+  smaller than one per-example gradient: Bu et al. 2022's mixed ghost clipping), else
+  "per_example".
+  """
+  if tokens == 1:
+    return "rank1"
+  if allow_gram and 2 * tokens * tokens < in_features * out_features:
+    return "gram"
+  return "per_example"
+
+
+def _check_layer(a: jax.Array, g: jax.Array) -> None:
+  if a.ndim != 4 or g.ndim != 4 or a.shape[:3] != g.shape[:3]:
+    raise ValueError(f"a and g must be (B, T, G, d) and (B, T, G, p) with equal (B, T, G), got "
+                     f"{a.shape} and {g.shape}")
+
+
+def per_example_kernel_grads(a: jax.Array, g: jax.Array) -> jax.Array:
+  """(B, T, G, d), (B, T, G, p) → (B, G, d, p): every example's weight gradient a_i^T g_i."""
+  _check_layer(a, g)
+  return jnp.einsum("btgd,btgp->bgdp", a, g)
+
+
+def kernel_sq_norms(a: jax.Array, g: jax.Array, method: str | None = None) -> KernelNorms:
+  """||a_i^T g_i||² for every example, without a (B, d, p) array unless it is the cheapest.
+
+  Args:
+    a: (B, T, G, d) layer inputs (for a convolution: `conv_patches` of its input).
+    g: (B, T, G, p) gradients of each example's own loss w.r.t. the layer's outputs.
+    method: one of `METHODS`; None picks `kernel_method(T, d, p)`.
+
+  Returns:
+    `KernelNorms`; `per_example` is set only by the "per_example" method.
+  """
+  _check_layer(a, g)
+  _, tokens, _, in_features = a.shape
+  method = kernel_method(tokens, in_features, g.shape[-1]) if method is None else method
+  if method == "rank1":
+    if tokens != 1:
+      raise ValueError(f"the rank-1 form needs T = 1, got T = {tokens}")
+    # ||a^T g||² = ||a||² ||g||² for one row each, per group.
+    return KernelNorms(jnp.sum(jnp.sum(a * a, axis=(1, 3)) * jnp.sum(g * g, axis=(1, 3)), axis=1),
+                       None)
+  if method == "gram":
+    gram_a = jnp.einsum("btgd,bsgd->bgts", a, a)  # (B, G, T, T)
+    gram_g = jnp.einsum("btgp,bsgp->bgts", g, g)
+    return KernelNorms(jnp.sum(gram_a * gram_g, axis=(1, 2, 3)), None)
+  if method == "per_example":
+    grads = per_example_kernel_grads(a, g)
+    return KernelNorms(jnp.sum(jnp.square(grads), axis=(1, 2, 3)), grads)
+  raise ValueError(f"method must be one of {METHODS} or None, got {method!r}")
+
+
+def bias_grads(g: jax.Array) -> jax.Array:
+  """(B, T, ..., p) → (B, ..., p): the per-example bias gradient Σ_t g_it."""
+  return jnp.sum(g, axis=1)
+
+
+def conv_patches(x: jax.Array, window: Sequence[int], *, strides: Sequence[int],
+                 padding: str | Sequence[tuple[int, int]], lhs_dilation: Sequence[int] | None,
+                 rhs_dilation: Sequence[int] | None, dimension_numbers: Any,
+                 groups: int) -> jax.Array:
+  """The input patches of a convolution, so that it is a dense layer on them.
+
+  Args:
+    x: (B, *spatial, C) channels-last input of the convolution.
+    window: the kernel's spatial shape.
+    strides, padding, lhs_dilation, rhs_dilation, dimension_numbers: as passed to
+      `lax.conv_general_dilated` (channels-last input and output, as `nnx.Conv` passes them).
+    groups: G, the convolution's `feature_group_count`.
+
+  Returns:
+    (B, T, G, C/G · prod(window)) with T the output positions; the last axis is ordered
+    (channel, *window), channel major, as `lax.conv_general_dilated_patches` lays it out.
+  """
+  patches = lax.conv_general_dilated_patches(
+      x, tuple(window), tuple(strides), padding, lhs_dilation=lhs_dilation,
+      rhs_dilation=rhs_dilation, dimension_numbers=dimension_numbers)  # (B, *out, C·window)
+  # Channel-major features: the C/G channels of a group are one contiguous block.
+  return patches.reshape(x.shape[0], -1, groups, patches.shape[-1] // groups)
+
+
+def conv_kernel_from_patches(grad: jax.Array, kernel_shape: Sequence[int]) -> jax.Array:
+  """(..., G, C/G · prod(window), O/G) in `conv_patches`' order → (..., *window, C/G, O).
+
+  Output channel o of group k is kernel column k·O/G + o (XLA's grouped-convolution layout).
+  """
+  *window, group_in, out_channels = kernel_shape
+  lead = grad.shape[:-3]
+  groups, group_out = grad.shape[-3], grad.shape[-1]
+  n = len(lead)
+  grad = grad.reshape(*lead, groups, group_in, *window, group_out)
+  # (..., G, C/G, *window, O/G) → (..., *window, C/G, G, O/G)
+  spatial = tuple(range(n + 2, n + 2 + len(window)))
+  order = tuple(range(n)) + spatial + (n + 1, n, n + 2 + len(window))
+  return grad.transpose(order).reshape(*lead, *window, group_in, groups * group_out)
+
+
+def clip_weights(sq_norms: jax.Array, mask: jax.Array,
+                 l2_clip_norm: float | jax.Array) -> tuple[jax.Array, jax.Array, jax.Array]:
+  """The book-keeping weights w_i = mask_i · min(1, C / ||∇θ loss_i||), 0 if non-finite.
+
+  The rule of `dpsgd_mechanism.clip_per_example_gradients`: C / max(norm, C), exactly 1 below
+  the bound and free of an epsilon at norm 0.
+
+  Args:
+    sq_norms: (B,) total squared gradient norm of each example (every layer summed).
+    mask: (B,) bool, False for padding rows.
+    l2_clip_norm: C > 0 (may be traced: not validated here).
+
+  Returns:
+    (weights, norms, keep): (B,) float32 weights, (B,) pre-clip norms (NaN/inf if not
+    finite), (B,) bool, False for the examples whose rows must be zeroed before a sum.
+  """
+  norms = jnp.sqrt(sq_norms)
+  keep = jnp.isfinite(norms)
+  scale = jnp.where(keep, l2_clip_norm / jnp.maximum(norms, l2_clip_norm), 0.0)
+  return scale * mask.astype(scale.dtype), norms, keep
+
+
+def _rows(keep: jax.Array, x: jax.Array) -> jax.Array:
+  """x with the rows of the dropped examples set to 0 (`where`: NaN · 0 would stay NaN)."""
+  return jnp.where(keep.reshape((-1,) + (1,) * (x.ndim - 1)), x, 0)
+
+
+def weighted_sum(per_example: jax.Array, weights: jax.Array, keep: jax.Array) -> jax.Array:
+  """Σ_i w_i x_i over materialised per-example gradients (B, ...) → (...)."""
+  return jnp.tensordot(weights.astype(per_example.dtype), _rows(keep, per_example), axes=1)
+
+
+def weighted_kernel_sum(a: jax.Array, g: jax.Array, norms: KernelNorms, weights: jax.Array,
+                        keep: jax.Array) -> jax.Array:
+  """Book-keeping: Σ_i w_i a_i^T g_i → (G, d, p), reusing the materialised gradients if any."""
+  if norms.per_example is not None:
+    return weighted_sum(norms.per_example, weights, keep)
+  scaled = _rows(keep, g) * weights.astype(g.dtype).reshape(-1, 1, 1, 1)
+  return jnp.einsum("btgd,btgp->gdp", _rows(keep, a), scaled)
+
+
+def tree_sq_norms(per_example: Any) -> jax.Array:
+  """(B,) squared norms over a pytree of (B, ...) per-example gradients (0 if it is empty)."""
+  leaves = jax.tree.leaves(per_example)
+  if not leaves:
+    return jnp.zeros(())
+  return sum(jnp.sum(jnp.square(x.reshape(x.shape[0], -1)), axis=1) for x in leaves)
+
