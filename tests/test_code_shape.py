@@ -13,7 +13,6 @@ _MAX_FUNCTION_LINES = 80
 _PENDING = {
     "methods/dfpate.py",
     "methods/dfpate.py:train_dfpate",
-    "methods/dpdfd.py:train_dpdfd",
     "methods/dpsgd.py:train_dpsgd",
     "methods/rknn.py:train_rknn",
     "methods/rona.py:train_rona",
