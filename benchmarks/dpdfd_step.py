@@ -21,7 +21,8 @@ import jax.numpy as jnp
 from flax import nnx
 
 from dpkd_jax import models
-from dpkd_jax.methods import dpdfd_step
+from dpkd_jax.methods import dpdfd
+from dpkd_jax.methods.dpdfd import step as dpdfd_step
 from dpkd_jax.models import core
 from dpkd_jax.privacy import mechanisms
 from dpkd_jax.train.state import TrainState
@@ -63,14 +64,16 @@ def main():
   p.add_argument("--teacher", default="small_cnn")
   p.add_argument("--repeats", type=int, default=10)
   args = p.parse_args()
-  config = dpdfd_step.StepConfig(noise_multiplier=100.0, batch_size=args.batch_size)
+  config = dpdfd.DPDFDConfig(dataset="mnist", teacher_dirs=("unused",), noise_multiplier=100.0,
+                             batch_size=args.batch_size)
+  plan = dpdfd.make_plan(config)
   state, ens = _state(args)
 
-  private = jax.jit(dpdfd_step.build_train_step(config, ens.graphdef))
+  private = jax.jit(dpdfd_step.build_train_step(plan, config, ens.graphdef))
   original = dpdfd_step.private_output_gradients
-  dpdfd_step.private_output_gradients = lambda cfg, key, g: mechanisms.GaussianRelease(
+  dpdfd_step.private_output_gradients = lambda plan, key, g: mechanisms.GaussianRelease(
       g.mean(0), jnp.zeros(()), jnp.ones(()))
-  twin = jax.jit(dpdfd_step.build_train_step(config, ens.graphdef))
+  twin = jax.jit(dpdfd_step.build_train_step(plan, config, ens.graphdef))
   dpdfd_step.private_output_gradients = original
   key = jax.random.key(1)
   for fn in (private, twin):  # compile + warm up
@@ -104,7 +107,7 @@ def main():
           jax.jit(lambda p, s, x, t: dpdfd_step.per_sample_output_grads(
               config, core.apply(stu.graphdef, p, s, x, train=True)[0].logits, t)),
           (stu.params, stu.batch_stats, x, t_logits)),
-      "mechanism A_{C,sigma}": (jax.jit(lambda k, g: dpdfd_step.private_output_gradients(config, k, g).noisy),
+      "mechanism A_{C,sigma}": (jax.jit(lambda k, g: dpdfd_step.private_output_gradients(plan, k, g).noisy),
                                 (key, grads)),
       "student update (grad)": (jax.jit(jax.grad(lambda p: dpdfd_step.student_loss(
           config, core.apply(stu.graphdef, p, stu.batch_stats, x, train=True)[0].logits, s_logits))),

@@ -40,8 +40,7 @@ import optax
 
 from dpkd_jax import data
 from dpkd_jax import models
-from dpkd_jax.methods import dpdfd_direct
-from dpkd_jax.methods import dpdfd_step
+from dpkd_jax.methods import dpdfd
 from dpkd_jax.methods import dpsgd
 from dpkd_jax.models import core
 from dpkd_jax.privacy import accounting
@@ -229,9 +228,10 @@ def jax_steps(images_uint8: jax.Array, labels: jax.Array, key: jax.Array,
 
     steps["jax-privacy DP-SGD"] = jaxp_step
 
-  direct_config = dpdfd_step.StepConfig(noise_multiplier=NOISE_MULTIPLIER,
-                                        l2_norm_bound=L2_CLIP_NORM)
-  direct = jax.jit(dpdfd_direct.build_direct_step(direct_config), donate_argnums=0)
+  direct_config = dpdfd.DirectConfig(dataset="mnist", noise_multiplier=NOISE_MULTIPLIER,
+                                     l2_norm_bound=L2_CLIP_NORM)
+  direct = jax.jit(dpdfd.build_direct_step(dpdfd.make_direct_plan(direct_config), direct_config),
+                   donate_argnums=0)
   holder["direct"] = TrainState.create(parts._replace(params=copy(parts.params)),
                                        optax.adam(1e-3))
   images = data.normalize(images_uint8, config.info)  # direct mode takes normalized images

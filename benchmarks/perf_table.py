@@ -49,7 +49,8 @@ import peers_dpsgd  # noqa: E402  (a sibling benchmark script: its step builders
 import protocol  # noqa: E402  (idle check, peak check, repeat until the intervals are tight)
 
 from dpkd_jax import models  # noqa: E402
-from dpkd_jax.methods import dpdfd_step  # noqa: E402
+from dpkd_jax.methods import dpdfd  # noqa: E402
+from dpkd_jax.methods.dpdfd import step as dpdfd_step  # noqa: E402
 from dpkd_jax.models import classifiers, core, fast_conv, fast_norm  # noqa: E402
 from dpkd_jax.privacy import mechanisms  # noqa: E402
 from dpkd_jax.train.state import TrainState  # noqa: E402
@@ -221,7 +222,10 @@ def dpdfd_steps(batch_size: int, generator_channels: int, image_shape: tuple[int
   state = dpdfd_step.DPDFDState(TrainState.create(core.split(student), tx),
                                 TrainState.create(core.split(generator), tx))
   ensemble = dpdfd_step.TeacherEnsemble.stack([teacher])
-  config = dpdfd_step.StepConfig(noise_multiplier=1.0, batch_size=batch_size)
+  # The step reads no dataset field (the shapes come from the networks above).
+  config = dpdfd.DPDFDConfig(dataset="mnist", teacher_dirs=("unused",), noise_multiplier=1.0,
+                             batch_size=batch_size)
+  plan = dpdfd.make_plan(config)
   keys = jax.random.split(jax.random.key(1), 2)
 
   def timed(step_fn: Callable, key: jax.Array) -> Timed:
@@ -234,14 +238,14 @@ def dpdfd_steps(batch_size: int, generator_channels: int, image_shape: tuple[int
     call(0)  # traced here, inside any patch the caller holds
     return Timed(call, compiled_flops(step_fn, state, ensemble.params, ensemble.batch_stats, key))
 
-  steps = {"private": timed(dpdfd_step.build_train_step(config, ensemble.graphdef), keys[0])}
+  steps = {"private": timed(dpdfd_step.build_train_step(plan, config, ensemble.graphdef), keys[0])}
   if twin:
     # As benchmarks/dpdfd_step.py: the mechanism swapped for the raw mean, while tracing.
     original = dpdfd_step.private_output_gradients
-    dpdfd_step.private_output_gradients = lambda cfg, key, g: mechanisms.GaussianRelease(
+    dpdfd_step.private_output_gradients = lambda plan, key, g: mechanisms.GaussianRelease(
         g.mean(0), jnp.zeros(()), jnp.ones(()))
     try:
-      steps["twin"] = timed(dpdfd_step.build_train_step(config, ensemble.graphdef), keys[1])
+      steps["twin"] = timed(dpdfd_step.build_train_step(plan, config, ensemble.graphdef), keys[1])
     finally:
       dpdfd_step.private_output_gradients = original
   return steps

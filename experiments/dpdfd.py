@@ -11,11 +11,8 @@ from __future__ import annotations
 import argparse
 import os
 
-from dpkd_jax import errors
 from dpkd_jax import teacher
 from dpkd_jax.methods import dpdfd
-from dpkd_jax.methods import dpdfd_direct
-from dpkd_jax.train import checkpoint
 from dpkd_jax.train import distributed
 from dpkd_jax.train import summary
 from experiments import _cli
@@ -28,44 +25,14 @@ _HELP = {
 }
 
 
-def parse_direct(argv: list[str]) -> tuple[dpdfd_direct.DirectConfig, str]:
+def parse_direct(argv: list[str]) -> tuple[dpdfd.DirectConfig, str]:
   """`--mode=direct` flags (without it) -> (validated config, workdir)."""
   p = _cli.Parser(prog="python -m experiments.dpdfd --mode=direct")
-  _flags.add_config_flags(p, dpdfd_direct.DirectConfig, help={"seed": _HELP["seed"]})
+  _flags.add_config_flags(p, dpdfd.DirectConfig, help={"seed": _HELP["seed"]})
   p.add_argument("--workdir", default=None, help="default runs/dpdfd_direct/<dataset>")
   a = p.parse_args(argv)
-  config = _flags.build_config(dpdfd_direct.DirectConfig, a)
+  config = _flags.build_config(dpdfd.DirectConfig, a)
   return config, a.workdir or os.path.join("runs", "dpdfd_direct", config.dataset)
-
-
-def _direct(argv: list[str]) -> None:
-  """`--mode=direct`: the mechanism on private data (paper Table 4); reports ε = inf."""
-  config, workdir = parse_direct(argv)
-  _cli.check_output_dir(workdir, "--workdir")
-  r = dpdfd_direct.train_direct(config, workdir)
-  print("\n".join(summary.summary_lines(r, workdir=workdir)))
-
-
-def _check_run(workdir: str) -> None:
-  """One-line errors unless `workdir` holds a DPDFD run's checkpoint (nothing is created)."""
-  run = "give the --workdir of a `python -m experiments.dpdfd` run"
-  if not os.path.isdir(workdir):
-    raise errors.UserError(f"--workdir: {workdir!r} does not exist; {run}")
-  if os.path.exists(os.path.join(workdir, "card.json")):
-    raise errors.UserError(f"--workdir: {workdir!r} is a teacher's workdir (card.json), not a "
-                           f"DPDFD run; {run}")
-  ckpt_dir = os.path.join(workdir, "checkpoints")
-  if checkpoint.latest_step(ckpt_dir) is None:
-    raise errors.UserError(f"--workdir: {workdir!r} holds no checkpoint; {run}")
-  try:
-    config = checkpoint.restore_metadata(ckpt_dir).get("config")
-  except Exception as error:  # pylint: disable=broad-except
-    # Orbax reports damaged metadata as JSONDecodeError, KeyError, ...
-    raise errors.UserError(f"--workdir: cannot read the checkpoint metadata in {ckpt_dir!r} "
-                           f"({type(error).__name__}: {error}); {run}") from error
-  if not isinstance(config, dict) or "teacher_dirs" not in config:
-    raise errors.UserError(f"--workdir: {workdir!r} is not a DPDFD run (its checkpoint holds "
-                           f"no DPDFD config); {run}")
 
 
 def _sample(argv: list[str]) -> None:
@@ -77,7 +44,7 @@ def _sample(argv: list[str]) -> None:
   a = p.parse_args(argv)
   if a.num < 1:
     p.error(f"--num must be >= 1, got {a.num}")
-  _check_run(a.workdir)
+  dpdfd.check_run(a.workdir)
   _cli.check_output_file(a.out or os.path.join(a.workdir, "synthetic.npz"),
                          "--out" if a.out else "--workdir")
   print("wrote", dpdfd.sample(a.workdir, a.num, seed=a.seed, out_path=a.out))
@@ -108,20 +75,23 @@ def parse_config(argv: list[str]) -> tuple[dpdfd.DPDFDConfig, argparse.Namespace
 @_cli.entry_point
 def main(argv: list[str]) -> None:
   distributed.initialize_from_env()  # no-op unless launched across hosts (docs/DISTRIBUTED.md)
-  if "--mode=direct" in argv:
-    return _direct([x for x in argv if x != "--mode=direct"])
-  if argv[:1] == ["sample"]:
+  if "--mode=direct" in argv:  # the mechanism on private data (paper Table 4): ε = inf
+    config, workdir = parse_direct([x for x in argv if x != "--mode=direct"])
+    _cli.check_output_dir(workdir, "--workdir")
+    results = dpdfd.train_direct(config, workdir)
+  elif argv[:1] == ["sample"]:
     return _sample(argv[1:])
-  config, a = parse_config(argv)
-  _cli.check_output_dir(a.workdir, "--workdir")
-  if a.teacher_to_train and not os.path.exists(os.path.join(a.teacher_to_train, "card.json")):
-    tcfg = _cli.build(teacher.TeacherConfig, dataset=config.dataset, model=a.teacher_model,
-                      epochs=a.teacher_epochs, data_dir=config.data_dir)
-    teacher.train_teacher(tcfg, a.teacher_to_train, progress=not a.no_progress)
-  for tdir in config.teacher_dirs:
-    teacher.read_card(tdir, flag="--teacher_dirs", dataset=config.dataset)
-  workdir = a.workdir
-  results = dpdfd.train_dpdfd(config, workdir, progress=not a.no_progress)
+  else:
+    config, a = parse_config(argv)
+    workdir = a.workdir
+    _cli.check_output_dir(workdir, "--workdir")
+    if a.teacher_to_train and not os.path.exists(os.path.join(a.teacher_to_train, "card.json")):
+      tcfg = _cli.build(teacher.TeacherConfig, dataset=config.dataset, model=a.teacher_model,
+                        epochs=a.teacher_epochs, data_dir=config.data_dir)
+      teacher.train_teacher(tcfg, a.teacher_to_train, progress=not a.no_progress)
+    for tdir in config.teacher_dirs:
+      teacher.read_card(tdir, flag="--teacher_dirs", dataset=config.dataset)
+    results = dpdfd.train_dpdfd(config, workdir, progress=not a.no_progress)
   print("\n".join(summary.summary_lines(results, workdir=workdir)))
 
 

@@ -12,6 +12,10 @@ jax.config.update("jax_num_cpu_devices", 8)
 
 import pytest  # noqa: E402
 
+# Module-scoped fixtures shared by the tests/test_dpsgd_*.py files (parts, batch,
+# noisy_step_8_devices); its helper functions are imported by name.
+pytest_plugins = ("dpsgd_fixtures",)
+
 
 @pytest.fixture
 def isolated_data_sources(monkeypatch):

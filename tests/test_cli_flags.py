@@ -14,7 +14,6 @@ import pytest
 from dpkd_jax import teacher
 from dpkd_jax.methods import dfpate
 from dpkd_jax.methods import dpdfd
-from dpkd_jax.methods import dpdfd_direct
 from dpkd_jax.methods import dpsgd
 from dpkd_jax.methods import rknn
 from dpkd_jax.methods import rona
@@ -176,7 +175,7 @@ def test_documented_dpdfd_commands():
   config, workdir = dpdfd_cli.parse_direct(shlex.split(
       "--seed=0 --dataset=mnist --model=lenet5 --noise_multiplier=12.69855765739809 --steps=500 "
       "--eval_every=100 --expected_batch_size=256 --workdir=runs/dpdfd_direct/mnist_paper_eps10"))
-  assert config == dpdfd_direct.DirectConfig(
+  assert config == dpdfd.DirectConfig(
       seed=0, dataset="mnist", model="lenet5", noise_multiplier=12.69855765739809, steps=500,
       eval_every=100, expected_batch_size=256)
   assert workdir == "runs/dpdfd_direct/mnist_paper_eps10"

@@ -1,5 +1,6 @@
-"""Tests for dpkd_jax.methods.dpdfd_direct (paper Table 4's direct mode; not DP)."""
+"""dpkd_jax.methods.dpdfd.direct: paper Table 4's direct mode (not DP)."""
 
+import dataclasses
 import json
 import math
 import os
@@ -13,7 +14,8 @@ from flax import nnx
 
 from dpkd_jax import data
 from dpkd_jax import models
-from dpkd_jax.methods import dpdfd_direct
+from dpkd_jax.methods import dpdfd
+from dpkd_jax.methods.dpdfd import step as step_lib
 from dpkd_jax.models import core
 from dpkd_jax.privacy import paper_accounting
 from dpkd_jax.train import metrics as metrics_lib
@@ -26,7 +28,7 @@ def _config(**kw):
   base = dict(dataset="digits", model="lenet5_half", noise_multiplier=0.0, expected_batch_size=16,
               max_batch_size=24, steps=3, eval_every=3, seed=0, learning_rate=1e-2)
   base.update(kw)
-  return dpdfd_direct.DirectConfig(**base)
+  return dpdfd.DirectConfig(**base)
 
 
 def _state(config):
@@ -46,7 +48,7 @@ def test_sigma_zero_mse_step_is_sgd_on_normalized_output_gradients():
   mask = jnp.arange(24) < 16  # 8 padded rows must not count
   state = _state(config)
   params0 = state.params
-  new_state, _ = jax.jit(dpdfd_direct.build_direct_step(config.step_config()))(
+  new_state, _ = jax.jit(dpdfd.build_direct_step(dpdfd.make_direct_plan(config), config))(
       state, images, labels, mask, jax.random.key(0))
 
   def reference_loss(params):
@@ -71,7 +73,7 @@ def test_ce_step_equals_value_and_grad_through_a_second_forward_pass():
   mask = jnp.arange(24) < 16
   state = _state(config)
   params0 = state.params
-  new_state, metrics = jax.jit(dpdfd_direct.build_direct_step(config.step_config()))(
+  new_state, metrics = jax.jit(dpdfd.build_direct_step(dpdfd.make_direct_plan(config), config))(
       state, images, labels, mask, jax.random.key(0))
 
   def forward(params):
@@ -95,7 +97,7 @@ def test_ce_step_equals_value_and_grad_through_a_second_forward_pass():
 def test_end_to_end_reports_not_dp(tmp_path):
   config = _config(noise_multiplier=5.0)
   with pytest.warns(paper_accounting.PaperAccountingWarning, match="not DP"):
-    results = dpdfd_direct.train_direct(config, str(tmp_path), progress=False)
+    results = dpdfd.train_direct(config, str(tmp_path), progress=False)
   assert math.isinf(results["epsilon"]) and "Jacobian" in results["epsilon_reason"]
   assert results["paper_epsilon"] is not None and results["paper_epsilon"] > 0
   assert 0.0 <= results["test_accuracy"] <= 1.0
@@ -110,17 +112,35 @@ def test_end_to_end_reports_not_dp(tmp_path):
   record = records.read_record(os.path.join(tmp_path, "record.json"))
   assert record["method"] == "dpdfd_direct" and record["sound_epsilon"] == "inf"
   assert record["paper_epsilon"] == pytest.approx(results["paper_epsilon"])
+  # Every privacy figure of the results is the plan's (one source).
+  plan = dpdfd.make_direct_plan(config)
+  assert (results["noise_multiplier"], results["paper_epsilon"], results["steps"]) == (
+      plan.noise_multiplier, plan.paper_epsilon, plan.releases)
+  assert not os.path.exists(os.path.join(tmp_path, "privacy_ledger.json"))  # nothing finite
 
 
-@pytest.mark.parametrize("kwargs, match", [
-    (dict(noise_multiplier=-1.0), "noise_multiplier"),
-    (dict(l2_norm_bound=0.0), "l2_norm_bound"),
-    (dict(norm="batch"), "norm"),
-    (dict(dataset="nope"), "unknown dataset"),
-    (dict(max_batch_size=8), "max_batch_size"),
-    (dict(delta=1.0), "delta"),
-    (dict(student_loss="l1"), "student_loss"),
-])
-def test_bad_config_raises(kwargs, match):
-  with pytest.raises(ValueError, match=match):
-    _config(**kwargs)
+def test_the_direct_step_takes_its_noise_from_the_plan(monkeypatch):
+  # The step built from the plan and from copies with another sigma: with the same key, the
+  # released rows move by exactly the plan's sigma times one noise draw.
+  config = _config(noise_multiplier=5.0)
+  plan = dpdfd.make_direct_plan(config)
+  train = data.load("digits", "train")
+  images = data.normalize(train.images[:24], data.DATASETS["digits"])
+  labels, mask = jnp.asarray(train.labels[:24]), jnp.arange(24) < 16
+  released = []
+  real = step_lib.release_rows
+
+  def spy(plan, key, rows):
+    out = real(plan, key, rows)
+    jax.debug.callback(lambda noisy: released.append(np.asarray(noisy)), out.noisy)
+    return out
+
+  monkeypatch.setattr(step_lib, "release_rows", spy)
+  for sigma in (0.0, 5.0, 10.0):
+    step = jax.jit(dpdfd.build_direct_step(dataclasses.replace(plan, noise_multiplier=sigma),
+                                           config))
+    step(_state(config), images, labels, mask, jax.random.key(0))
+  jax.effects_barrier()
+  bounded, once, twice = released
+  assert np.abs(once - bounded).max() > 1.0
+  np.testing.assert_allclose(twice - bounded, 2 * (once - bounded), rtol=1e-4, atol=1e-4)

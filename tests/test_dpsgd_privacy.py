@@ -20,8 +20,7 @@ from dpkd_jax.privacy import accounting
 from dpkd_jax.privacy import ledger as ledger_lib
 from dpkd_jax.privacy import plan as plan_lib
 from dpkd_jax.train import checkpoint
-from dpsgd_fixtures import DIGITS_TRAIN, batch, inputs, key, make_config, make_plan  # noqa: F401
-from dpsgd_fixtures import make_step, noisy_step_8_devices, parts  # noqa: F401
+from dpsgd_fixtures import DIGITS_TRAIN, inputs, key, make_config, make_plan, make_step
 
 
 def test_plan_is_a_privacy_plan_with_replace_one_events():

@@ -20,7 +20,7 @@ from dpkd_jax.train import metrics as metrics_lib
 from dpkd_jax.train import outputs
 from dpkd_jax.train import records
 from dpkd_jax.train.state import TrainState
-from dpsgd_fixtures import DIGITS_TRAIN, make_step, noisy_step_8_devices  # noqa: F401
+from dpsgd_fixtures import DIGITS_TRAIN, make_step
 from experiments import dpsgd as dpsgd_cli
 
 

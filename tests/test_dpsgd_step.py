@@ -18,8 +18,7 @@ from dpkd_jax.methods.dpsgd import step as step_lib
 from dpkd_jax.models import core
 from dpkd_jax.privacy import dpsgd_mechanism
 from dpkd_jax.train import sharding
-from dpsgd_fixtures import NUM_REAL, batch, inputs, key, make_config, make_plan, make_step  # noqa: F401
-from dpsgd_fixtures import noisy_step_8_devices, parts  # noqa: F401
+from dpsgd_fixtures import NUM_REAL, inputs, key, make_config, make_plan, make_step
 
 
 def test_no_noise_huge_clip_is_sgd_on_summed_gradient_over_expected_batch(parts, batch):

@@ -38,7 +38,6 @@ from dpkd_jax import teacher as teacher_lib
 from dpkd_jax.methods import dfpate
 from dpkd_jax.methods.dfpate import query_model as dfpate_qm
 from dpkd_jax.methods import dpdfd
-from dpkd_jax.methods import dpdfd_direct
 from dpkd_jax.methods import dpsgd
 from dpkd_jax.methods import rknn
 from dpkd_jax.methods import rona
@@ -175,11 +174,11 @@ def test_dpdfd(recorder, teacher_run, tmp_path):
 
 
 def test_dpdfd_direct(recorder, tmp_path):
-  config = dpdfd_direct.DirectConfig(
+  config = dpdfd.DirectConfig(
       dataset="digits", model="lenet5_half", noise_multiplier=1.0, expected_batch_size=16,
       max_batch_size=24, steps=3, eval_every=3, learning_rate=1e-2)
   with recorder.collect() as uses:
-    dpdfd_direct.train_direct(config, str(tmp_path), progress=False)
+    dpdfd.train_direct(config, str(tmp_path), progress=False)
   _assert_distinct(uses, minimum=3 * 2)  # Poisson batch + noise per step
 
 

@@ -28,7 +28,7 @@ _AUGMENT = "data augmentation of a training batch: its output is not released"
 ALLOWED: dict[tuple[str, str, str], str] = {
     # --- generator latents
     ("train/samples.py", "generate", "normal"): _LATENT + " (evaluation / sample grids)",
-    ("methods/dpdfd_step.py", "build_train_step.train_step", "normal"): _LATENT,
+    ("methods/dpdfd/step.py", "build_train_step.train_step", "normal"): _LATENT,
     ("methods/srr/run.py", "_save_grid", "normal"): _LATENT + " (sample grid)",
     ("methods/srr/step.py", "build_pretrain_step.step", "normal"): _LATENT,
     ("methods/srr/stage.py", "run_stage", "normal"): (

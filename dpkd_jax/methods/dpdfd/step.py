@@ -10,6 +10,9 @@ Distillation"), Algorithm 1, as one pure jitted step.
     student  <- grad L_S(student(x), y_s)                 x held constant
     generator<- grad [L_S + L_G](student(G(z)))           student only, y_s constant
 
+The step takes σ, C, e, the bound method and B from the plan (`privacy.DPDFDPlan`), the
+object whose `event(n)` the ledger charges, and the loss weights from the config.
+
 Privacy argument (docs/privacy.md): the teacher touches the computation only through `g`, which
 leaves through the mechanism; the student and generator updates are post-processing of the
 noisy rows `g~` plus teacher-free computation on synthetic data. The code enforces both
@@ -19,7 +22,6 @@ its parameters are a read-only argument), and `y_s` is a constant in both losses
 
 from __future__ import annotations
 
-import dataclasses
 from typing import Any, NamedTuple
 
 import flax.struct
@@ -28,77 +30,13 @@ import jax.numpy as jnp
 from flax import nnx
 
 from dpkd_jax import losses
+from dpkd_jax.methods.dpdfd import config as config_lib
+from dpkd_jax.methods.dpdfd import privacy
 from dpkd_jax.models import core
 from dpkd_jax.privacy import mechanisms
 from dpkd_jax.train.state import TrainState
 
 PyTree = Any
-STUDENT_LOSSES = ("ce", "mse")
-
-
-@dataclasses.dataclass(frozen=True, kw_only=True)
-class StepConfig:
-  """The hyper-parameters one step needs (static under jit).
-
-  Attributes:
-    noise_multiplier: sigma of Algorithm 1: noise std sigma*C per coordinate of each row.
-    l2_norm_bound: C, the per-row norm bound.
-    stability: e in C g/(||g|| + e).
-    bound_method: "normalize" (paper) or "clip".
-    gamma: step size of the noisy target y_s = s - gamma g~.
-    student_loss: "mse" (default: 0.5||s - y_s||^2, whose gradient w.r.t. s is exactly
-      gamma g~) or "ce" (the paper's: cross-entropy against softmax(y_s)). Measured on MNIST
-      (docs/RESULTS.md): ce stalls at chance (0.103 after 400 steps) because once the
-      generator makes the student confident, softmax barely moves under a shift of norm
-      gamma*C and its gradient vanishes; mse reached 0.493 in the same run.
-    dkd_alpha, dkd_beta, temperature: decoupled-KD weights and temperature of L_T.
-    entropy_weight: alpha of L_G (information entropy of the batch-mean prediction); 5
-      by default: with the paper's alpha = beta = 1 the generator collapsed to ~2 classes
-      on digits (docs/RESULTS.md).
-    feature_weight: beta of L_G (student penultimate-feature term), 0.1 by default.
-    one_hot_weight: weight of L_G's cross-entropy to the student's own argmax (1 in the
-      paper; 0 drops the term, for the paper's Table 6 ablation).
-    batch_size: B, synthetic samples per step.
-    latent_dim: generator input size.
-  """
-
-  noise_multiplier: float
-  l2_norm_bound: float = 1.0
-  stability: float = 1e-6
-  bound_method: str = "normalize"
-  gamma: float = 1.0
-  student_loss: str = "mse"
-  dkd_alpha: float = 1.0
-  dkd_beta: float = 8.0
-  temperature: float = 4.0
-  entropy_weight: float = 5.0
-  feature_weight: float = 0.1
-  one_hot_weight: float = 1.0
-  batch_size: int = 256
-  latent_dim: int = 100
-
-  def __post_init__(self):
-    if self.student_loss not in STUDENT_LOSSES:
-      raise ValueError(f"student_loss must be one of {STUDENT_LOSSES}, got {self.student_loss!r}")
-    if self.bound_method not in mechanisms.ROW_BOUNDERS:
-      raise ValueError(f"bound_method must be one of {sorted(mechanisms.ROW_BOUNDERS)},"
-                       f" got {self.bound_method!r}")
-    if not self.l2_norm_bound > 0:
-      raise ValueError(f"l2_norm_bound (C) must be > 0, got {self.l2_norm_bound}")
-    if self.noise_multiplier < 0:
-      raise ValueError(f"noise_multiplier (sigma) must be >= 0, got {self.noise_multiplier}")
-    if self.stability < 0:
-      raise ValueError(f"stability (e) must be >= 0, got {self.stability}")
-    if not self.gamma > 0:
-      raise ValueError(f"gamma must be > 0, got {self.gamma}")
-    if not self.temperature > 0:
-      raise ValueError(f"temperature must be > 0, got {self.temperature}")
-    for name in ("entropy_weight", "feature_weight", "one_hot_weight"):
-      if not getattr(self, name) >= 0:
-        raise ValueError(f"{name} must be >= 0, got {getattr(self, name)}")
-    for name in ("batch_size", "latent_dim"):
-      if getattr(self, name) < 1:
-        raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
 
 
 @flax.struct.dataclass
@@ -149,7 +87,7 @@ def teacher_logits(graphdef: nnx.GraphDef, params: PyTree, batch_stats: PyTree,
   return jax.lax.stop_gradient(jax.vmap(one)(params, batch_stats))
 
 
-def per_sample_output_grads(config: StepConfig, student_logits: jax.Array,
+def per_sample_output_grads(config: config_lib.DPDFDConfig, student_logits: jax.Array,
                             t_logits: jax.Array) -> jax.Array:
   """g[j, i] = dL_T(t_ji, s_i)/ds_i for every teacher j and sample i: (n, B, K).
 
@@ -166,25 +104,36 @@ def per_sample_output_grads(config: StepConfig, student_logits: jax.Array,
   return jax.vmap(row_grad, in_axes=(None, 0))(student_logits, t_logits)  # over teachers
 
 
-def private_output_gradients(config: StepConfig, key: jax.Array,
+def _mechanism_args(plan: privacy.OutputGradientPlan) -> dict[str, Any]:
+  return dict(l2_norm_bound=plan.l2_norm_bound, noise_multiplier=plan.noise_multiplier,
+              stability=plan.stability, method=plan.bound_method)
+
+
+def release_rows(plan: privacy.OutputGradientPlan, key: jax.Array,
+                 rows: jax.Array) -> mechanisms.GaussianRelease:
+  """Algorithm 1's A_{C,σ} of the plan on one set of (B, K) rows (both modes)."""
+  return mechanisms.output_gradient_mechanism(key, rows, **_mechanism_args(plan))
+
+
+def private_output_gradients(plan: privacy.DPDFDPlan, key: jax.Array,
                              grads: jax.Array) -> mechanisms.GaussianRelease:
-  """A_{C,sigma} on (n, B, K) grads: one teacher uses Algorithm 1 directly, n > 1 the
+  """A_{C,σ} of the plan on (n, B, K) grads: one teacher uses Algorithm 1 directly, n > 1 the
   multi-teacher aggregate (normalized rows summed over teachers, one draw per row)."""
-  kwargs = dict(l2_norm_bound=config.l2_norm_bound, noise_multiplier=config.noise_multiplier,
-                stability=config.stability, method=config.bound_method)
   if grads.shape[0] == 1:
-    return mechanisms.output_gradient_mechanism(key, grads[0], **kwargs)
-  return mechanisms.multi_teacher_output_gradients(key, grads, **kwargs)
+    return release_rows(plan, key, grads[0])
+  return mechanisms.multi_teacher_output_gradients(key, grads, **_mechanism_args(plan))
 
 
-def student_loss(config: StepConfig, logits: jax.Array, target: jax.Array) -> jax.Array:
-  """L_S: mean over the batch of CE(logits, softmax(target)) or 0.5||logits - target||^2."""
+def student_loss(config: config_lib.DPDFDConfig, logits: jax.Array,
+                 target: jax.Array) -> jax.Array:
+  """L_S: mean over the batch of CE(logits, softmax(target)) or 0.5||logits - target||²."""
   if config.student_loss == "ce":
     return losses.soft_cross_entropy(logits, jax.nn.softmax(target)).mean()
   return 0.5 * jnp.sum(jnp.square(logits - target), axis=-1).mean()
 
 
-def generator_loss_terms(config: StepConfig, out: core.ClassifierOutput) -> dict[str, jax.Array]:
+def generator_loss_terms(config: config_lib.DPDFDConfig,
+                         out: core.ClassifierOutput) -> dict[str, jax.Array]:
   """L_G terms on the student's output for generated data (teacher-free)."""
   return {
       "one_hot": config.one_hot_weight * losses.argmax_cross_entropy(out.logits),
@@ -193,15 +142,17 @@ def generator_loss_terms(config: StepConfig, out: core.ClassifierOutput) -> dict
   }
 
 
-def build_train_step(config: StepConfig, teacher_graphdef: nnx.GraphDef):
+def build_train_step(plan: privacy.DPDFDPlan, config: config_lib.DPDFDConfig,
+                     teacher_graphdef: nnx.GraphDef):
   """Returns the pure, un-jitted `train_step(state, teacher_params, teacher_batch_stats, key)
-  -> (state, metrics)`. Teacher params/batch stats are read-only arguments with a leading
-  teacher axis (see `TeacherEnsemble`)."""
+  -> (state, metrics)`. σ, C, e, the bound method and B come from `plan` only; `config`
+  gives γ and the loss weights. Teacher params/batch stats are read-only arguments with a
+  leading teacher axis (see `TeacherEnsemble`)."""
 
   def train_step(state: DPDFDState, teacher_params: PyTree, teacher_batch_stats: PyTree,
                  key: jax.Array):
     z_key, noise_key = jax.random.split(key)
-    z = jax.random.normal(z_key, (config.batch_size, config.latent_dim))
+    z = jax.random.normal(z_key, (plan.batch_size, config.latent_dim))
     gen, stu = state.generator, state.student
 
     # 1-3. Synthetic batch, teacher and student outputs, per-sample output gradients.
@@ -212,7 +163,7 @@ def build_train_step(config: StepConfig, teacher_graphdef: nnx.GraphDef):
     grads = per_sample_output_grads(config, s_out.logits, t_logits)
 
     # 4. The only private release: bounded rows + Gaussian noise.
-    release = private_output_gradients(config, noise_key, grads)
+    release = private_output_gradients(plan, noise_key, grads)
     target = jax.lax.stop_gradient(s_out.logits - config.gamma * release.noisy)
 
     # 5a. Student update on (x, y_s).
@@ -248,6 +199,7 @@ def build_train_step(config: StepConfig, teacher_graphdef: nnx.GraphDef):
   return train_step
 
 
-def make_train_step(config: StepConfig, teacher_graphdef: nnx.GraphDef):
+def make_train_step(plan: privacy.DPDFDPlan, config: config_lib.DPDFDConfig,
+                    teacher_graphdef: nnx.GraphDef):
   """`build_train_step` jitted with the state donated (its buffers are reused in place)."""
-  return jax.jit(build_train_step(config, teacher_graphdef), donate_argnums=0)
+  return jax.jit(build_train_step(plan, config, teacher_graphdef), donate_argnums=0)

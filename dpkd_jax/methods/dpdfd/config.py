@@ -1,0 +1,187 @@
+"""DPDFD configs: the data-free run (`DPDFDConfig`) and the direct mode (`DirectConfig`).
+
+Both are frozen, keyword-only and validated at construction (one line naming the field, via
+`config_checks`). Neither resolves σ: a config holds what the user asked for (σ, a target ε,
+or both), and `privacy.make_plan` / `privacy.make_direct_plan` turn it into what runs.
+Both modes share the output-gradient mechanism A_{C,σ} and the noisy target y_s = s - γ g~,
+so the fields of those (C, e, the bound method, γ, L_S) are checked by one function.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+from dpkd_jax import config_checks
+from dpkd_jax import data
+from dpkd_jax import models
+from dpkd_jax.privacy import mechanisms
+from dpkd_jax.privacy import plan as plan_lib
+
+STUDENT_LOSSES = ("ce", "mse")
+
+
+def check_output_gradient_fields(config: Any) -> None:
+  """C, e, the bound method, γ and L_S: the fields of A_{C,σ} and y_s both modes share."""
+  config_checks.positive(config, "l2_norm_bound", "gamma")
+  config_checks.non_negative(config, "stability")
+  config_checks.one_of("bound_method", config.bound_method, mechanisms.ROW_BOUNDERS)
+  config_checks.one_of("student_loss", config.student_loss, STUDENT_LOSSES)
+
+
+def check_privacy_request(config: "DPDFDConfig") -> None:
+  """The privacy flags are consistent: cheap (no calibration, which `make_plan` does)."""
+  config_checks.one_of("accounting", config.accounting, plan_lib.ACCOUNTINGS)
+  config_checks.integer("steps", config.steps, minimum=1)
+  config_checks.fraction("delta", config.delta)
+  if config.target_epsilon is None and config.noise_multiplier is None:
+    raise ValueError("give noise_multiplier, target_epsilon, or both")
+  if config.target_epsilon is not None:
+    config_checks.positive(config, "target_epsilon")
+  if config.noise_multiplier is not None:
+    config_checks.non_negative(config, "noise_multiplier")
+    if config.target_epsilon is not None and config.noise_multiplier == 0:
+      raise ValueError(f"a target epsilon needs noise: noise_multiplier="
+                       f"{config.noise_multiplier} must be > 0")
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class DPDFDConfig:
+  """A DPDFD run. Privacy fields first, then model/optimization, then bookkeeping.
+
+  Attributes:
+    noise_multiplier: σ (noise std σ·C per output coordinate), or None to calibrate.
+    target_epsilon: stop/calibrate at this ε (None: report only).
+    delta: δ.
+    accounting: "sound" (default) or "paper" (Theorem 3 reconstruction; warned, sound ε beside).
+    l2_norm_bound, stability, bound_method: C, e and "normalize"/"clip" of A_{C,σ}
+      (rows bounded to C·g/(||g|| + e) or clipped to norm C).
+    dataset: the private dataset (its test split evaluates the student).
+    teacher_dirs: one workdir per teacher (`experiments.teacher`); n > 1 = an ensemble, whose
+      accounting uses the most teachers one record can reach (`teacher_partition`).
+    student_model, student_norm, generator_model, generator_channels, latent_dim: networks
+      (`generator_channels` is DAFL's width, 128 in the paper; 64 quarters the CPU cost).
+    steps, batch_size: DPDFD iterations (upper bound when a target ε is given) and B, the
+      synthetic samples (released rows) per step.
+    gamma: step size of the noisy target y_s = s - γ g~.
+    student_loss: "mse" (default: 0.5||s - y_s||², whose gradient w.r.t. s is exactly γ g~)
+      or "ce" (the paper's: cross-entropy against softmax(y_s)). Measured on MNIST
+      (docs/RESULTS.md): ce stalls at chance because once the generator makes the student
+      confident, softmax barely moves under a shift of norm γC and its gradient vanishes.
+    dkd_alpha, dkd_beta, temperature: decoupled-KD weights and temperature of L_T.
+    entropy_weight: α of L_G (information entropy of the batch-mean prediction); 5 by
+      default: with the paper's α = β = 1 the generator collapsed to ~2 classes on digits.
+    feature_weight: β of L_G (student penultimate-feature term), 0.1 by default.
+    one_hot_weight: weight of L_G's cross-entropy to the student's own argmax (1 in the
+      paper; 0 drops the term, for the paper's Table 6 ablation).
+    student_lr, generator_lr: Adam learning rates (cosine-decayed over the steps).
+    seed: root seed of init, latents and noise; None (default) draws a secret one from OS
+      entropy, stored only in the checkpoint (`privacy.seeds`); an integer makes the noise
+      reproducible by anyone who knows it (research runs).
+    eval_every, data_dir: bookkeeping.
+  """
+
+  noise_multiplier: float | None = None
+  target_epsilon: float | None = None
+  delta: float = 1e-5
+  accounting: str = "sound"
+  l2_norm_bound: float = 1.0
+  stability: float = 1e-6
+  bound_method: str = "normalize"
+  dataset: str
+  teacher_dirs: tuple[str, ...]
+  student_model: str = "datalens_cnn"
+  student_norm: str = "batch"
+  generator_model: str = "dafl"
+  generator_channels: int = 128
+  latent_dim: int = 100
+  steps: int = 2000
+  batch_size: int = 256
+  gamma: float = 1.0
+  student_loss: str = "mse"
+  dkd_alpha: float = 1.0
+  dkd_beta: float = 8.0
+  temperature: float = 4.0
+  entropy_weight: float = 5.0
+  feature_weight: float = 0.1
+  one_hot_weight: float = 1.0
+  student_lr: float = 1e-3
+  generator_lr: float = 1e-3
+  seed: int | None = None
+  eval_every: int = 200
+  data_dir: str | None = None
+
+  def __post_init__(self):
+    object.__setattr__(self, "teacher_dirs", tuple(self.teacher_dirs))
+    config_checks.one_of("dataset", self.dataset, data.DATASETS)
+    if not self.teacher_dirs:
+      raise ValueError("teacher_dirs must name at least one teacher workdir")
+    config_checks.one_of("student_model", self.student_model, models.CLASSIFIERS)
+    config_checks.one_of("generator_model", self.generator_model, models.GENERATORS)
+    config_checks.seed(self.seed)
+    config_checks.integers(self, "eval_every", "generator_channels", "batch_size", "latent_dim")
+    config_checks.positive(self, "student_lr", "generator_lr", "temperature")
+    config_checks.non_negative(self, "entropy_weight", "feature_weight", "one_hot_weight")
+    check_output_gradient_fields(self)
+    check_privacy_request(self)
+
+  @property
+  def info(self) -> data.DatasetInfo:
+    return data.DATASETS[self.dataset]
+
+  def to_json(self) -> dict[str, Any]:
+    """The config as saved in checkpoints and results (a resumed run must match it)."""
+    out = dataclasses.asdict(self)
+    out["teacher_dirs"] = list(self.teacher_dirs)
+    return out
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class DirectConfig:
+  """A direct-mode run (no generator, no teacher: the private labels play the teacher).
+
+  Attributes:
+    noise_multiplier: σ of A_{C,σ} (noise std σ·C per output coordinate).
+    l2_norm_bound, stability, bound_method, gamma, student_loss: as in `DPDFDConfig`.
+    delta: δ of the paper-formula figure.
+    dataset, model, norm: private data and the model trained on it.
+    expected_batch_size: q N of the Poisson sampling; max_batch_size: padded rows (None:
+      the smallest size whose overflow probability is <= 1e-9 per step).
+    steps, learning_rate: Adam steps and rate.
+    seed: None (default) for a secret seed from OS entropy; an integer for a reproducible run.
+    eval_every, data_dir: bookkeeping.
+  """
+
+  noise_multiplier: float
+  l2_norm_bound: float = 1.0
+  stability: float = 1e-6
+  bound_method: str = "normalize"
+  gamma: float = 1.0
+  student_loss: str = "mse"
+  delta: float = 1e-5
+  dataset: str
+  model: str = "small_cnn"
+  norm: str = "group"
+  expected_batch_size: int = 256
+  max_batch_size: int | None = None
+  steps: int = 1000
+  learning_rate: float = 1e-3
+  seed: int | None = None
+  eval_every: int = 200
+  data_dir: str | None = None
+
+  def __post_init__(self):
+    config_checks.one_of("dataset", self.dataset, data.DATASETS)
+    config_checks.one_of("model", self.model, models.CLASSIFIERS)
+    if self.norm not in ("group", "none"):
+      raise ValueError(f"norm must be 'group' or 'none' (BatchNorm would mix padded rows), "
+                       f"got {self.norm!r}")
+    config_checks.integers(self, "expected_batch_size", "steps", "eval_every")
+    if self.max_batch_size is not None:
+      config_checks.integer("max_batch_size", self.max_batch_size,
+                            minimum=self.expected_batch_size)
+    config_checks.positive(self, "learning_rate")
+    config_checks.fraction("delta", self.delta)
+    config_checks.seed(self.seed)
+    config_checks.non_negative(self, "noise_multiplier")
+    check_output_gradient_fields(self)

@@ -1,0 +1,177 @@
+"""DPDFD privacy plans: which σ and how many steps, under which accounting.
+
+`make_plan(config)` turns the user's privacy flags into the executed noise multiplier and step
+count (`DPDFDPlan`), the only place either is resolved:
+
+* no target ε: σ and steps are used as given; ε is reported.
+* target ε and σ: the largest step count (<= the requested steps) that fits the target.
+* target ε, no σ: σ calibrated so that the requested steps fit the target.
+
+`accounting="sound"` (default) calibrates with `dp_accounting` on the event of the executed
+noise (`accounting.dpdfd_event`: Gaussian with multiplier σ/(2m·√B) per step, replace-one, the
+teacher not private, m = the most teachers one record reaches). `accounting="paper"`
+calibrates with the paper's Theorem 3 (our reconstruction,
+`paper_accounting.paper_dpdfd_epsilon`), warns, and the sound ε of the same run is always
+reported beside it: the paper figure is never shown alone.
+
+`make_direct_plan(config)` is the plan of the direct mode (`direct.py`): the same mechanism
+A_{C,σ} on private inputs, which is not DP whatever σ is, so its event is `NonPrivateDpEvent`
+(ε = inf, no ledger) and only the paper-formula figure is finite.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import warnings
+
+from dp_accounting import dp_event
+
+from dpkd_jax.methods.dpdfd import config as config_lib
+from dpkd_jax.privacy import accounting
+from dpkd_jax.privacy import calibration
+from dpkd_jax.privacy import neighbouring
+from dpkd_jax.privacy import paper_accounting
+from dpkd_jax.privacy import plan as plan_lib
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class OutputGradientPlan(plan_lib.Plan):
+  """A_{C,σ} as executed (both modes): each row bounded to norm C, plus N(0, σ²C²).
+
+  Attributes:
+    noise_multiplier: σ (noise std σ·C per output coordinate); 0 means no noise.
+    l2_norm_bound: C, the per-row norm bound.
+    stability: e in C·g/(||g|| + e).
+    bound_method: "normalize" (paper) or "clip".
+  """
+
+  noise_multiplier: float
+  l2_norm_bound: float
+  stability: float
+  bound_method: str
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class DPDFDPlan(OutputGradientPlan):
+  """The data-free run: `releases` steps, each releasing B noisy rows.
+
+  Attributes:
+    batch_size: B, rows released per step (the sensitivity is 2C·m·√B).
+    num_teachers: n, teachers whose rows are summed.
+    teachers_per_record: m, the most teachers one record reaches (`teacher_partition`).
+  """
+
+  batch_size: int
+  num_teachers: int = 1
+  teachers_per_record: int = 1
+
+  def event(self, releases: int) -> dp_event.DpEvent:
+    """`releases` steps of the executed noise (`accounting.dpdfd_event`, replace-one)."""
+    return accounting.dpdfd_event(
+        noise_multiplier=self.noise_multiplier, batch_size=self.batch_size, steps=releases,
+        num_teachers=self.num_teachers, teachers_per_record=self.teachers_per_record)
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class DirectPlan(OutputGradientPlan):
+  """The direct mode: not DP (the private inputs reach the update through the model's
+  Jacobian, neither bounded nor noised), so every release is a `NonPrivateDpEvent`."""
+
+  def event(self, releases: int) -> dp_event.DpEvent:
+    return neighbouring.tag(dp_event.NonPrivateDpEvent(), self.relation, releases)
+
+
+def paper_epsilon(*, noise_multiplier: float, l2_norm_bound: float, steps: int,
+                  delta: float) -> float | None:
+  """The paper-formula ε of `steps` releases (Theorem 3 reconstruction; None without noise).
+
+  Computed silently: callers warn once, where the figure is requested."""
+  if noise_multiplier == 0:
+    return None
+  with warnings.catch_warnings():
+    warnings.simplefilter("ignore", paper_accounting.PaperAccountingWarning)
+    return paper_accounting.paper_dpdfd_epsilon(
+        noise_multiplier=noise_multiplier, l2_norm_bound=l2_norm_bound, steps=steps,
+        delta=delta)
+
+
+def paper_rho(target_epsilon: float, delta: float) -> float:
+  """ρ = T·C²/(2σ²) of the paper formula at `target_epsilon`:
+  ε = ρ + 2·sqrt(ρ·log(1/δ))  <=>  sqrt(ρ) = sqrt(log(1/δ) + ε) - sqrt(log(1/δ))."""
+  log_inv_delta = math.log(1.0 / delta)
+  return (math.sqrt(log_inv_delta + target_epsilon) - math.sqrt(log_inv_delta)) ** 2
+
+
+def _resolve(config: config_lib.DPDFDConfig, *, num_teachers: int,
+             teachers_per_record: int) -> tuple[float, int]:
+  """(σ, steps) the run executes: the config's, or calibrated for its target ε."""
+  sigma, steps, target = config.noise_multiplier, config.steps, config.target_epsilon
+  if target is None:
+    return sigma, steps
+  shape = dict(target_epsilon=target, delta=config.delta, batch_size=config.batch_size,
+               num_teachers=num_teachers, teachers_per_record=teachers_per_record)
+  if config.accounting == "sound":
+    if sigma is None:
+      return calibration.calibrate_dpdfd_noise_multiplier(**shape, steps=steps), steps
+    return sigma, calibration.calibrate_dpdfd_steps(**shape, noise_multiplier=sigma,
+                                                    max_steps=steps)
+  warnings.warn("accounting='paper': steps/sigma are set by the DPDFD paper's Theorem 3"
+                " (a reconstruction), which is NOT a valid guarantee for this mechanism;"
+                " the sound epsilon of the run is reported beside it.",
+                paper_accounting.PaperAccountingWarning, stacklevel=3)
+  rho, bound = paper_rho(target, config.delta), config.l2_norm_bound
+  if sigma is None:
+    sigma = bound * math.sqrt(steps / (2.0 * rho))
+  else:
+    steps = min(steps, math.floor(2.0 * sigma**2 * rho / bound**2))
+  if steps < 1:
+    raise ValueError(f"target_epsilon={target} allows no step at sigma={sigma}"
+                     " under the paper accounting")
+  return sigma, steps
+
+
+def make_plan(config: config_lib.DPDFDConfig,
+              teachers_per_record: int | None = None) -> DPDFDPlan:
+  """Resolves σ, the step count and the ledger's budget of a DPDFD run.
+
+  Args:
+    config: the validated run config.
+    teachers_per_record: m, the most teachers one record reaches; None (default) assumes
+      every teacher (worst case): pass `teacher_partition.teachers_per_record(cards)` for
+      what the cards prove. The paper formula knows nothing of it.
+
+  Raises:
+    ValueError: a target that not even one step fits.
+  """
+  num_teachers = len(config.teacher_dirs)
+  m = num_teachers if teachers_per_record is None else teachers_per_record
+  sigma, steps = _resolve(config, num_teachers=num_teachers, teachers_per_record=m)
+  plan = DPDFDPlan(
+      noise_multiplier=float(sigma), l2_norm_bound=config.l2_norm_bound,
+      stability=config.stability, bound_method=config.bound_method,
+      batch_size=config.batch_size, num_teachers=num_teachers, teachers_per_record=m,
+      releases=int(steps), delta=config.delta, accounting=config.accounting,
+      budget_epsilon=None, sound_epsilon=math.inf,
+      paper_epsilon=paper_epsilon(noise_multiplier=sigma, l2_norm_bound=config.l2_norm_bound,
+                                  steps=steps, delta=config.delta))
+  sound = math.inf if sigma == 0 else accounting.epsilon(plan.event(steps), delta=config.delta)
+  target = config.target_epsilon
+  if target is not None and sound > target:
+    # Only the paper mode gets here (sound calibration lands at or below the target).
+    warnings.warn(f"the sound epsilon of this run is {sound:.4g} > target_epsilon="
+                  f"{target:g}: accounting='{config.accounting}' bounds only the paper's"
+                  " formula", paper_accounting.PaperAccountingWarning, stacklevel=2)
+  return dataclasses.replace(plan, sound_epsilon=sound, budget_epsilon=plan_lib.budget(
+      target_epsilon=target, accounting=config.accounting, sound_epsilon=sound))
+
+
+def make_direct_plan(config: config_lib.DirectConfig) -> DirectPlan:
+  """The direct mode's plan: σ as given, `config.steps` releases, ε = inf, no ledger."""
+  return DirectPlan(
+      noise_multiplier=float(config.noise_multiplier), l2_norm_bound=config.l2_norm_bound,
+      stability=config.stability, bound_method=config.bound_method, releases=config.steps,
+      delta=config.delta, budget_epsilon=None, sound_epsilon=math.inf,
+      paper_epsilon=paper_epsilon(noise_multiplier=config.noise_multiplier,
+                                  l2_norm_bound=config.l2_norm_bound, steps=config.steps,
+                                  delta=config.delta))

@@ -1,0 +1,198 @@
+"""DPDFD end to end: teachers, state, the training loop and its outputs.
+
+`train_dpdfd(config, workdir)` writes to `workdir`:
+  checkpoints/<step>/  Orbax: student + generator states, step; meta: config, privacy ledger,
+                       plan (`DPDFDPlan.to_json`), root seed
+  privacy_ledger.json  every charge, written before its release (`train.ledger_file`)
+  results.json         test accuracy, sound ε (dp_accounting), paper ε (if any), δ, σ, steps,
+                       config; the teachers' accuracy under "private_diagnostics" (not covered)
+  record.json          the results record (`train.records`)
+  samples.png          grid of synthetic samples from the generator
+  metrics.csv, tb/     curves (only teacher-free, post-mechanism quantities)
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from typing import Any
+
+import jax
+import optax
+import tqdm
+from flax import nnx
+
+from dpkd_jax import data
+from dpkd_jax import models
+from dpkd_jax import teacher as teacher_lib
+from dpkd_jax import teacher_partition
+from dpkd_jax.methods.dpdfd import config as config_lib
+from dpkd_jax.methods.dpdfd import privacy
+from dpkd_jax.methods.dpdfd import step as step_lib
+from dpkd_jax.models import core
+from dpkd_jax.privacy import ledger as ledger_lib
+from dpkd_jax.privacy import seeds
+from dpkd_jax.train import distributed
+from dpkd_jax.train import evaluate
+from dpkd_jax.train import metrics as metrics_lib
+from dpkd_jax.train import outputs
+from dpkd_jax.train import samples
+from dpkd_jax.train import sharding
+from dpkd_jax.train import workdir as workdir_lib
+from dpkd_jax.train.state import TrainState
+
+
+def load_teachers(config: config_lib.DPDFDConfig
+                  ) -> tuple[step_lib.TeacherEnsemble, list[dict[str, Any]]]:
+  """Loads and checks every teacher against the dataset; all must share one architecture,
+  and none may appear twice (`teacher_partition.check_distinct`: a UserError)."""
+  info = config.info
+  loaded = [teacher_lib.load_teacher(d, dataset=config.dataset, num_classes=info.num_classes,
+                                     input_shape=info.image_shape) for d in config.teacher_dirs]
+  teacher_partition.check_distinct(config.teacher_dirs, [t.card for t in loaded])
+  archs = {(t.card["model"], t.card["norm"]) for t in loaded}
+  if len(archs) > 1:
+    raise ValueError(f"all teachers must share one architecture, got {sorted(archs)}")
+  return step_lib.TeacherEnsemble.stack([t.parts for t in loaded]), [t.card for t in loaded]
+
+
+def init_state(config: config_lib.DPDFDConfig, key: jax.Array) -> step_lib.DPDFDState:
+  """Fresh student and generator (keys split(key): 0 the student, 1 the generator)."""
+  s_key, g_key = jax.random.split(key)
+  info = config.info
+  student = models.create_classifier(config.student_model, num_classes=info.num_classes,
+                                     input_shape=info.image_shape, norm=config.student_norm,
+                                     rngs=nnx.Rngs(s_key))
+  generator = models.create_generator(config.generator_model, latent_dim=config.latent_dim,
+                                      image_shape=info.image_shape, rngs=nnx.Rngs(g_key),
+                                      base_channels=config.generator_channels)
+  adam = lambda lr: optax.adam(optax.cosine_decay_schedule(lr, config.steps))  # noqa: E731
+  return step_lib.DPDFDState(TrainState.create(core.split(student), adam(config.student_lr)),
+                             TrainState.create(core.split(generator), adam(config.generator_lr)))
+
+
+def _train(run: workdir_lib.Run, plan: privacy.DPDFDPlan, config: config_lib.DPDFDConfig,
+           state: step_lib.DPDFDState, ensemble: step_lib.TeacherEnsemble, test: data.ArrayDataset,
+           train_key: jax.Array, *, start: int, ledger: ledger_lib.PrivacyLedger | None,
+           meta: dict[str, Any], progress: bool) -> tuple[step_lib.DPDFDState, int, float]:
+  """Steps `start`..plan.releases in chunks up to each evaluation: charge -> release -> seal
+  -> evaluate -> save. Returns (state, steps done, last test accuracy)."""
+  train_step = step_lib.make_train_step(plan, config, ensemble.graphdef)
+  writer = metrics_lib.MetricsWriter(run.workdir, resume_step=start)
+  bar = tqdm.tqdm(total=plan.releases, initial=start, disable=not progress,
+                  desc=f"DPDFD {config.dataset}")
+  accuracy = math.nan
+  step = start
+  while step < plan.releases:
+    chunk = min(config.eval_every - step % config.eval_every, plan.releases - step)
+    if ledger is not None:  # account before releasing: a crash never under-counts
+      run.charge(plan.event(chunk), step=step, note=f"steps {step}..{step + chunk - 1}")
+    for _ in range(chunk):
+      state, step_metrics = train_step(state, ensemble.params, ensemble.batch_stats,
+                                       jax.random.fold_in(train_key, step))
+      step += 1
+      bar.update(1)
+    host_arrays = run.seal(state.arrays())  # before any output of these releases
+    step_metrics = jax.device_get(step_metrics)
+    accuracy = evaluate.evaluate(state.student.parts, test)["accuracy"]
+    spent = math.inf if ledger is None else ledger.spent_epsilon()
+    # A non-private run (σ = 0) has no finite ε to plot; results.json says inf.
+    privacy_metrics = {"epsilon": spent} if math.isfinite(spent) else {}
+    writer.write(step, {**step_metrics, **privacy_metrics}, prefix="train/")
+    writer.write(step, {"accuracy": accuracy}, prefix="test/")
+    bar.set_postfix(loss=f"{step_metrics['student_loss']:.3f}", acc=f"{accuracy:.4f}",
+                    eps=f"{spent:.3g}")
+    run.save(step, host_arrays, {**meta, "step": step,
+                                 "ledger": None if ledger is None else ledger.to_json()})
+  bar.close()
+  writer.close()
+  if start == step and step > 0:  # resumed at the end: evaluate the restored student
+    accuracy = evaluate.evaluate(state.student.parts, test)["accuracy"]
+  return state, step, accuracy
+
+
+def _results(config: config_lib.DPDFDConfig, plan: privacy.DPDFDPlan, *, accuracy: float,
+             epsilon: float, steps: int, root_seed: seeds.ResolvedSeed,
+             overlap: teacher_partition.Overlap, cards: list[dict[str, Any]],
+             student_params: Any, workdir: str) -> dict[str, Any]:
+  """results.json: released figures at top level, the teachers' accuracy kept apart."""
+  return {
+      "method": "dpdfd",
+      "test_accuracy": accuracy,
+      "epsilon": epsilon,
+      "epsilon_accountant": "dp_accounting PLD, teacher not private (sensitivity 2C*m*sqrt(B),"
+                            f" m = {plan.teachers_per_record} teachers per record)",
+      "paper_epsilon": plan.paper_epsilon,
+      "paper_epsilon_warning": "DPDFD Theorem 3 (reconstruction): NOT a valid guarantee",
+      "delta": plan.delta,
+      "noise_multiplier": plan.noise_multiplier,
+      "steps": steps,
+      "accounting_used_for_budget": plan.accounting,
+      "seed": root_seed.public_description(),
+      "num_teachers": plan.num_teachers,
+      "teachers_per_record": plan.teachers_per_record,
+      "teacher_partition": overlap.reason,
+      "student_params": models.count_params(student_params),
+      "config": config.to_json(),
+      # The teachers' test accuracy is a noiseless function of their private training data
+      # (and `--train_teacher` puts the teacher itself in <workdir>/teacher).
+      outputs.PRIVATE_KEY: outputs.private_section(
+          {"teacher_test_accuracy": [c["test_accuracy"] for c in cards]}, workdir=workdir,
+          files=("teacher",)),
+  }
+
+
+@workdir_lib.run_scope
+def train_dpdfd(config: config_lib.DPDFDConfig, workdir: str, *, progress: bool = True,
+                mesh: jax.sharding.Mesh | None = None) -> dict[str, Any]:
+  """Runs DPDFD (resuming from `workdir` if it holds a checkpoint of the same config).
+
+  Returns:
+    The results dict (also written to `<workdir>/results.json`).
+
+  Raises:
+    ValueError / CheckpointMismatchError: bad config or teachers, before any training.
+    BudgetExceededError: the ledger restored from `workdir` has no budget left for a step.
+  """
+  # 1. Workdir: lock, resume or refuse (for the whole run); the device mesh.
+  clock = outputs.RunClock()
+  run = workdir_lib.open_run(workdir, kind="DPDFD", config=config.to_json())
+  mesh = sharding.data_mesh() if mesh is None else mesh
+  sharding.check_divisible(config.batch_size, mesh)
+  # 2. Data and teachers (m = the most teachers one record reaches, from their cards).
+  ensemble, cards = load_teachers(config)
+  overlap = teacher_partition.teachers_per_record(cards)
+  if overlap.teachers_per_record > 1 and distributed.is_coordinator():
+    print(f"DPDFD accounting: {overlap.reason}", flush=True)
+  test = data.load(config.dataset, "test", data_dir=config.data_dir)
+  # 3. Plan: σ and the steps, the only place they are resolved.
+  plan = privacy.make_plan(config, overlap.teachers_per_record)
+  # 4. Root seed (secret unless chosen; a resumed run continues with its own), state, ledger.
+  root_seed = run.root_seed(config.seed)
+  init_key, train_key = jax.random.split(seeds.root_key(root_seed))
+  state = init_state(config, init_key)
+  ledger = run.ledger(plan.new_ledger())
+  start = 0
+  if run.resuming:
+    arrays, saved = run.restore(state.arrays())
+    state, start = state.with_arrays(arrays), int(saved["step"])
+  # 5. Train: charge -> release -> seal -> save, one chunk per evaluation.
+  state, ensemble = sharding.replicate(state, mesh), sharding.replicate(ensemble, mesh)
+  meta = {"config": config.to_json(), "plan": plan.to_json(), "root_seed": list(root_seed)}
+  state, step, accuracy = _train(
+      run, plan, config, state, ensemble, test, sharding.replicate(train_key, mesh),
+      start=start, ledger=ledger, meta=meta, progress=progress)
+  # 6. Sample grid and results record. The grid takes fold_in(init_key, 2): init_state took
+  # split(init_key) = fold_in(init_key, 0 and 1); key(seed + 1) would be another run's root.
+  grid_key = jax.random.fold_in(init_key, 2)
+  samples.save_sample_grid(samples.generate(state.generator, grid_key, 64, config.latent_dim),
+                           config.info, os.path.join(workdir, "samples.png"))
+  epsilon = math.inf if ledger is None else ledger.spent_epsilon()
+  results = _results(config, plan, accuracy=accuracy, epsilon=epsilon, steps=step,
+                     root_seed=root_seed, overlap=overlap, cards=cards,
+                     student_params=state.student.params, workdir=workdir)
+  outputs.finish_run(workdir, results, clock=clock, dataset=config.dataset,
+                     test_accuracy=accuracy, sound_epsilon=epsilon, delta=plan.delta,
+                     accounting=plan.accounting, paper_epsilon=plan.paper_epsilon,
+                     target_epsilon=config.target_epsilon, neighbouring=plan.relation)
+  return results

@@ -1,0 +1,151 @@
+"""dpkd_jax.methods.dpdfd.step: privacy plumbing, isolation and sharding of one DPDFD step."""
+
+import chex
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from dpkd_jax import losses
+from dpkd_jax import teacher as teacher_lib
+from dpkd_jax.methods import dpdfd
+from dpkd_jax.methods.dpdfd import step as step_lib
+from dpkd_jax.models import core
+from dpkd_jax.privacy import mechanisms
+from dpkd_jax.train import sharding
+
+
+@pytest.fixture(scope="module")
+def teacher_dir(tmp_path_factory):
+  workdir = str(tmp_path_factory.mktemp("teacher"))
+  cfg = teacher_lib.TeacherConfig(dataset="digits", model="lenet5", epochs=1, batch_size=64,
+                                  learning_rate=3e-3)
+  teacher_lib.train_teacher(cfg, workdir, progress=False)
+  return workdir
+
+
+def _config(teacher_dir, **kw):
+  base = dict(dataset="digits", teacher_dirs=(teacher_dir,), student_model="lenet5_half",
+              noise_multiplier=10.0, steps=4, batch_size=16, eval_every=2, latent_dim=8)
+  base.update(kw)
+  return dpdfd.DPDFDConfig(**base)
+
+
+def test_sigma_zero_target_is_the_nonprivate_normalized_gradient(teacher_dir):
+  config = _config(teacher_dir, noise_multiplier=0.0)
+  plan = dpdfd.make_plan(config)
+  grads = jax.random.normal(jax.random.key(1), (1, 16, 10))
+  release = step_lib.private_output_gradients(plan, jax.random.key(2), grads)
+  expected = mechanisms.normalize_rows(grads[0], 1.0, plan.stability)
+  np.testing.assert_array_equal(release.noisy, expected)
+  assert float(release.noise_stddev) == 0.0
+
+
+@pytest.mark.parametrize("weight", [0.0, 1.0, 2.5])
+def test_one_hot_weight_scales_the_generator_cross_entropy(teacher_dir, weight):
+  # The L_G ablation (paper Table 6) switches terms off through their weights.
+  config = _config(teacher_dir, one_hot_weight=weight)
+  logits = jax.random.normal(jax.random.key(3), (6, 10))
+  out = core.ClassifierOutput(logits=logits, features=jnp.ones((6, 4)), hint=None)
+  terms = step_lib.generator_loss_terms(config, out)
+  full = step_lib.generator_loss_terms(_config(teacher_dir), out)
+  np.testing.assert_allclose(terms["one_hot"], weight * full["one_hot"], rtol=1e-6)
+  assert float(full["one_hot"]) > 0
+  np.testing.assert_allclose(terms["entropy"], full["entropy"])
+
+
+def test_per_sample_output_grads_match_rowwise_autodiff(teacher_dir):
+  config = _config(teacher_dir)
+  s = jax.random.normal(jax.random.key(0), (5, 10))
+  t = jax.random.normal(jax.random.key(1), (2, 5, 10))  # two teachers
+  g = step_lib.per_sample_output_grads(config, s, t)
+  chex.assert_shape(g, (2, 5, 10))
+  for j in range(2):
+    full = jax.grad(lambda s_: losses.dkd(s_, t[j], jnp.argmax(t[j], -1), alpha=1.0, beta=8.0,
+                                          temperature=4.0).sum())(s)
+    np.testing.assert_allclose(g[j], full, rtol=1e-5, atol=1e-6)
+
+
+def test_student_loss_is_the_batch_mean_of_the_chosen_loss():
+  logits = jax.random.normal(jax.random.key(0), (4, 10))
+  target = jax.random.normal(jax.random.key(1), (4, 10))
+  ce = step_lib.student_loss(_config("x", student_loss="ce"), logits, target)
+  np.testing.assert_allclose(
+      ce, jnp.mean(-jnp.sum(jax.nn.softmax(target) * jax.nn.log_softmax(logits), axis=-1)),
+      rtol=1e-6)
+  mse = step_lib.student_loss(_config("x"), logits, target)
+  np.testing.assert_allclose(mse, jnp.mean(0.5 * jnp.sum((logits - target) ** 2, axis=-1)),
+                             rtol=1e-6)
+
+
+def test_no_gradient_reaches_the_teacher(teacher_dir):
+  config = _config(teacher_dir)
+  plan = dpdfd.make_plan(config)
+  ensemble, _ = dpdfd.load_teachers(config)
+  state = dpdfd.init_state(config, jax.random.key(0))
+  z = jax.random.normal(jax.random.key(3), (16, config.latent_dim))
+  gen, stu = state.generator, state.student
+
+  def student_update_norm(teacher_params):
+    x, _ = core.apply(gen.graphdef, gen.params, gen.batch_stats, z, train=True)
+    t = step_lib.teacher_logits(ensemble.graphdef, teacher_params, ensemble.batch_stats, x)
+    s, _ = core.apply(stu.graphdef, stu.params, stu.batch_stats, x, train=True)
+    g = step_lib.per_sample_output_grads(config, s.logits, t)
+    release = step_lib.private_output_gradients(plan, jax.random.key(4), g)
+    target = jax.lax.stop_gradient(s.logits - config.gamma * release.noisy)
+    return step_lib.student_loss(config, s.logits, target)
+
+  grads = jax.grad(student_update_norm)(ensemble.params)
+  assert all(float(jnp.abs(leaf).max()) == 0.0 for leaf in jax.tree.leaves(grads))
+
+
+def test_step_compiles_once_and_is_deterministic_per_key(teacher_dir):
+  config = _config(teacher_dir)
+  ensemble, _ = dpdfd.load_teachers(config)
+  step_fn = chex.assert_max_traces(
+      dpdfd.build_train_step(dpdfd.make_plan(config), config, ensemble.graphdef), n=1)
+  jitted = jax.jit(step_fn, donate_argnums=0)
+  out = []
+  # One state object (one optax closure): a new optimizer object per state would be a new
+  # static field and, rightly, a retrace. Copies, because the step donates its input.
+  initial = dpdfd.init_state(config, jax.random.key(0))
+  for _ in range(2):
+    state = jax.tree.map(jnp.copy, initial)
+    for step in range(2):
+      state, metrics = jitted(state, ensemble.params, ensemble.batch_stats, jax.random.key(step))
+    out.append(state)
+  chex.assert_trees_all_equal(out[0].student.params, out[1].student.params)
+  assert np.isfinite(float(metrics["student_loss"]))
+
+
+def test_sharded_over_8_devices_equals_single_device(teacher_dir):
+  config = _config(teacher_dir)
+  plan = dpdfd.make_plan(config)
+  ensemble, _ = dpdfd.load_teachers(config)
+  results = []
+  for devices in (jax.devices()[:1], jax.devices()):
+    mesh = sharding.data_mesh(devices)
+    state = sharding.replicate(dpdfd.init_state(config, jax.random.key(0)), mesh)
+    ens = sharding.replicate(ensemble, mesh)
+    step = dpdfd.make_train_step(plan, config, ens.graphdef)
+    state, _ = step(state, ens.params, ens.batch_stats, jax.random.key(7))
+    results.append(jax.device_get(state.student.params))
+  assert len(jax.devices()) == 8
+  chex.assert_trees_all_close(results[0], results[1], rtol=2e-4, atol=2e-5)
+
+
+def test_multi_teacher_ensemble_step(teacher_dir):
+  config = _config(teacher_dir, teacher_dirs=(teacher_dir, "b", "c"))  # 3 teachers
+  plan = dpdfd.make_plan(config)
+  ensemble = dpdfd.TeacherEnsemble.stack([teacher_lib.load_teacher(teacher_dir).parts] * 3)
+  assert ensemble.size == 3
+  # Three identical teachers: the aggregate's noiseless part equals one teacher's bounded rows,
+  # and the noise on the mean is sigma*C/n.
+  grads = jnp.stack([jax.random.normal(jax.random.key(5), (16, 10))] * 3)
+  release = step_lib.private_output_gradients(plan, jax.random.key(6), grads)
+  assert float(release.noise_stddev) == pytest.approx(10.0 / 3)
+  assert float(release.accounting_noise_multiplier) == pytest.approx(10.0 / (2 * 4))
+  step = dpdfd.make_train_step(plan, config, ensemble.graphdef)
+  state, metrics = step(dpdfd.init_state(config, jax.random.key(0)), ensemble.params,
+                        ensemble.batch_stats, jax.random.key(1))
+  assert np.isfinite(float(metrics["student_loss"]))
