@@ -10,7 +10,8 @@ One markdown table, one row per comparison "A vs B". Both sides are timed in int
   28×28×1): ours vs a PyTorch eager twin with the same architecture and parameter count. Also
   ours vs ours with the layers before `fast_pool` / `fast_norm` (`nnx.max_pool`,
   `nnx.GroupNorm`): the effect of this change;
-* the DPDFD step vs its non-private twin (no bounding, no noise), as `benchmarks/dpdfd_step.py`;
+* the DPDFD step vs its non-private twin (no bounding, no noise), as `benchmarks/dpdfd_step.py`,
+  and ours vs its PyTorch eager twin (`benchmarks/peers_dpdfd.py`: same models and step);
 * DPDFD direct mode vs our DP-SGD, and our DP-SGD vs jax-privacy and Opacus, from
   `benchmarks/peers_dpsgd.py`'s own step builders (not duplicated here);
 * scaling of the DPDFD step with batch size, generator width and image size, each against a base
@@ -318,13 +319,20 @@ def train_rows(table: Table, warmup: int, repeats: int) -> None:
 
 
 def dpdfd_rows(table: Table, warmup: int, repeats: int, scaling: bool) -> None:
-  """DPDFD step vs its non-private twin, then the scaling rows against the base step."""
+  """DPDFD step vs its non-private twin and its PyTorch eager twin, then the scaling rows."""
   base = dpdfd_steps(**DPDFD_BASE, twin=True)
   steps = {"base private": base["private"], "base twin": base["twin"]}
+  torch_note = "torch n/a"
+  try:
+    import peers_dpdfd  # pylint: disable=g-import-not-at-top  (sibling script; needs torch)
+    torch_step = peers_dpdfd.build_torch_dpdfd_step(**DPDFD_BASE)  # parameter counts checked
+    steps["torch"], torch_note = Timed(lambda i: torch_step()), peers_dpdfd.torch_info()
+  except ImportError:
+    pass
   if scaling:
     for label, change in DPDFD_SCALING:
       steps[label] = dpdfd_steps(**{**DPDFD_BASE, **change})["private"]
-  pairs = [("base twin", "base private")]
+  pairs = [("base twin", "base private"), ("base private", "torch")]
   pairs += [("base private", label) for label, _ in DPDFD_SCALING if scaling]
   times = time_interleaved(steps, warmup, repeats, pairs)
   base_label = (f"DPDFD step (B={DPDFD_BASE['batch_size']}, "
@@ -332,6 +340,8 @@ def dpdfd_rows(table: Table, warmup: int, repeats: int, scaling: bool) -> None:
                 f"small_cnn teacher)")
   table.add(f"{base_label}: non-private twin vs private", "base twin", "base private", steps,
             times)
+  table.add(f"{base_label}: ours vs PyTorch eager twin ({torch_note})", "base private", "torch",
+            steps, times)
   for label, _ in DPDFD_SCALING if scaling else ():
     table.add(f"DPDFD step scaling, {label}: base vs changed", "base private", label, steps, times)
 
