@@ -3,7 +3,7 @@
     PYTHONPATH=. /work/venv_peers/bin/python benchmarks/peers_dpdfd.py [--batch_size=64]
         [--generator_channels=64] [--repeats=5] [--check_only]
 
-The twin runs `dpdfd_step.build_train_step` at perf_table's configuration (student
+The twin runs `methods.dpdfd.step.build_train_step` at perf_table's configuration (student
 `datalens_cnn`, teacher `small_cnn`, both BatchNorm; DAFL generator, latent 100; Adam 1e-3):
 z ~ N(0, I), x = G(z); teacher(x) (eval, no grad), s = student(x); g_i = d DKD(s_i, t_i)/d s_i
 in ONE batched autograd call (row i of the summed loss depends on s_i only); g~ = C g/(||g|| + e)
@@ -39,8 +39,8 @@ from flax import nnx, traverse_util
 from torch import nn
 
 from dpkd_jax import models
-# The one import of the DPDFD step in this file: retarget it when the method moves package.
-from dpkd_jax.methods import dpdfd_step as ours_step
+from dpkd_jax.methods import dpdfd as ours
+from dpkd_jax.methods.dpdfd import step as ours_step
 from dpkd_jax.models import core
 from dpkd_jax.train.state import TrainState
 
@@ -52,10 +52,23 @@ _TORCH_NAME = {"kernel": "weight", "scale": "weight", "bias": "bias", "mean": "r
                "var": "running_var"}
 
 
-def step_config(batch_size: int, noise_multiplier: float = 1.0) -> ours_step.StepConfig:
-  """perf_table's StepConfig: the library defaults but for sigma and B."""
-  return ours_step.StepConfig(noise_multiplier=noise_multiplier, batch_size=batch_size,
-                              latent_dim=LATENT_DIM)
+class StepSettings:
+  """Our DPDFD config and plan at perf_table's setting (the library defaults but for sigma and
+  B), read by the twin as one namespace: the plan's noise fields, else the config's."""
+
+  def __init__(self, batch_size: int, noise_multiplier: float = 1.0):
+    self.config = ours.DPDFDConfig(dataset="mnist", teacher_dirs=("unused",),
+                                   noise_multiplier=noise_multiplier, batch_size=batch_size,
+                                   latent_dim=LATENT_DIM)
+    self.plan = ours.make_plan(self.config)
+
+  def __getattr__(self, name: str):
+    plan, config = self.__dict__["plan"], self.__dict__["config"]
+    return getattr(plan, name) if hasattr(plan, name) else getattr(config, name)
+
+
+def step_config(batch_size: int, noise_multiplier: float = 1.0) -> StepSettings:
+  return StepSettings(batch_size, noise_multiplier)
 
 
 def jax_models(generator_channels: int, image_shape: tuple[int, int, int],
@@ -231,7 +244,7 @@ def student_loss(cfg, logits: torch.Tensor, target: torch.Tensor) -> torch.Tenso
 
 
 def generator_terms(cfg, logits: torch.Tensor, features: torch.Tensor) -> dict[str, torch.Tensor]:
-  """dpdfd_step.generator_loss_terms: one-hot CE, information entropy, feature norm."""
+  """methods.dpdfd.step.generator_loss_terms: one-hot CE, information entropy, feature norm."""
   log_mean = torch.logsumexp(logits.log_softmax(1), 0) - math.log(logits.shape[0])  # (K,)
   return {"one_hot": cfg.one_hot_weight * F.cross_entropy(logits, logits.argmax(1)),
           "entropy": cfg.entropy_weight * (log_mean.exp() * log_mean).sum(),
@@ -347,7 +360,7 @@ def check_against_ours(batch_size: int = 8, generator_channels: int = 8,
                                  TrainState.create(parts["generator"], tx))
     ensemble = ours_step.TeacherEnsemble.stack([parts["teacher"]])
     key = jax.random.key(seed + 1)
-    new, metrics = jax.jit(ours_step.build_train_step(cfg, ensemble.graphdef))(
+    new, metrics = jax.jit(ours_step.build_train_step(cfg.plan, cfg.config, ensemble.graphdef))(
         state, ensemble.params, ensemble.batch_stats, key)
     # The draws of our step: z from split(key)[0], the one teacher's noise from split(key)[1].
     z_key, noise_key = jax.random.split(key)
