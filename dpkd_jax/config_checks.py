@@ -2,16 +2,17 @@
 
 `dpkd_jax.privacy.validation` checks the parameters of mechanisms inside `privacy/` (which
 imports nothing else of the library); this module checks the fields of configs and other
-user-facing settings outside it. Every failure is a `ValueError` naming the field (the CLIs
+user-facing settings outside it (sharing its integer check, one wording). Every failure is a `ValueError` naming the field (the CLIs
 turn it into one line and exit 2).
 """
 
 from __future__ import annotations
 
 import math
-import operator
 from collections.abc import Collection
 from typing import Any
+
+from dpkd_jax.privacy import validation
 
 
 def one_of(name: str, value: Any, known: Collection[Any]) -> None:
@@ -22,15 +23,18 @@ def one_of(name: str, value: Any, known: Collection[Any]) -> None:
 
 def integer(name: str, value: Any, *, minimum: int) -> int:
   """`value` as a Python int >= minimum (bools and floats refused)."""
-  try:
-    if isinstance(value, bool):
-      raise TypeError
-    value = operator.index(value)
-  except TypeError:
-    raise ValueError(f"{name} must be an integer, got {value!r}") from None
-  if value < minimum:
-    raise ValueError(f"{name} must be >= {minimum}, got {value}")
-  return value
+  return validation.check_int(name, value, minimum=minimum)
+
+
+def number(name: str, value: Any, *, positive: bool, allow_inf: bool = False) -> float | None:
+  """`value` as a float >= 0 (> 0 if `positive`), finite unless `allow_inf`; None (unchecked)
+  for a traced value."""
+  return validation.check_float(name, value, positive=positive, allow_inf=allow_inf)
+
+
+def delta(value: Any) -> float:
+  """δ as a float in the open interval (0, 1)."""
+  return validation.check_delta(value)
 
 
 def integers(config: Any, *names: str, minimum: int = 1) -> None:

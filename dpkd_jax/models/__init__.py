@@ -14,7 +14,8 @@ from dpkd_jax.models.core import ClassifierOutput, ModelParts, apply, merge, spl
 from dpkd_jax.models.cost import count_params, flops_per_example
 from dpkd_jax.models.generators import DAFLGenerator
 from dpkd_jax.models.mobilenet import MobileNet
-from dpkd_jax.models.registry import CLASSIFIERS, GENERATORS, create_classifier, create_generator
+from dpkd_jax.models.registry import (CLASSIFIERS, GENERATORS, create_classifier, create_generator,
+                                      create_student_and_generator)
 from dpkd_jax.models.resnet import ResNet, ResNet18, ResNet34, WideResNet
 
 __all__ = [
@@ -38,6 +39,7 @@ __all__ = [
     "count_params",
     "create_classifier",
     "create_generator",
+    "create_student_and_generator",
     "flops_per_example",
     "group_count",
     "merge",

@@ -6,12 +6,13 @@ An explicit dict keeps every model greppable and the set of valid names visible 
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
+from typing import Any
 
 import jax
 import numpy as np
 from flax import nnx
 
-from dpkd_jax.models import classifiers, generators, mobilenet, resnet
+from dpkd_jax.models import classifiers, core, generators, mobilenet, resnet
 
 CLASSIFIERS: dict[str, Callable[..., nnx.Module]] = {
     "lenet5": classifiers.LeNet5,
@@ -79,3 +80,24 @@ def create_generator(name: str, *, latent_dim: int, image_shape: Sequence[int],
   """
   constructor = _lookup(GENERATORS, "generator", name)
   return constructor(latent_dim=latent_dim, image_shape=image_shape, rngs=rngs, **kwargs)
+
+
+def create_student_and_generator(config: Any,
+                                 key: jax.Array) -> tuple[core.ModelParts, core.ModelParts]:
+  """The (student, generator) pair of the data-free methods (DPDFD, SRR), split into parts.
+
+  Args:
+    config: a method config with `info` (the dataset's `DatasetInfo`), `student_model`,
+      `student_norm`, `generator_model`, `latent_dim` and `generator_channels`.
+    key: split in two: fold 0 initialises the student, fold 1 the generator (the order every
+      saved data-free run was initialised with).
+  """
+  s_key, g_key = jax.random.split(key)
+  info = config.info
+  student = create_classifier(config.student_model, num_classes=info.num_classes,
+                              input_shape=info.image_shape, norm=config.student_norm,
+                              rngs=nnx.Rngs(s_key))
+  generator = create_generator(config.generator_model, latent_dim=config.latent_dim,
+                               image_shape=info.image_shape, rngs=nnx.Rngs(g_key),
+                               base_channels=config.generator_channels)
+  return core.split(student), core.split(generator)

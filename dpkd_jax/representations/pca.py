@@ -15,7 +15,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from dpkd_jax.privacy import validation
+from dpkd_jax import config_checks
 from dpkd_jax.representations import base
 
 # Added to the whitening std so a (near-)constant direction does not blow up.
@@ -37,7 +37,7 @@ class PCAConfig:
   l2_normalize: bool = True
 
   def __post_init__(self):
-    validation.check_int("num_components", self.num_components, minimum=1)
+    config_checks.integer("num_components", self.num_components, minimum=1)
     for name in ("whiten", "l2_normalize"):
       if not isinstance(getattr(self, name), bool):
         raise ValueError(f"{name} must be a bool, got {getattr(self, name)!r}")

@@ -21,7 +21,7 @@ import optax
 import tqdm
 from flax import nnx
 
-from dpkd_jax.privacy import validation
+from dpkd_jax import config_checks
 from dpkd_jax.representations import augment
 from dpkd_jax.representations import base
 
@@ -60,14 +60,14 @@ class SimCLRConfig:
     if not isinstance(self.conv_widths, tuple) or not self.conv_widths:
       raise ValueError(f"conv_widths must be a non-empty tuple, got {self.conv_widths!r}")
     for width in self.conv_widths:
-      validation.check_int("conv_widths entry", width, minimum=1)
+      config_checks.integer("conv_widths entry", width, minimum=1)
     for name in ("embedding_dim", "projection_dim", "steps"):
-      validation.check_int(name, getattr(self, name), minimum=1)
-    validation.check_int("batch_size", self.batch_size, minimum=2)
+      config_checks.integer(name, getattr(self, name), minimum=1)
+    config_checks.integer("batch_size", self.batch_size, minimum=2)
     for name in ("learning_rate", "temperature"):
-      validation.check_float(name, getattr(self, name), positive=True)
-    validation.check_float("rotation_degrees", self.rotation_degrees, positive=False)
-    validation.check_float("translate_fraction", self.translate_fraction, positive=False)
+      config_checks.number(name, getattr(self, name), positive=True)
+    config_checks.number("rotation_degrees", self.rotation_degrees, positive=False)
+    config_checks.number("translate_fraction", self.translate_fraction, positive=False)
     low, high = self.scale_range
     if not 0 < low <= high:
       raise ValueError(f"scale_range must satisfy 0 < low <= high, got {self.scale_range!r}")

@@ -20,7 +20,6 @@ from typing import Any
 import jax
 import optax
 import tqdm
-from flax import nnx
 
 from dpkd_jax import data
 from dpkd_jax import models
@@ -29,7 +28,6 @@ from dpkd_jax import teacher_partition
 from dpkd_jax.methods.dpdfd import config as config_lib
 from dpkd_jax.methods.dpdfd import privacy
 from dpkd_jax.methods.dpdfd import step as step_lib
-from dpkd_jax.models import core
 from dpkd_jax.privacy import ledger as ledger_lib
 from dpkd_jax.privacy import seeds
 from dpkd_jax.train import distributed
@@ -58,17 +56,10 @@ def load_teachers(config: config_lib.DPDFDConfig
 
 def init_state(config: config_lib.DPDFDConfig, key: jax.Array) -> step_lib.DPDFDState:
   """Fresh student and generator (keys split(key): 0 the student, 1 the generator)."""
-  s_key, g_key = jax.random.split(key)
-  info = config.info
-  student = models.create_classifier(config.student_model, num_classes=info.num_classes,
-                                     input_shape=info.image_shape, norm=config.student_norm,
-                                     rngs=nnx.Rngs(s_key))
-  generator = models.create_generator(config.generator_model, latent_dim=config.latent_dim,
-                                      image_shape=info.image_shape, rngs=nnx.Rngs(g_key),
-                                      base_channels=config.generator_channels)
+  student, generator = models.create_student_and_generator(config, key)
   adam = lambda lr: optax.adam(optax.cosine_decay_schedule(lr, config.steps))  # noqa: E731
-  return step_lib.DPDFDState(TrainState.create(core.split(student), adam(config.student_lr)),
-                             TrainState.create(core.split(generator), adam(config.generator_lr)))
+  return step_lib.DPDFDState(TrainState.create(student, adam(config.student_lr)),
+                             TrainState.create(generator, adam(config.generator_lr)))
 
 
 def _train(run: workdir_lib.Run, plan: privacy.DPDFDPlan, config: config_lib.DPDFDConfig,

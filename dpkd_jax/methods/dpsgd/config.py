@@ -11,7 +11,6 @@ import dataclasses
 from dpkd_jax import config_checks
 from dpkd_jax import data
 from dpkd_jax import models
-from dpkd_jax.privacy import validation
 
 _OPTIMIZERS = ("sgd", "adam")
 _DP_NORMS = ("group", "none")
@@ -77,7 +76,7 @@ class DPSGDConfig:
     config_checks.positive(self, "l2_clip_norm", "learning_rate", *self._given(
         "target_epsilon", "epochs"))
     config_checks.non_negative(self, *self._given("noise_multiplier"))
-    validation.check_delta(self.delta)
+    config_checks.delta(self.delta)
     config_checks.fraction("momentum", self.momentum, open_low=False)
     config_checks.seed(self.seed)
 

@@ -31,7 +31,7 @@ from dpkd_jax import models
 from dpkd_jax.privacy import accounting
 from dpkd_jax.privacy import ledger as ledger_lib
 from dpkd_jax.privacy import seeds
-from dpkd_jax.privacy import validation
+from dpkd_jax import config_checks
 from dpkd_jax.train import evaluate as evaluate_lib
 from dpkd_jax.train import metrics as metrics_lib
 from dpkd_jax.train import outputs
@@ -71,7 +71,7 @@ def train_dpsgd(config: DPSGDConfig, workdir: str, *, resume: bool = False,
   """
   clock = outputs.RunClock()
   if stop_at_step is not None:
-    validation.check_int("stop_at_step", stop_at_step, minimum=1)
+    config_checks.integer("stop_at_step", stop_at_step, minimum=1)
   # 1. Workdir: lock, resume or refuse.
   config_json = dataclasses.asdict(config)
   run = workdir_lib.open_run(workdir, kind="DP-SGD", config=config_json, resume=resume)

@@ -39,7 +39,7 @@ import jax.numpy as jnp
 from dpkd_jax.methods.rknn import config as config_lib
 from dpkd_jax.methods.rknn import privacy as privacy_lib
 from dpkd_jax.privacy import counts as counts_lib
-from dpkd_jax.privacy import validation
+from dpkd_jax import config_checks
 
 DEFAULT_CHUNK_SIZE = config_lib.DEFAULT_CHUNK_SIZE
 
@@ -139,9 +139,9 @@ def kmeans(key: jax.Array, points: jax.Array, num_clusters: int, *,
   Returns:
     `KMeansResult` of the best restart.
   """
-  validation.check_int("num_clusters", num_clusters, minimum=1)
-  validation.check_int("num_iterations", num_iterations, minimum=0)
-  validation.check_int("num_restarts", num_restarts, minimum=1)
+  config_checks.integer("num_clusters", num_clusters, minimum=1)
+  config_checks.integer("num_iterations", num_iterations, minimum=0)
+  config_checks.integer("num_restarts", num_restarts, minimum=1)
   chex.assert_rank(points, 2)
   if num_clusters > points.shape[0]:
     raise ValueError(f"num_clusters={num_clusters} exceeds the {points.shape[0]} points")
@@ -170,9 +170,9 @@ def _chunked(embeddings: jax.Array, labels: jax.Array, chunk_size: int):
 
 
 def _check_vote_args(queries: jax.Array, k: int, num_classes: int, chunk_size: int) -> None:
-  validation.check_int("k", k, minimum=1)
-  validation.check_int("num_classes", num_classes, minimum=2)
-  validation.check_int("chunk_size", chunk_size, minimum=1)
+  config_checks.integer("k", k, minimum=1)
+  config_checks.integer("num_classes", num_classes, minimum=2)
+  config_checks.integer("chunk_size", chunk_size, minimum=1)
   if k > queries.shape[0]:
     raise ValueError(f"k={k} exceeds the number of queries s={queries.shape[0]}")
 

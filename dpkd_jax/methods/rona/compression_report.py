@@ -23,7 +23,7 @@ import numpy as np
 from dpkd_jax import data
 from dpkd_jax import models
 from dpkd_jax.models import core
-from dpkd_jax.privacy import validation
+from dpkd_jax import config_checks
 
 LATENCY_BATCH_SIZES = (1, 256)
 
@@ -41,9 +41,9 @@ def latency_ms_per_image(parts: core.ModelParts, input_shape: Sequence[int], bat
   Returns:
     median run time / batch_size, in milliseconds.
   """
-  validation.check_int("batch_size", batch_size, minimum=1)
-  validation.check_int("min_repeats", min_repeats, minimum=1)
-  validation.check_float("min_seconds", min_seconds, positive=False)
+  config_checks.integer("batch_size", batch_size, minimum=1)
+  config_checks.integer("min_repeats", min_repeats, minimum=1)
+  config_checks.number("min_seconds", min_seconds, positive=False)
   cpu = jax.devices("cpu")[0]
   params, batch_stats = jax.device_put((parts.params, parts.batch_stats), cpu)
   x = jax.device_put(jnp.zeros((batch_size, *input_shape), jnp.float32), cpu)

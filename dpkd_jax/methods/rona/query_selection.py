@@ -35,7 +35,7 @@ import numpy as np
 
 from dpkd_jax import data
 from dpkd_jax.models import core
-from dpkd_jax.privacy import validation
+from dpkd_jax import config_checks
 
 Selector = Callable[[jax.Array, jax.Array, int], jax.Array]
 
@@ -65,7 +65,7 @@ def student_log_probs(parts: core.ModelParts, images_uint8: np.ndarray, info: da
     (N, K) float32 log-probabilities, on the host (the model may be replicated over a mesh,
     the selectors run on the default device).
   """
-  chunk_size = validation.check_int("chunk_size", chunk_size, minimum=1)
+  chunk_size = config_checks.integer("chunk_size", chunk_size, minimum=1)
   outputs = []
   for start in range(0, len(images_uint8), chunk_size):
     chunk = images_uint8[start:start + chunk_size]  # (<= chunk, H, W, C)
@@ -80,7 +80,7 @@ def _check_inputs(log_probs: jax.Array, num_select: int, *, num_excluded: int = 
   """Validates (N, K) log-probabilities and 1 <= num_select <= N - num_excluded."""
   chex.assert_rank(log_probs, 2)
   chex.assert_type(log_probs, float)
-  num_select = validation.check_int("num_select", num_select, minimum=1)
+  num_select = config_checks.integer("num_select", num_select, minimum=1)
   available = log_probs.shape[0] - num_excluded
   if num_select > available:
     raise ValueError(f"num_select={num_select} exceeds the {available} selectable samples "
@@ -180,7 +180,7 @@ def k_center_greedy(key: jax.Array, log_probs: jax.Array, num_select: int, *,
   num_select = _check_inputs(log_probs, num_select, num_excluded=int(initial.shape[0]))
   if initial.shape[0] and not (0 <= int(initial.min()) and int(initial.max()) < len(log_probs)):
     raise ValueError(f"initial_centers must index the {len(log_probs)} candidates")
-  chunk_size = validation.check_int("chunk_size", chunk_size, minimum=1)
+  chunk_size = config_checks.integer("chunk_size", chunk_size, minimum=1)
   return _k_center(key, log_probs, initial, num_select=num_select, chunk_size=chunk_size)
 
 

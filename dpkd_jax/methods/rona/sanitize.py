@@ -26,7 +26,7 @@ import jax
 import jax.numpy as jnp
 
 from dpkd_jax.privacy import mechanisms
-from dpkd_jax.privacy import validation
+from dpkd_jax import config_checks
 
 BOUND_MODES = ("adaptive", "fixed", "none")
 
@@ -39,7 +39,7 @@ def check_bound(bound_mode: str, l2_bound: float | None, *, name: str = "l2_boun
     raise ValueError(f"give {name} exactly with bound_mode='fixed', got bound_mode="
                      f"{bound_mode!r}, {name}={l2_bound!r}")
   if l2_bound is not None:
-    validation.check_float(name, l2_bound, positive=True)
+    config_checks.number(name, l2_bound, positive=True)
 
 
 class BoundState(NamedTuple):
@@ -69,7 +69,7 @@ class SanitizeConfig:
   l2_bound: float | None = None
 
   def __post_init__(self):
-    validation.check_float("noise_multiplier", self.noise_multiplier, positive=False)
+    config_checks.number("noise_multiplier", self.noise_multiplier, positive=False)
     check_bound(self.bound_mode, self.l2_bound)
     if self.bound_mode == "none" and self.noise_multiplier != 0:
       raise ValueError(f"bound_mode='none' releases raw teacher knowledge: it needs "

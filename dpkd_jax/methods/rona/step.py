@@ -38,7 +38,7 @@ from dpkd_jax import losses
 from dpkd_jax.methods.rona import sanitize
 from dpkd_jax.methods.rona.privacy import RONAPlan
 from dpkd_jax.models import core
-from dpkd_jax.privacy import validation
+from dpkd_jax import config_checks
 from dpkd_jax.train import sharding
 from dpkd_jax.train import supervised
 from dpkd_jax.train.state import TrainState
@@ -99,7 +99,7 @@ def _private_step(kind: str, config: sanitize.SanitizeConfig, *, temperature: fl
                   info: data.DatasetInfo, teacher_graphdef: nnx.GraphDef,
                   aux_graphdef: nnx.GraphDef | None) -> Callable:
   """`build_train_step` with its release config resolved (see there)."""
-  validation.check_float("temperature", temperature, positive=True)
+  config_checks.number("temperature", temperature, positive=True)
 
   def knowledge_of(out: core.ClassifierOutput) -> jax.Array:
     if kind == "hint":

@@ -47,15 +47,7 @@ def adam(learning_rate: float, decay_steps: int | None = None) -> optax.Gradient
 def init_models(config: config_lib.SRRConfig,
                 key: jax.Array) -> tuple[core.ModelParts, core.ModelParts]:
   """(student, generator) initialised from `key` (split into one key per network)."""
-  s_key, g_key = jax.random.split(key)
-  info = config.info
-  student = models.create_classifier(config.student_model, num_classes=info.num_classes,
-                                     input_shape=info.image_shape, norm=config.student_norm,
-                                     rngs=nnx.Rngs(s_key))
-  generator = models.create_generator(config.generator_model, latent_dim=config.latent_dim,
-                                      image_shape=info.image_shape, rngs=nnx.Rngs(g_key),
-                                      base_channels=config.generator_channels)
-  return models.split(student), models.split(generator)
+  return models.create_student_and_generator(config, key)
 
 
 def init_state(config: config_lib.SRRConfig, student: core.ModelParts,
