@@ -55,3 +55,11 @@ def test_a_method_imports_no_other_method(package):
         parts = name.split(".")
         if parts[:2] == ["dpkd_jax", "methods"] and len(parts) > 2:
           assert parts[2] not in others, f"{path.name} imports method {parts[2]}"
+
+
+def test_privacy_validation_stays_inside_privacy():
+  # Outside privacy/ parameter checks go through config_checks (which shares its wording).
+  users = sorted(p.relative_to(_ROOT).as_posix() for p in _sources()
+                 if "privacy import validation" in p.read_text(encoding="utf-8")
+                 and p.parent.name != "privacy")
+  assert users == ["config_checks.py"]
