@@ -11,7 +11,7 @@ from flax import nnx
 from jax.sharding import PartitionSpec as P
 
 from dpkd_jax.errors import UserError
-from dpkd_jax.models import classifiers, core, ghost, registry
+from dpkd_jax.models import classifiers, core, ghost, mobilenet, registry
 from dpkd_jax.privacy import dpsgd_mechanism
 from dpkd_jax.train import sharding
 
@@ -106,7 +106,7 @@ def test_equals_the_vmap_path_on_the_zoo(name, input_shape, norm):
 def test_equals_the_vmap_path_with_grouped_strided_convolutions():
   # MobileNet: depthwise (feature_group_count = channels) and strided 3×3 convolutions, 1×1
   # convolutions. (VGG, ResNet and WideResNet agreed too; left out for time.)
-  model = classifiers.MobileNet(num_classes=3, input_shape=(6, 6, 2), norm="none",
+  model = mobilenet.MobileNet(num_classes=3, input_shape=(6, 6, 2), norm="none",
                                 rngs=nnx.Rngs(0), stem_channels=4, head_channels=4,
                                 block_settings=((2, 4, 1, 2),))
   _check_against_vmap(core.split(model), (6, 6, 2), 3, mid_clip_checks=False)
