@@ -52,8 +52,9 @@ class DPSGDConfig:
     log_private_diagnostics: also write the training metrics of the private batches to
       `private_diagnostics.csv` (noiseless, NOT covered by ε; off by default).
     clipping: how the clipped sum is computed: "vmap" (per-example gradients by vmap(grad)) or
-      "ghost" (ghost clipping: the same sum and norms without per-example gradients; models of
-      Linear, Conv and GroupNorm layers only, refused at construction otherwise).
+      "ghost" (ghost clipping, `models.ghost`: the same sum and norms, to float rounding,
+      without a per-example gradient of the whole model; models of Linear, Conv and GroupNorm
+      layers only, others refused at construction). Same mechanism, noise and ε.
   """
 
   dataset: str

@@ -74,14 +74,18 @@ def clipped_sum(graphdef: nnx.GraphDef, params: PyTree, batch_stats: PyTree, x: 
     x, labels, mask: (B, H, W, C) normalized images, (B,) int labels, (B,) bool (False: padding).
     l2_clip_norm: C.
     clipping: "vmap" (`per_example_gradients` + `dpsgd_mechanism.dpsgd_clip_and_sum`) or
-      "ghost" (`ghost.ghost_clipped_sum`, equal to float rounding).
+      "ghost" (`ghost.ghost_clipped_sum` without the Gram form, equal to float rounding).
 
   Returns:
     (clipped sum: `params`' pytree, norms (B,) pre-clip, losses (B,), logits (B, K)).
   """
   if clipping == "ghost":
+    # No Gram (ghost-norm) form: its rounding grows with cancellation inside an example, so a
+    # clipped contribution could exceed C by more than float rounding (`privacy.ghost_clipping`);
+    # the rank-1 and per-layer forms keep every contribution <= C as on the vmap path.
     out = ghost.ghost_clipped_sum(graphdef, params, batch_stats, x, labels, mask,
-                                  loss_fn=_cross_entropy, l2_clip_norm=l2_clip_norm)
+                                  loss_fn=_cross_entropy, l2_clip_norm=l2_clip_norm,
+                                  allow_gram=False)
     return out.clipped_sum, out.norms, out.losses, out.outputs.logits
   if clipping != "vmap":
     raise ValueError(f"clipping must be 'vmap' or 'ghost', got {clipping!r}")
