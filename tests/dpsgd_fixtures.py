@@ -1,6 +1,6 @@
 """Fixtures shared by the DP-SGD tests (test_dpsgd_{privacy,step,run}.py): one config, one
 batch, one trace-guarded step, so that every file (and the training loop) reuses the step
-compiled once per process (`make_train_step` is cached per plan, dataset and mesh).
+compiled once per process (`make_train_step` is cached per plan, dataset, mesh and clipping).
 
 Tiny LeNet-5/2 (GroupNorm) on the embedded digits, expected batch 16, padded batch M = 48 (6
 rows per fake device).
@@ -40,7 +40,8 @@ def make_plan(config: dpsgd.DPSGDConfig) -> dpsgd.DPSGDPlan:
 def make_step(config: dpsgd.DPSGDConfig, mesh=None, plan=None):
   """The jitted step of `config` (or of `plan`), as the training loop gets it."""
   mesh = sharding.data_mesh() if mesh is None else mesh
-  return dpsgd.make_train_step(make_plan(config) if plan is None else plan, config.info, mesh)
+  return dpsgd.make_train_step(make_plan(config) if plan is None else plan, config.info, mesh,
+                               clipping=config.clipping)
 
 
 @pytest.fixture(scope="module")

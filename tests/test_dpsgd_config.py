@@ -1,11 +1,20 @@
 """DP-SGD's config (`methods/dpsgd/config.py`): bad values fail at construction, flags make
 the config."""
 
+import dataclasses
+import math
 import os
 
+import jax.numpy as jnp
 import pytest
+from flax import nnx
 
+from dpkd_jax import data
+from dpkd_jax import models
+from dpkd_jax.errors import UserError
 from dpkd_jax.methods import dpsgd
+from dpkd_jax.methods.dpsgd import config as config_lib
+from dpkd_jax.models import core
 from dpsgd_fixtures import make_config
 from experiments import dpsgd as dpsgd_cli
 
@@ -32,6 +41,7 @@ from experiments import dpsgd as dpsgd_cli
     (dict(optimizer="lamb"), "optimizer"),
     (dict(learning_rate=0.0), "learning_rate"),
     (dict(momentum=1.0), "momentum"),
+    (dict(clipping="opacus"), "unknown clipping 'opacus'"),
 ])
 def test_bad_config_raises(kwargs, match):
   with pytest.raises(ValueError, match=match):
@@ -47,3 +57,58 @@ def test_cli_flags_make_the_config():
   assert args.resume and args.workdir == os.path.join("runs", "dpsgd", "digits_lenet5")
   with pytest.raises(SystemExit):
     dpsgd_cli.parse_config(["--noise_multiplier=1", "--steps=10", "--norm=batch"])
+
+
+def test_cli_clipping_flag_makes_the_config(capsys):
+  config, _ = dpsgd_cli.parse_config(["--noise_multiplier=1", "--steps=10", "--clipping=ghost"])
+  assert config.clipping == "ghost"
+  assert dpsgd_cli.parse_config(["--noise_multiplier=1", "--steps=10"])[0].clipping == "vmap"
+  with pytest.raises(SystemExit):
+    dpsgd_cli.parse_config(["--help"])
+  assert "--clipping" in capsys.readouterr().out
+
+
+def test_ghost_clipping_refuses_batch_norm_in_one_line():
+  with pytest.raises(UserError, match="clipping='ghost' cannot train model='lenet5' with "
+                     "norm='batch'.*nnx.BatchNorm conv1/norm: it mixes the examples") as err:
+    config_lib.check_ghost_clipping("lenet5", norm="batch", info=data.DATASETS["mnist"])
+  assert "\n" not in str(err.value)
+
+
+class _OwnParam(nnx.Module):
+  """A classifier with a parameter outside any Linear/Conv/norm layer: no ghost clipping."""
+
+  def __init__(self, *, num_classes, input_shape, norm, rngs):
+    del norm
+    self.fc = nnx.Linear(math.prod(input_shape), num_classes, rngs=rngs)
+    self.temperature = nnx.Param(jnp.ones(()))
+
+  def __call__(self, x, *, train=False):
+    y = self.fc(x.reshape(x.shape[0], -1)) * self.temperature
+    return core.ClassifierOutput(y, y, y)
+
+
+def test_unsupported_model_refused_at_construction_and_cli_exits_2(monkeypatch, capsys,
+                                                                  tmp_path):
+  monkeypatch.chdir(tmp_path)
+  monkeypatch.setitem(models.CLASSIFIERS, "own_param", _OwnParam)
+  vmap_config = make_config(model="own_param")  # the vmap path handles any model
+  with pytest.raises(UserError, match="model='own_param'.*temperature of _OwnParam"):
+    dataclasses.replace(vmap_config, clipping="ghost")
+  capsys.readouterr()
+  with pytest.raises(SystemExit) as exit_info:
+    dpsgd_cli.main(["--model=own_param", "--clipping=ghost", "--noise_multiplier=1",
+                    "--steps=1", "--workdir=never_created", "--no_progress"])
+  err = capsys.readouterr().err
+  assert exit_info.value.code == 2 and len(err.strip().splitlines()) == 1
+  assert err.startswith("error: clipping='ghost' cannot train model='own_param'")
+  assert os.listdir(tmp_path) == []  # refused before the workdir or anything else
+
+
+def test_saved_json_of_a_default_config_is_unchanged():
+  # `to_json` is what a workdir saves and compares on resume: a default (vmap) run saves the
+  # dict of the configs saved before `clipping` existed, so their workdirs keep resuming.
+  config = make_config()
+  saved_before = {k: v for k, v in dataclasses.asdict(config).items() if k != "clipping"}
+  assert config.to_json() == saved_before
+  assert make_config(clipping="ghost").to_json() == {**saved_before, "clipping": "ghost"}

@@ -13,6 +13,7 @@ import numpy as np
 import pytest
 
 from dpkd_jax.methods import dpsgd
+from dpkd_jax.methods.dpsgd import step as step_lib
 from dpkd_jax.privacy import accounting
 from dpkd_jax.privacy import ledger as ledger_lib
 from dpkd_jax.train import checkpoint
@@ -144,3 +145,31 @@ def test_existing_checkpoint_needs_resume_and_same_config(runs):
   other = dataclasses.replace(config, seed=1)
   with pytest.raises(ValueError, match="another config"):
     dpsgd.train_dpsgd(other, dirs["a"], resume=True, progress=False)
+
+
+def test_saved_config_of_a_default_run_has_no_clipping_field(runs):
+  # Workdirs saved before `clipping` existed hold this very dict: they keep resuming.
+  config, dirs, one_go, _, _, _ = runs
+  _, meta = _restore_params(config, dirs["a"])
+  before = {k: v for k, v in dataclasses.asdict(config).items() if k != "clipping"}
+  assert meta["config"] == before and one_go["config"] == before
+  with pytest.raises(ValueError, match="another config"):  # the clipping path is in the config
+    dpsgd.train_dpsgd(dataclasses.replace(config, clipping="ghost"), dirs["a"], resume=True,
+                      progress=False)
+
+
+def test_ghost_clipping_run_matches_the_vmap_run(runs, tmp_path, monkeypatch):
+  config, dirs, one_go, _, _, _ = runs
+  ghost_config = dataclasses.replace(config, clipping="ghost")  # its check traces ghost too
+  traced = []
+  original = step_lib.ghost.ghost_clipped_sum
+  monkeypatch.setattr(step_lib.ghost, "ghost_clipped_sum",
+                      lambda *a, **k: traced.append(1) or original(*a, **k))
+  results = dpsgd.train_dpsgd(ghost_config, str(tmp_path / "ghost"), progress=False)
+  assert traced  # the loop's step computed its clipped sums by ghost clipping
+  assert results["config"]["clipping"] == "ghost" and results["epsilon"] == one_go["epsilon"]
+  arrays_ghost, meta = _restore_params(ghost_config, str(tmp_path / "ghost"))
+  arrays_vmap, _ = _restore_params(config, dirs["a"])
+  assert meta["config"] == ghost_config.to_json()
+  chex.assert_trees_all_close(arrays_ghost["state"]["params"], arrays_vmap["state"]["params"],
+                              atol=1e-5, rtol=1e-4)

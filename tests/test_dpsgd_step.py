@@ -14,6 +14,7 @@ import optax
 import pytest
 
 from dpkd_jax import data
+from dpkd_jax.methods import dpsgd
 from dpkd_jax.methods.dpsgd import step as step_lib
 from dpkd_jax.models import core
 from dpkd_jax.privacy import dpsgd_mechanism
@@ -133,3 +134,51 @@ def test_trace_guard_catches_a_retrace(parts, batch):
   step.trace(state, *rows, key(0))
   with pytest.raises(AssertionError, match="traced > 1 times"):
     step.trace(state, *(a[:16] for a in rows), key(0))
+
+
+def _run_steps(step, parts, config, batch, num_steps, mesh=None):
+  """(params, metrics) after `num_steps` steps on `batch` with the keys 10, 11, ..."""
+  state, *rows = inputs(parts, config, batch, mesh)
+  params, metrics = [], []
+  for i in range(num_steps):
+    state, step_metrics = step(state, *rows, key(10 + i, mesh))
+    params.append(jax.device_get(state.params))
+    metrics.append(jax.device_get(step_metrics))
+  return params, metrics
+
+
+def _ghost_test_config(model, **kw):
+  """C between the smallest and largest per-example gradient norms of the test batch at the
+  initial parameters (28..40 for small_cnn, 12..16 for lenet5 on the digits): some examples
+  clipped. Small z and learning rate keep 3 steps well-conditioned (no amplification)."""
+  return make_config(model=model, l2_clip_norm={"small_cnn": 33.0, "lenet5": 13.5}[model],
+                     noise_multiplier=0.1, learning_rate=0.05, **kw)
+
+
+@pytest.mark.parametrize("model", ["small_cnn", "lenet5"])
+def test_ghost_clipping_step_equals_the_vmap_step(batch, model):
+  # The noise (same keys) is the same draw on both paths: only the clipped sums' rounding
+  # differs. 8 devices: each computes its rows' clipped sum (`shard_map`).
+  config, ghost_config = _ghost_test_config(model), _ghost_test_config(model, clipping="ghost")
+  model_parts = dpsgd.init_model(config, jax.random.key(0))
+  plan = make_plan(config)
+  assert make_plan(ghost_config) == plan  # the clipping method is not part of the plan
+  results = [_run_steps(make_step(c, plan=plan), model_parts, c, batch, 3)
+             for c in (config, ghost_config)]
+  (vmap_params, vmap_metrics), (ghost_params, ghost_metrics) = results
+  assert 0.0 < vmap_metrics[0]["clipped_fraction"] < 1.0
+  for after in (0, 2):  # after one step, after three
+    chex.assert_trees_all_close(ghost_params[after], vmap_params[after], atol=1e-5, rtol=1e-4)
+    chex.assert_trees_all_close(ghost_metrics[after], vmap_metrics[after], atol=1e-6, rtol=1e-4)
+
+
+def test_ghost_clipping_step_eight_devices_equal_one_device(batch):
+  config = _ghost_test_config("small_cnn", clipping="ghost")  # 8 devices: compiled above
+  model_parts = dpsgd.init_model(config, jax.random.key(0))
+  mesh1 = sharding.data_mesh(jax.devices()[:1])
+  steps = {mesh: make_step(config, mesh) for mesh in (sharding.data_mesh(), mesh1)}
+  (params8, metrics8), (params1, metrics1) = (
+      _run_steps(step, model_parts, config, batch, 1, mesh) for mesh, step in steps.items())
+  chex.assert_trees_all_close(params8, params1, atol=1e-5, rtol=1e-5)
+  chex.assert_trees_all_close(metrics8, metrics1, rtol=1e-5)
+  assert float(metrics8[0]["batch_size"]) == NUM_REAL  # every device's rows counted

@@ -8,10 +8,12 @@ import numpy as np
 import optax
 import pytest
 from flax import nnx
+from jax.sharding import PartitionSpec as P
 
 from dpkd_jax.errors import UserError
-from dpkd_jax.models import classifiers, core, ghost, registry
+from dpkd_jax.models import classifiers, core, ghost, mobilenet, registry
 from dpkd_jax.privacy import dpsgd_mechanism
+from dpkd_jax.train import sharding
 
 _BATCH = 6
 _MASK = np.array([True, True, True, True, False, True])  # row 4: padding
@@ -104,7 +106,7 @@ def test_equals_the_vmap_path_on_the_zoo(name, input_shape, norm):
 def test_equals_the_vmap_path_with_grouped_strided_convolutions():
   # MobileNet: depthwise (feature_group_count = channels) and strided 3×3 convolutions, 1×1
   # convolutions. (VGG, ResNet and WideResNet agreed too; left out for time.)
-  model = classifiers.MobileNet(num_classes=3, input_shape=(6, 6, 2), norm="none",
+  model = mobilenet.MobileNet(num_classes=3, input_shape=(6, 6, 2), norm="none",
                                 rngs=nnx.Rngs(0), stem_channels=4, head_channels=4,
                                 block_settings=((2, 4, 1, 2),))
   _check_against_vmap(core.split(model), (6, 6, 2), 3, mid_clip_checks=False)
@@ -192,3 +194,32 @@ def test_refuses_what_it_cannot_handle_naming_the_layer(model, message):
     ghost.ghost_clip_and_sum(parts.graphdef, parts.params, parts.batch_stats, x,
                              (jnp.zeros(2, jnp.int32), jnp.ones(2)), jnp.ones(2, bool),
                              loss_fn=_loss, l2_clip_norm=1.0)
+
+
+def test_inside_shard_map_each_device_sums_its_own_rows():
+  # Per-device sums over 8 fake devices, psummed, equal the sum over the whole batch: the taps'
+  # zero perturbations must vary over the mesh axis (invariant ones had their gradients, the
+  # per-example output gradients, psummed over the devices).
+  parts = core.split(registry.create_classifier("small_cnn", num_classes=4, input_shape=(8, 8, 1),
+                                                norm="group", seed=0))
+  rng = np.random.default_rng(3)
+  x = rng.standard_normal((16, 8, 8, 1)).astype(np.float32)
+  targets = (np.arange(16, dtype=np.int32) % 4, np.ones(16, np.float32))
+  mask = np.arange(16) < 13
+  mesh = sharding.data_mesh()
+  axis = sharding.DATA_AXIS
+
+  def device_sum(params, x, targets, mask):
+    params = jax.tree.map(lambda p: jax.lax.pcast(p, axis, to="varying"), params)
+    out = ghost.ghost_clipped_sum(parts.graphdef, params, parts.batch_stats, x, targets, mask,
+                                  loss_fn=_loss, l2_clip_norm=0.5)
+    return jax.lax.psum(out.clipped_sum, axis), out.norms
+
+  sharded = jax.jit(jax.shard_map(device_sum, mesh=mesh, out_specs=(P(), P(axis)),
+                                  in_specs=(P(), P(axis), P(axis), P(axis))))
+  got_sum, got_norms = sharded(parts.params, *sharding.shard_batch((x, targets, mask), mesh))
+  expected = jax.jit(lambda p: ghost.ghost_clipped_sum(
+      parts.graphdef, p, parts.batch_stats, x, targets, mask, loss_fn=_loss,
+      l2_clip_norm=0.5))(parts.params)
+  np.testing.assert_allclose(got_norms, expected.norms, rtol=1e-5)
+  _assert_tree_close(jax.device_get(got_sum), jax.device_get(expected.clipped_sum))

@@ -225,8 +225,10 @@ def _per_example_pass(graphdef: nnx.GraphDef, params: PyTree, batch_stats: PyTre
   if unused:
     raise UserError(f"ghost clipping cannot handle layers never called in the forward pass: "
                     f"{unused}; use the vmap per-example gradients")
-  perturbations = {path: jnp.zeros((x.shape[0],) + s.shape, s.dtype)
-                   for path, s in shapes.out_shapes.items()}  # (B, 1, ...) per layer
+  # (B, 1, ...) per layer. zeros_like(x): inside `shard_map` they vary over x's mesh axes, as
+  # x does; invariant zeros would get their gradients (g_i) psummed over the devices.
+  perturbations = {path: jnp.zeros_like(x, shape=(x.shape[0],) + s.shape, dtype=s.dtype)
+                   for path, s in shapes.out_shapes.items()}
 
   def example_loss(small_params, perturbation, x_i, target_i):
     tap = _Tap(perturbation)
@@ -251,7 +253,9 @@ def ghost_clipped_sum(graphdef: nnx.GraphDef, params: PyTree, batch_stats: PyTre
 
   Args:
     graphdef, params, batch_stats: a model from `core.split` without BatchNorm.
-    x: (B, ...) inputs; each example runs as a batch of one, as under `vmap(grad)`.
+    x: (B, ...) inputs; each example runs as a batch of one, as under `vmap(grad)`. Inside
+      `jax.shard_map`, pass `params` cast to varying over x's axes (`lax.pcast`), as for
+      `vmap(grad)`: the small parameters' per-example gradients are otherwise psummed.
     targets: pytree of (B, ...) per-example targets (e.g. (B,) int labels).
     mask: (B,) bool, False for padding rows.
     loss_fn: (output of one example, its target) → scalar loss; the output is the model's

@@ -13,15 +13,25 @@ sampling_rate=q, steps=T, relation=...)` (N public, as in Opacus / jax_privacy).
 other method here; `epsilon_add_remove` (Opacus' figure) is reported beside it.
 `noise_multiplier=0` trains without noise: allowed, reported as ε = inf (NOT private).
 
+Clipping (`--clipping`): "vmap" (default) takes per-example gradients with `vmap(grad)`, a
+(B, num_params) array; "ghost" computes the same clipped sum and norms (to float rounding) by
+ghost clipping (`models.ghost.ghost_clipped_sum`: per-layer norms from each layer's input and
+output gradient, then one weighted product per layer), without the Gram (ghost-norm) form whose
+rounding could let a contribution exceed C. The noise, σ, the event and ε are the same; models
+with BatchNorm or layers ghost clipping does not know are refused when the config is built.
+The saved config (`DPSGDConfig.to_json`) omits `clipping` at its default "vmap", so workdirs
+saved before the flag existed resume; a workdir resumes only with the clipping it ran with.
+
 Rooms, in the order the data flows (flags -> config -> plan -> step -> mechanism -> ledger ->
 record):
 * `config.py`: `DPSGDConfig`, the user's flags, validated at construction.
 * `privacy.py`: `DPSGDPlan` (q, T, M, z, C, the planned replace-one and add/remove ε, the
   budget) and `make_plan`, the one place z is given or calibrated; `plan.event(n)` is what
   the ledger charges for n steps.
-* `step.py`: `build_train_step(plan, ...)` (per-example gradients, then the clipping and the
-  single noise draw of `dpkd_jax.privacy.dpsgd_mechanism`, with z and C from the plan),
-  `make_train_step` (jitted, cached), `init_state` / `init_model` / `make_optimizer`.
+* `step.py`: `build_train_step(plan, ..., clipping=...)` (the clipped sum by `clipped_sum`,
+  vmap or ghost, then the single noise draw of `dpkd_jax.privacy.dpsgd_mechanism`, with z
+  and C from the plan), `make_train_step` (jitted, cached), `init_state` / `init_model` /
+  `make_optimizer`.
 * `run.py`: `train_dpsgd`: workdir, data, plan, state, then per expected epoch charge ->
   releases -> seal -> evaluate -> checkpoint, and the results record.
 """

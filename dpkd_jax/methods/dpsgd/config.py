@@ -1,19 +1,33 @@
 """DP-SGD's run configuration: `DPSGDConfig`, validated at construction.
 
 The config holds the user's flags only: it never resolves σ (z) or the number of steps for a
-privacy target; `privacy.make_plan` does, once.
+privacy target; `privacy.make_plan` does, once. `to_json` is what a workdir saves and compares on
+resume.
 """
 
 from __future__ import annotations
 
 import dataclasses
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import optax
+from flax import nnx
 
 from dpkd_jax import config_checks
 from dpkd_jax import data
+from dpkd_jax import errors
 from dpkd_jax import models
+from dpkd_jax.models import core
+from dpkd_jax.models import ghost
 
 _OPTIMIZERS = ("sgd", "adam")
 _DP_NORMS = ("group", "none")
+CLIPPINGS = ("vmap", "ghost")
+# Fields added after workdirs were first saved: left out of `to_json` at their default, so that
+# a default run saves the same config as before and older workdirs keep resuming.
+_OMITTED_AT_DEFAULT = ("clipping",)
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -36,6 +50,10 @@ class DPSGDConfig:
     data_dir, download: as for `data.load`.
     log_private_diagnostics: also write the training metrics of the private batches to
       `private_diagnostics.csv` (noiseless, NOT covered by ε; off by default).
+    clipping: how the clipped sum is computed: "vmap" (per-example gradients by vmap(grad)) or
+      "ghost" (ghost clipping, `models.ghost`: the same sum and norms, to float rounding,
+      without a per-example gradient of the whole model; models of Linear, Conv and GroupNorm
+      layers only, others refused at construction). Same mechanism, noise and ε.
   """
 
   dataset: str
@@ -56,10 +74,11 @@ class DPSGDConfig:
   data_dir: str | None = None
   download: bool = False
   log_private_diagnostics: bool = False
+  clipping: str = "vmap"
 
   def __post_init__(self):
     for name, table in (("dataset", data.DATASETS), ("model", models.CLASSIFIERS),
-                        ("optimizer", _OPTIMIZERS)):
+                        ("optimizer", _OPTIMIZERS), ("clipping", CLIPPINGS)):
       config_checks.one_of(name, getattr(self, name), table)
     if self.norm not in _DP_NORMS:
       why = (": BatchNorm mixes the examples of a batch, so clipping would not bound one "
@@ -79,6 +98,8 @@ class DPSGDConfig:
     config_checks.delta(self.delta)
     config_checks.fraction("momentum", self.momentum, open_low=False)
     config_checks.seed(self.seed)
+    if self.clipping == "ghost":
+      check_ghost_clipping(self.model, norm=self.norm, info=self.info)
 
   def _given(self, *names: str) -> tuple[str, ...]:
     """The optional fields among `names` that are set (not None)."""
@@ -87,3 +108,39 @@ class DPSGDConfig:
   @property
   def info(self) -> data.DatasetInfo:
     return data.DATASETS[self.dataset]
+
+  def to_json(self) -> dict[str, Any]:
+    """The fields as a JSON dict, without those of `_OMITTED_AT_DEFAULT` left at their default
+    (a default run's dict is the one saved before they existed)."""
+    out = dataclasses.asdict(self)
+    for field in dataclasses.fields(self):
+      if field.name in _OMITTED_AT_DEFAULT and out[field.name] == field.default:
+        del out[field.name]
+    return out
+
+
+def check_ghost_clipping(model: str, *, norm: str, info: data.DatasetInfo) -> None:
+  """Raises UserError (one line) unless ghost clipping can train `model` with `norm` on `info`.
+
+  Traces the clipped sum of one example abstractly (shapes only: no computation, no JAX
+  backend initialised), so the refusals of `models.ghost` (BatchNorm, other parameter-owning
+  layers, shared or unused layers) come before any data is loaded or workdir touched.
+  """
+  parts = core.split(nnx.eval_shape(lambda: models.create_classifier(
+      model, num_classes=info.num_classes, input_shape=info.image_shape, norm=norm,
+      rngs=nnx.Rngs(0))))
+  shape = jax.ShapeDtypeStruct
+
+  def _cross_entropy(output: core.ClassifierOutput, label: jax.Array) -> jax.Array:
+    return optax.softmax_cross_entropy_with_integer_labels(output.logits, label)
+
+  def clipped_sum(params, x, labels, mask):
+    return ghost.ghost_clip_and_sum(parts.graphdef, params, parts.batch_stats, x, labels, mask,
+                                    loss_fn=_cross_entropy, l2_clip_norm=1.0)
+
+  try:
+    jax.eval_shape(clipped_sum, parts.params, shape((1, *info.image_shape), jnp.float32),
+                   shape((1,), jnp.int32), shape((1,), jnp.bool_))
+  except errors.UserError as err:
+    raise errors.UserError(f"clipping='ghost' cannot train model={model!r} with norm={norm!r} "
+                           f"(use clipping='vmap'): {err}") from None

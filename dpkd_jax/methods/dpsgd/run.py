@@ -73,7 +73,7 @@ def train_dpsgd(config: DPSGDConfig, workdir: str, *, resume: bool = False,
   if stop_at_step is not None:
     config_checks.integer("stop_at_step", stop_at_step, minimum=1)
   # 1. Workdir: lock, resume or refuse.
-  config_json = dataclasses.asdict(config)
+  config_json = config.to_json()
   run = workdir_lib.open_run(workdir, kind="DP-SGD", config=config_json, resume=resume)
   mesh = sharding.data_mesh() if mesh is None else mesh
   # 2. Data: the private training split (Poisson-sampled) and the public test split.
@@ -144,7 +144,8 @@ class _Loop:
     """Steps up to `stop`, an expected epoch (or less) per charge; returns the state and its
     test metrics."""
     config, plan, workdir = self.config, self.plan, self.run.workdir
-    train_step = step_lib.make_train_step(plan, config.info, self.mesh)
+    train_step = step_lib.make_train_step(plan, config.info, self.mesh,
+                                             clipping=config.clipping)
     writer = metrics_lib.MetricsWriter(workdir, resume_step=self.run.step)
     # The step's metrics come from private batches: written apart, and only if asked for.
     private_writer = (outputs.PrivateDiagnosticsWriter(workdir, resume_step=self.run.step)
@@ -198,7 +199,7 @@ class _Loop:
     writer.write(self.step, {**test_metrics, **({"epsilon": self.spent()} if self.ledger else {})},
                  prefix="test/")
     self.run.save(self.step, host_arrays, {
-        "config": dataclasses.asdict(self.config), "plan": self.plan.to_json(),
+        "config": self.config.to_json(), "plan": self.plan.to_json(),
         "root_seed": list(self.root_seed),
         "ledger": None if self.ledger is None else self.ledger.to_json()})
     return test_metrics
@@ -227,7 +228,7 @@ def _results(loop: _Loop, state: TrainState, test_metrics: dict[str, float], *, 
       "param_count": models.count_params(state.params),
       "seed": loop.root_seed.public_description(),  # secret iff config.seed is None
       "train_seconds_this_run": round(seconds, 1),
-      "config": dataclasses.asdict(config),
+      "config": config.to_json(),
       "ledger": None if ledger is None else json.loads(ledger.to_json()),
       "dpkd_jax_version": dpkd_jax.__version__,
       outputs.PRIVATE_KEY: outputs.private_section(workdir=workdir),

@@ -2,8 +2,11 @@
 
 The clipping and the noise (and their sensitivity) live in `dpkd_jax.privacy.dpsgd_mechanism`;
 this module only computes the per-example gradients, lays the mechanism out over devices and
-applies the update. z, C and the normaliser B come from the `DPSGDPlan` (the object whose
-`event` the ledger charges), never from the config.
+applies the update. `clipping="ghost"` replaces the per-example gradients and
+`dpsgd_clip_and_sum` by `models.ghost.ghost_clipped_sum`: the same clipped sum and norms (to
+float rounding) without a (B, num_params) array; the noise and its σ are unchanged. z, C and
+the normaliser B come from the `DPSGDPlan` (the object whose `event` the ledger charges), never
+from the config.
 Multi-device: auto-sharded `jit(vmap(grad))` over convolutions returned zero per-example
 gradients off device 0 (fake CPU devices, JAX 0.10.2), so clipped sums are computed in
 `jax.shard_map` over 'data' and `psum`med; the noise is drawn once, after, from a replicated
@@ -24,6 +27,7 @@ from jax.sharding import Mesh, PartitionSpec as P
 from dpkd_jax import data
 from dpkd_jax import models
 from dpkd_jax.models import core
+from dpkd_jax.models import ghost
 from dpkd_jax.privacy import dpsgd_mechanism
 from dpkd_jax.train import sharding
 from dpkd_jax.train.state import TrainState
@@ -31,6 +35,11 @@ from dpkd_jax.methods.dpsgd.config import DPSGDConfig
 from dpkd_jax.methods.dpsgd.privacy import DPSGDPlan
 
 PyTree = Any
+
+
+def _cross_entropy(output: core.ClassifierOutput, label: jax.Array) -> jax.Array:
+  """One example's loss from its (unbatched) output: logits (K,), label ()."""
+  return optax.softmax_cross_entropy_with_integer_labels(output.logits, label)
 
 
 def per_example_gradients(graphdef: nnx.GraphDef, params: PyTree, batch_stats: PyTree,
@@ -55,7 +64,38 @@ def per_example_gradients(graphdef: nnx.GraphDef, params: PyTree, batch_stats: P
   return losses, logits, grads
 
 
-def build_train_step(plan: DPSGDPlan, info: data.DatasetInfo, mesh: Mesh) -> Callable:
+def clipped_sum(graphdef: nnx.GraphDef, params: PyTree, batch_stats: PyTree, x: jax.Array,
+                labels: jax.Array, mask: jax.Array, *, l2_clip_norm: float,
+                clipping: str) -> tuple[PyTree, jax.Array, jax.Array, jax.Array]:
+  """Σ_i mask_i clip_C(∇ loss_i) over a batch, by per-example gradients or by ghost clipping.
+
+  Args:
+    graphdef, params, batch_stats: the model (no BatchNorm).
+    x, labels, mask: (B, H, W, C) normalized images, (B,) int labels, (B,) bool (False: padding).
+    l2_clip_norm: C.
+    clipping: "vmap" (`per_example_gradients` + `dpsgd_mechanism.dpsgd_clip_and_sum`) or
+      "ghost" (`ghost.ghost_clipped_sum` without the Gram form, equal to float rounding).
+
+  Returns:
+    (clipped sum: `params`' pytree, norms (B,) pre-clip, losses (B,), logits (B, K)).
+  """
+  if clipping == "ghost":
+    # No Gram (ghost-norm) form: its rounding grows with cancellation inside an example, so a
+    # clipped contribution could exceed C by more than float rounding (`privacy.ghost_clipping`);
+    # the rank-1 and per-layer forms keep every contribution <= C as on the vmap path.
+    out = ghost.ghost_clipped_sum(graphdef, params, batch_stats, x, labels, mask,
+                                  loss_fn=_cross_entropy, l2_clip_norm=l2_clip_norm,
+                                  allow_gram=False)
+    return out.clipped_sum, out.norms, out.losses, out.outputs.logits
+  if clipping != "vmap":
+    raise ValueError(f"clipping must be 'vmap' or 'ghost', got {clipping!r}")
+  losses, logits, grads = per_example_gradients(graphdef, params, batch_stats, x, labels)
+  grad_sum, norms = dpsgd_mechanism.dpsgd_clip_and_sum(grads, mask, l2_clip_norm=l2_clip_norm)
+  return grad_sum, norms, losses, logits
+
+
+def build_train_step(plan: DPSGDPlan, info: data.DatasetInfo, mesh: Mesh, *,
+                     clipping: str = "vmap") -> Callable:
   """The pure `train_step(state, images_uint8, labels, mask, noise_key) -> (state, metrics)`.
 
   `make_train_step` jits it; tests wrap it (`chex.assert_max_traces`) first.
@@ -65,6 +105,8 @@ def build_train_step(plan: DPSGDPlan, info: data.DatasetInfo, mesh: Mesh) -> Cal
       batch size B (the normaliser of the noisy sum).
     info: the dataset, for the normalization of the uint8 images.
     mesh: mesh with a 'data' axis; the (M,) batch rows are split over it.
+    clipping: "vmap" or "ghost" (`DPSGDConfig.clipping`): how each device's clipped sum is
+      computed (`clipped_sum`); the noise is the same.
 
   Returns:
     The step: images (M, H, W, C) uint8, labels (M,) int32, mask (M,) bool (False: padding),
@@ -85,10 +127,9 @@ def build_train_step(plan: DPSGDPlan, info: data.DatasetInfo, mesh: Mesh) -> Cal
       # Params arrive invariant over 'data'; grad w.r.t. an invariant input would be psummed
       # implicitly. 'varying' keeps the gradients per device (and per example under vmap).
       params = jax.tree.map(lambda p: jax.lax.pcast(p, axis, to="varying"), params)
-      losses, logits, grads = per_example_gradients(
-          state.graphdef, params, batch_stats, data.normalize(images, info), labels)
-      grad_sum, norms = dpsgd_mechanism.dpsgd_clip_and_sum(
-          grads, mask, l2_clip_norm=clip_norm)  # norms: (m,)
+      grad_sum, norms, losses, logits = clipped_sum(  # norms, losses: (m,)
+          state.graphdef, params, batch_stats, data.normalize(images, info), labels, mask,
+          l2_clip_norm=clip_norm, clipping=clipping)
       stats = {"loss": losses, "accuracy": jnp.argmax(logits, -1) == labels,
                "batch_size": mask.astype(jnp.float32), "clipped_fraction": norms > clip_norm,
                "grad_norm": norms}
@@ -111,15 +152,25 @@ def build_train_step(plan: DPSGDPlan, info: data.DatasetInfo, mesh: Mesh) -> Cal
   return train_step
 
 
-@functools.cache
-def make_train_step(plan: DPSGDPlan, info: data.DatasetInfo, mesh: Mesh) -> Callable:
+def make_train_step(plan: DPSGDPlan, info: data.DatasetInfo, mesh: Mesh, *,
+                    clipping: str = "vmap") -> Callable:
   """`build_train_step` jitted: `state` donated, outputs replicated on `mesh` (the layout of
-  the input state, so the loop compiles once). Cached per (plan, dataset, mesh): keys are step
-  inputs and logging happens outside the step, so repeated runs in one process (resume,
-  sweeps, tests) reuse the compiled step instead of recompiling it."""
+  the input state, so the loop compiles once). Cached per (plan, dataset, mesh, clipping): keys
+  are step inputs and logging happens outside the step, so repeated runs in one process
+  (resume, sweeps, tests) reuse the compiled step instead of recompiling it."""
+  return _jitted_train_step(plan, info, mesh, clipping)
+
+
+@functools.cache
+def _jitted_train_step(plan: DPSGDPlan, info: data.DatasetInfo, mesh: Mesh,
+                       clipping: str) -> Callable:
+  # Positional `clipping`: a call with and one without clipping="vmap" share the cache entry.
   replicated = sharding.replicated(mesh)
-  return jax.jit(build_train_step(plan, info, mesh), donate_argnums=0,
+  return jax.jit(build_train_step(plan, info, mesh, clipping=clipping), donate_argnums=0,
                  out_shardings=(replicated, replicated))
+
+
+make_train_step.cache_clear = _jitted_train_step.cache_clear  # type: ignore[attr-defined]
 
 
 def make_optimizer(config: DPSGDConfig) -> optax.GradientTransformation:
