@@ -270,8 +270,11 @@ def corrupt_and_resume(reference: str, workdir: str, *, every: bool) -> Outcome:
   return outcome
 
 
-def offline_missing_data(tmp: str, timeout: float = 20.0) -> Outcome:
-  """mnist with an empty --data_dir: must fail at once, in one line, without the network."""
+def offline_missing_data(tmp: str, timeout: float = 90.0) -> Outcome:
+  """mnist with an empty --data_dir: must fail at once, in one line, without the network.
+
+  The timeout leaves room for starting Python and JAX on a loaded machine (over 20 s at load
+  average 5); a run that tried the network would hang far longer."""
   empty = os.path.join(tmp, "empty_data")
   os.makedirs(empty, exist_ok=True)
   outcome = Outcome("offline dpsgd", "--dataset=mnist --data_dir=<empty dir>")
