@@ -61,8 +61,9 @@ def build(variant: str, model: str, norm: str):
     return jax.grad(total)(params)
 
   def ghost_sum(params, x, labels, mask):
+    # allow_gram=False: what the DP-SGD step runs (methods/dpsgd/step.py).
     return ghost.ghost_clip_and_sum(graphdef, params, stats, x, labels, mask,
-                                    loss_fn=_cross_entropy, l2_clip_norm=CLIP)
+                                    loss_fn=_cross_entropy, l2_clip_norm=CLIP, allow_gram=False)
 
   def vmap_sum(params, x, labels, mask):
     def example(p, xi, label):

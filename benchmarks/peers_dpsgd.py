@@ -25,6 +25,7 @@ the ratios, not absolute times across runs.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import pathlib as _pathlib
 import sys as _sys
 import itertools
@@ -71,6 +72,7 @@ L2_CLIP_NORM = 1.0
 NOISE_MULTIPLIER = 1.0
 LEARNING_RATE = 0.5
 PLAIN = "non-private batch grad (floor)"
+GHOST = "ours DP-SGD ghost"
 
 
 def ours_epsilons(z: float, q: float, steps: int, delta: float = DELTA) -> dict[str, float]:
@@ -191,6 +193,20 @@ def jax_steps(images_uint8: jax.Array, labels: jax.Array, key: jax.Array,
     jax.block_until_ready((holder["ours"], metrics))
 
   steps["ours DP-SGD"] = ours_step
+
+  # The same step with ghost clipping (`--clipping=ghost`): no per-example gradients.
+  ghost_config = dataclasses.replace(config, clipping="ghost")
+  holder["ghost"] = sharding.replicate(
+      TrainState.create(parts._replace(params=copy(parts.params)),
+                        dpsgd.make_optimizer(ghost_config)), mesh)
+  ghost = dpsgd.make_train_step(plan, config.info, mesh, clipping="ghost")
+
+  def ghost_step(i: int) -> None:
+    holder["ghost"], metrics = ghost(holder["ghost"], images_uint8, labels, mask,
+                                     jax.random.fold_in(ours_key, i))
+    jax.block_until_ready((holder["ghost"], metrics))
+
+  steps[GHOST] = ghost_step
 
   try:
     import jax_privacy  # pylint: disable=g-import-not-at-top

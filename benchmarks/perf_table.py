@@ -12,7 +12,9 @@ One markdown table, one row per comparison "A vs B". Both sides are timed in int
   `nnx.GroupNorm`): the effect of this change;
 * the DPDFD step vs its non-private twin (no bounding, no noise), as `benchmarks/dpdfd_step.py`,
   and ours vs its PyTorch eager twin (`benchmarks/peers_dpdfd.py`: same models and step);
-* DPDFD direct mode vs our DP-SGD, and our DP-SGD vs jax-privacy and Opacus, from
+* the non-private batch gradient vs our DP-SGD step with vmap and with ghost clipping
+  (`--clipping=ghost`), lenet5 and small_cnn: the cost of per-example clipping;
+* DPDFD direct mode vs our DP-SGD, and our DP-SGD (vmap and ghost) vs jax-privacy and Opacus, from
   `benchmarks/peers_dpsgd.py`'s own step builders (not duplicated here);
 * scaling of the DPDFD step with batch size, generator width and image size, each against a base
   configuration (a ratio of 2.0 for twice the batch means linear cost; compare it with the
@@ -346,23 +348,47 @@ def dpdfd_rows(table: Table, warmup: int, repeats: int, scaling: bool) -> None:
     table.add(f"DPDFD step scaling, {label}: base vs changed", "base private", label, steps, times)
 
 
-def peer_rows(table: Table, warmup: int, repeats: int) -> None:
-  """DP-SGD vs jax-privacy / Opacus and DPDFD direct vs DP-SGD (peers_dpsgd's builders)."""
+def _dpsgd_batch(batch: int) -> tuple[jax.Array, jax.Array, jax.Array]:
+  """(model key, (B, 28, 28, 1) uint8 images, (B,) labels): the fixed workload of the rows."""
   data_key, model_key = jax.random.split(jax.random.key(0))
   image_key, label_key = jax.random.split(data_key)
-  batch = peers_dpsgd.BATCH_SIZE
   images_uint8 = jax.random.randint(image_key, (batch, 28, 28, 1), 0, 256).astype(jnp.uint8)
   labels = jax.random.randint(label_key, (batch,), 0, 10, dtype=jnp.int32)
+  return model_key, images_uint8, labels
+
+
+def clipping_rows(table: Table, warmup: int, repeats: int) -> None:
+  """The cost of privacy in a DP-SGD step: per-example clipping by vmap or by ghost clipping
+  against the non-private batch gradient (the goal: DP-SGD / non-private <= 1.3x)."""
+  batch = peers_dpsgd.BATCH_SIZE
+  model_key, images_uint8, labels = _dpsgd_batch(batch)
+  plain, vmap, ghost = peers_dpsgd.PLAIN, "ours DP-SGD", peers_dpsgd.GHOST
+  for model in ("lenet5", "small_cnn"):
+    calls, _ = peers_dpsgd.jax_steps(images_uint8, labels, model_key, model)
+    steps = {name: Timed(calls[name]) for name in (plain, vmap, ghost)}
+    times = time_interleaved(steps, warmup, repeats, [(plain, vmap), (plain, ghost)])
+    label = f"{model} (GroupNorm, B={batch})"
+    table.add(f"{label}: non-private step vs DP-SGD, vmap clipping", plain, vmap, steps, times)
+    table.add(f"{label}: non-private step vs DP-SGD, ghost clipping", plain, ghost, steps, times)
+
+
+def peer_rows(table: Table, warmup: int, repeats: int) -> None:
+  """DP-SGD vs jax-privacy / Opacus and DPDFD direct vs DP-SGD (peers_dpsgd's builders)."""
+  batch = peers_dpsgd.BATCH_SIZE
+  model_key, images_uint8, labels = _dpsgd_batch(batch)
   calls, _ = peers_dpsgd.jax_steps(images_uint8, labels, model_key, "lenet5")
   steps = {name: Timed(call) for name, call in calls.items()}
   try:
     steps["Opacus DP-SGD (CPU)"] = Timed(peers_dpsgd.opacus_step(images_uint8, labels)[0])
   except ImportError:
     pass
+  ghost = peers_dpsgd.GHOST
   times = time_interleaved(steps, warmup, repeats, [
       ("ours DPDFD direct", "ours DP-SGD"), ("ours DP-SGD", "jax-privacy DP-SGD"),
-      ("ours DP-SGD", "Opacus DP-SGD (CPU)")])
+      ("ours DP-SGD", "Opacus DP-SGD (CPU)"), (ghost, "Opacus DP-SGD (CPU)")])
   label = f"lenet5 (GroupNorm, B={batch})"
+  table.add(f"{label}: our DP-SGD (ghost clipping) vs Opacus DP-SGD", ghost,
+            "Opacus DP-SGD (CPU)", steps, times)
   table.add(f"{label}: DPDFD direct vs our DP-SGD", "ours DPDFD direct", "ours DP-SGD", steps,
             times)
   table.add(f"{label}: our DP-SGD vs jax-privacy DP-SGD", "ours DP-SGD", "jax-privacy DP-SGD",
@@ -409,6 +435,7 @@ def main() -> None:
   table = Table(peak)
   train_rows(table, args.warmup, args.repeats)
   dpdfd_rows(table, args.warmup, args.repeats, scaling=not args.skip_scaling)
+  clipping_rows(table, args.warmup, args.repeats)
   if not args.skip_peers:
     peer_rows(table, args.warmup, args.repeats)
   conditions.finish(protocol.load1(), peak_flops(args.repeats))
