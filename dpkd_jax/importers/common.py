@@ -205,7 +205,7 @@ def assemble(converted: Converted, info: data.DatasetInfo,
     for name, value in zip(("scale", "shift"), affine):
       sources[("batch_stats", name)] = source(value, f"(input {name})")
   parts = core.split(model)
-  trees = {}
+  trees, misfits = {}, []
   for kind, target in (("params", parts.params), ("batch_stats", parts.batch_stats)):
     flat = {}
     for path, leaf in traverse_util.flatten_dict(target).items():
@@ -213,12 +213,17 @@ def assemble(converted: Converted, info: data.DatasetInfo,
       if array is None:
         raise RuntimeError(f"converter bug: nothing for {kind} {path} of {converted.model}")
       if array.value.shape != tuple(leaf.shape):
-        raise errors.UserError(
-            f"--checkpoint: {array.name} has shape {array.shape} but {_describe(converted.model, info)} "
-            f"needs {tuple(leaf.shape)} (Flax layout) there; import a teacher trained for this "
-            "dataset and architecture")
+        # Kernels first: their shapes say most (classes, channels, input size).
+        misfits.append((path[-1] != "kernel", array, tuple(leaf.shape)))
       flat[path] = array.value
     trees[kind] = traverse_util.unflatten_dict(flat)
+  if misfits:
+    _, array, want = min(misfits, key=lambda m: m[0])
+    raise errors.UserError(
+        f"--checkpoint: {array.name} has shape {array.shape} but "
+        f"{_describe(converted.model, info)} needs {want} (Flax layout) there"
+        f"{f' ({len(misfits) - 1} more arrays misfit)' if len(misfits) > 1 else ''}; import a "
+        "teacher of this architecture trained for this dataset")
   if sources:
     names = sorted({array.name for array in sources.values()})
     raise errors.UserError(f"--checkpoint: {', '.join(names[:5])} have no place in "
