@@ -27,6 +27,7 @@ def test_input_norm_presets_and_custom():
     (("custom", DIGITS), "--input_mean and --input_std"),
     (("custom", DIGITS, [0.5], [0.0]), "std must be positive"),
     (("zscore", DIGITS), "unknown 'zscore'"),
+    (("unit", DIGITS, [0.5], None), "need --input_norm=custom, not 'unit'"),
 ])
 def test_input_norm_errors_are_user_errors(args, match):
   with pytest.raises(errors.UserError, match=match):

@@ -97,6 +97,9 @@ def test_refuses_a_workdir_holding_a_teacher_and_missing_files(tmp_path, fake_co
   _import(tmp_path)
   with pytest.raises(errors.UserError, match="already holds a teacher"):
     _import(tmp_path)
+  os.remove(tmp_path / "teacher" / "card.json")  # as after an import killed before its card
+  with pytest.raises(errors.UserError, match="cannot be resumed: use a fresh workdir"):
+    _import(tmp_path)
   with pytest.raises(errors.UserError, match="does not exist"):
     _import(tmp_path, name="other", checkpoint=str(tmp_path / "missing.pt"))
   with pytest.raises(errors.UserError, match="unknown 'nope'"):

@@ -94,6 +94,8 @@ def input_norm(name: str, info: data.DatasetInfo, mean: Sequence[float] | None =
     if mean is None or std is None:
       raise errors.UserError("--input_norm=custom needs --input_mean and --input_std (comma "
                              "separated, one value per channel)")
+  elif mean is not None or std is not None:
+    raise errors.UserError(f"--input_mean / --input_std need --input_norm=custom, not {name!r}")
   elif name not in INPUT_NORMS:
     raise errors.UserError(f"--input_norm: unknown {name!r}; choose one of "
                            f"{sorted(INPUT_NORMS) + ['custom']}")

@@ -139,7 +139,8 @@ def import_teacher(*, framework: str, arch: str, checkpoint: str, dataset: str, 
                                      download=download)
   test = data.load(dataset, "test", data_dir=data_dir, download=download)
   config_json = dataclasses.asdict(config)
-  run = workdir_lib.open_run(workdir, kind="imported teacher", config=config_json, resume=False)
+  run = workdir_lib.open_run(workdir, kind="teacher import", config=config_json, resume=False,
+                             resumable=False)
   state = TrainState.create(parts, teacher_lib.make_optimizer(config, 1))
   provenance = _provenance(framework, arch, checkpoint, converted, info,
                            (input_norm, *norm), module.framework_version())
