@@ -139,10 +139,15 @@ def make_train_step(config: TeacherConfig):
   return jax.jit(train_step, donate_argnums=0)
 
 
-def init_model(config: TeacherConfig, key: jax.Array) -> core.ModelParts:
+def init_model(config: TeacherConfig, key: jax.Array, *,
+               input_adapter: bool = False) -> core.ModelParts:
+  """The model of `config`; `input_adapter`: behind a `models.InputAdapter` (an imported
+  teacher expecting another input normalisation: `dpkd_jax.importers`, card "input_adapter")."""
   model = models.create_classifier(
       config.model, num_classes=config.info.num_classes, input_shape=config.info.image_shape,
       norm=config.norm, rngs=nnx.Rngs(key))
+  if input_adapter:
+    model = models.InputAdapter(model, channels=config.info.image_shape[-1])
   return core.split(model)
 
 
@@ -361,7 +366,8 @@ def load_teacher(workdir: str, *, dataset: str | None = None, num_classes: int |
   card = read_card(workdir, flag=flag, dataset=dataset, num_classes=num_classes,
                    input_shape=input_shape)
   config = TeacherConfig(**card["config"])
-  parts = init_model(config, jax.random.key(0))  # shapes only; values come from the checkpoint
+  # Shapes only; values come from the checkpoint.
+  parts = init_model(config, jax.random.key(0), input_adapter=bool(card.get("input_adapter")))
   # The checkpoint holds the whole train state; rebuild its template (same optimizer) and keep
   # only the model arrays: the optimizer state is irrelevant for a read-only teacher.
   template = TrainState.create(parts, make_optimizer(config, card["steps"])).arrays()

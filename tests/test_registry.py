@@ -14,15 +14,18 @@ INPUT_SHAPE = (28, 28, 1)
 def test_registered_names():
   assert set(registry.CLASSIFIERS) == {
       "lenet5", "lenet5_half", "datalens_cnn", "small_cnn", "vgg", "mobilenet", "resnet18",
-      "resnet34", "wide_resnet"}
+      "resnet34", "wide_resnet", "tv_resnet18", "tv_resnet34", "tv_vgg11_bn", "tv_vgg16_bn",
+      "tv_mobilenet_v2"}
   assert set(registry.GENERATORS) == {"dafl"}
 
 
 @pytest.mark.parametrize("name", sorted(registry.CLASSIFIERS))
 def test_every_classifier_builds_with_the_requested_norm(name):
   # Abstract construction (no allocation or compilation) through the public entry point.
+  # torchvision's VGG pools five times: it needs 32×32 inputs, as in torchvision.
+  shape = (32, 32, 1) if name.startswith("tv_vgg") else INPUT_SHAPE
   model = nnx.eval_shape(lambda: registry.create_classifier(
-      name, num_classes=7, input_shape=INPUT_SHAPE, norm="group", seed=0))
+      name, num_classes=7, input_shape=shape, norm="group", seed=0))
   assert isinstance(model, registry.CLASSIFIERS[name])
   parts = core.split(model)
   assert parts.batch_stats == {}

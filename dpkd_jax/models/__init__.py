@@ -12,6 +12,7 @@ from dpkd_jax.models.classifiers import (NORMS, VGG, DataLensCNN, LeNet5, LeNet5
                                          group_count)
 from dpkd_jax.models.core import ClassifierOutput, ModelParts, apply, merge, split
 from dpkd_jax.models.cost import count_params, flops_per_example
+from dpkd_jax.models.adapter import InputAdapter
 from dpkd_jax.models.generators import DAFLGenerator
 from dpkd_jax.models.mobilenet import MobileNet
 from dpkd_jax.models.registry import (CLASSIFIERS, GENERATORS, create_classifier, create_generator,
@@ -21,6 +22,7 @@ from dpkd_jax.models.resnet import ResNet, ResNet18, ResNet34, WideResNet
 __all__ = [
     "CLASSIFIERS",
     "GENERATORS",
+    "InputAdapter",
     "NORMS",
     "VGG",
     "ClassifierOutput",

@@ -12,7 +12,7 @@ import jax
 import numpy as np
 from flax import nnx
 
-from dpkd_jax.models import classifiers, core, generators, mobilenet, resnet
+from dpkd_jax.models import classifiers, core, generators, mobilenet, resnet, tv
 
 CLASSIFIERS: dict[str, Callable[..., nnx.Module]] = {
     "lenet5": classifiers.LeNet5,
@@ -24,6 +24,12 @@ CLASSIFIERS: dict[str, Callable[..., nnx.Module]] = {
     "resnet18": resnet.ResNet18,
     "resnet34": resnet.ResNet34,
     "wide_resnet": resnet.WideResNet,
+    # Exact torchvision twins, for imported teachers (`dpkd_jax.importers`, docs/TEACHERS.md).
+    "tv_resnet18": tv.TVResNet18,
+    "tv_resnet34": tv.TVResNet34,
+    "tv_vgg11_bn": tv.TVVGG11BN,
+    "tv_vgg16_bn": tv.TVVGG16BN,
+    "tv_mobilenet_v2": tv.TVMobileNetV2,
 }
 
 GENERATORS: dict[str, Callable[..., nnx.Module]] = {

@@ -48,7 +48,8 @@ def load_teachers(config: config_lib.DPDFDConfig
   loaded = [teacher_lib.load_teacher(d, dataset=config.dataset, num_classes=info.num_classes,
                                      input_shape=info.image_shape) for d in config.teacher_dirs]
   teacher_partition.check_distinct(config.teacher_dirs, [t.card for t in loaded])
-  archs = {(t.card["model"], t.card["norm"]) for t in loaded}
+  # An imported teacher behind an input adapter has more arrays than the same bare model.
+  archs = {(t.card["model"], t.card["norm"], bool(t.card.get("input_adapter"))) for t in loaded}
   if len(archs) > 1:
     raise ValueError(f"all teachers must share one architecture, got {sorted(archs)}")
   return step_lib.TeacherEnsemble.stack([t.parts for t in loaded]), [t.card for t in loaded]

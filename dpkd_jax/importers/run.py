@@ -1,0 +1,151 @@
+"""`import_teacher`: a PyTorch or Keras file -> a teacher workdir that `teacher.load_teacher`
+reads like a trained one (checkpoints/ + card.json).
+
+Sections: checks -> convert -> input normalisation -> assemble -> evaluate and save. The
+teacher is not private (one record may change it arbitrarily) and neither is its test
+accuracy, a diagnostic as for trained teachers. Where the teacher's training data came from is
+unknown, so its card records no partition: several imported teachers count as all reachable
+by one record (`teacher_partition.teachers_per_record`'s worst case).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import importlib
+import os
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+
+import dpkd_jax
+from dpkd_jax import data
+from dpkd_jax import errors
+from dpkd_jax import teacher as teacher_lib
+from dpkd_jax.importers import common
+from dpkd_jax.models import adapter as adapter_lib
+from dpkd_jax.train import workdir as workdir_lib
+from dpkd_jax.train.state import TrainState
+
+FRAMEWORKS = {"torch": "PyTorch", "keras": "Keras 3"}
+
+
+def _converter(framework: str):
+  """The converter module of `framework`, with its framework importable (else one line)."""
+  if framework not in FRAMEWORKS:
+    raise errors.UserError(f"--from: unknown {framework!r}; choose one of {sorted(FRAMEWORKS)}")
+  if framework == "keras":  # Keras 3 on JAX: no TensorFlow needed (an explicit choice stays)
+    os.environ.setdefault("KERAS_BACKEND", "jax")
+  try:
+    importlib.import_module(framework)
+  except ImportError as error:
+    raise errors.UserError(f"--from={framework} needs {FRAMEWORKS[framework]}, which is not "
+                           f"installed ({error}); pip install 'dpkd-jax[import]'") from error
+  return importlib.import_module(f"dpkd_jax.importers.{framework}")
+
+
+def _check_paths(checkpoint: str, workdir: str) -> None:
+  if not os.path.isfile(checkpoint):
+    raise errors.UserError(f"--checkpoint: {checkpoint!r} does not exist or is not a file")
+  if os.path.exists(os.path.join(workdir, "card.json")):
+    raise errors.UserError(f"--workdir: {workdir!r} already holds a teacher (card.json); give "
+                           "a fresh directory")
+
+
+def input_affine(info: data.DatasetInfo, mean: Sequence[float], std: Sequence[float],
+                 rescale: tuple[np.ndarray, np.ndarray] | None
+                 ) -> tuple[np.ndarray, np.ndarray] | None:
+  """(scale, shift) taking dataset-normalised inputs to what the teacher's first layer sees,
+  or None when that is the identity (no adapter: the teacher is then a plain zoo model).
+
+  `rescale` = (a, b): a source layer `a · x + b` on the teacher's input (Keras `Rescaling`),
+  composed after the teacher's own normalisation.
+  """
+  scale, shift = adapter_lib.affine_for(info.mean, info.std, mean, std)
+  if rescale is not None:
+    a, b = (np.broadcast_to(np.asarray(v, np.float32), scale.shape) for v in rescale)
+    scale, shift = a * scale, a * shift + b
+  if np.all(scale == 1.0) and np.all(shift == 0.0):
+    return None
+  return scale, shift
+
+
+def _provenance(framework: str, arch: str, checkpoint: str, converted: common.Converted,
+                info: data.DatasetInfo, norm: tuple[str, Sequence[float], Sequence[float]],
+                version: str) -> dict[str, Any]:
+  preset, mean, std = norm
+  return {
+      "framework": framework,
+      "framework_version": version,
+      "arch": arch,
+      "model": converted.model,
+      "source_file": os.path.abspath(checkpoint),
+      "source_sha256": common.sha256_file(checkpoint),
+      "input_normalization": {"preset": preset, "teacher_mean": list(mean),
+                              "teacher_std": list(std), "dataset_mean": list(info.mean),
+                              "dataset_std": list(info.std)},
+      "notes": list(converted.notes),
+      "dpkd_jax_version": dpkd_jax.__version__,
+  }
+
+
+def _unknown_split() -> dict[str, Any]:
+  """The card's `split`: nothing is known of the data an imported teacher saw."""
+  return {"num_shards": 1, "shard": 0, "shard_seed": None, "num_train_examples": None,
+          "source_split": None, "num_source_examples": None, "source_sha256": None}
+
+
+@workdir_lib.run_scope
+def import_teacher(*, framework: str, arch: str, checkpoint: str, dataset: str, workdir: str,
+                   input_norm: str, input_mean: Sequence[float] | None = None,
+                   input_std: Sequence[float] | None = None, data_dir: str | None = None,
+                   download: bool = False) -> dict[str, Any]:
+  """Converts `checkpoint` into the zoo and writes a teacher workdir (checkpoint + card).
+
+  Args:
+    framework: "torch" (a state_dict file) or "keras" (a Keras 3 `.keras` file).
+    arch: the source architecture (`importers.torch.ARCHS`, `importers.keras.ARCHS`).
+    checkpoint: the source file.
+    dataset: a name in `data.DATASETS`: the classes and input shape the teacher must have, and
+      the test split of its accuracy.
+    workdir: the new teacher directory.
+    input_norm: what the teacher expects as input, a preset of `common.INPUT_NORMS`
+      ("dataset", "imagenet", "unit", "half", "raw") or "custom" with `input_mean` and
+      `input_std`; the teacher gets an `InputAdapter` unless it is the dataset's own.
+    data_dir, download: where the test split comes from (as for `TeacherConfig`).
+
+  Returns:
+    The card (also `<workdir>/card.json`), with `import` (provenance) and `input_adapter`.
+
+  Raises:
+    errors.UserError: one line for every expected mistake (unknown arch or dataset, missing
+      framework, unreadable file, unsupported layer, shapes that do not fit the dataset).
+  """
+  # 1. Checks, before any compute.
+  if dataset not in data.DATASETS:
+    raise errors.UserError(f"--dataset: unknown {dataset!r}; choose one of {sorted(data.DATASETS)}")
+  info = data.DATASETS[dataset]
+  _check_paths(checkpoint, workdir)
+  norm = common.input_norm(input_norm, info, input_mean, input_std)
+  module = _converter(framework)
+  # 2. Convert, 3. normalisation, 4. assemble (every shape checked).
+  converted = module.convert(checkpoint, arch, info)
+  affine = input_affine(info, *norm, converted.rescale)
+  parts = common.assemble(converted, info, affine)
+  # 5. Evaluate and save, in the layout of `teacher.train_teacher` (SGD: the smallest
+  # optimizer state that `load_teacher`'s template restores; it is never used).
+  config = teacher_lib.TeacherConfig(dataset=dataset, model=converted.model,
+                                     norm=converted.norm, optimizer="sgd", data_dir=data_dir,
+                                     download=download)
+  test = data.load(dataset, "test", data_dir=data_dir, download=download)
+  config_json = dataclasses.asdict(config)
+  run = workdir_lib.open_run(workdir, kind="teacher import", config=config_json, resume=False,
+                             resumable=False)
+  state = TrainState.create(parts, teacher_lib.make_optimizer(config, 1))
+  provenance = _provenance(framework, arch, checkpoint, converted, info,
+                           (input_norm, *norm), module.framework_version())
+  run.save(0, state.arrays(), {"epoch": 0, "config": config_json, "import": provenance})
+  card = teacher_lib.make_card(config, state, test, split=_unknown_split(), seconds=(0.0, 0.0))
+  card.update({"import": provenance, "input_adapter": affine is not None})
+  teacher_lib.write_card(workdir, card)
+  return card
