@@ -40,9 +40,9 @@ ONNX_OPSET = 23
 STABLEHLO_PLATFORMS = ("cpu", "cuda", "tpu")
 INPUT_NAME, OUTPUT_NAME = "images", "logits"
 _FRAGILE_PASS = "remove_redundant_transpose_pairs"
-INSTALL_HINT = ("pip install onnx==1.23.2 onnxruntime==1.32.0 onnx-ir==1.1.0 equinox==0.13.8 && "
-                "pip install --no-deps jax2onnx==0.17.1 (jax2onnx pins an older "
-                "orbax-checkpoint than dpkd-jax needs; it does not import it)")
+INSTALL_HINT = ("pip install -e '.[export]' && pip install --no-deps jax2onnx==0.17.1 (setup.cfg: "
+                "jax2onnx pins an older orbax-checkpoint than dpkd-jax needs, and never imports "
+                "it), or use --format=stablehlo")
 
 
 class ExportError(errors.UserError):
