@@ -165,10 +165,9 @@ def load_student(workdir: str) -> Student:
     raise errors.UserError(f"--run: the checkpoint in {ckpt_dir!r} names no known student model "
                            f"or dataset; {_RUN_HINT}")
   layout = LAYOUTS[spec.method]
-  model = ARCHITECTURES[spec.model](num_classes=spec.info.num_classes,
-                                    input_shape=spec.info.image_shape, norm=spec.norm,
-                                    rngs=nnx.Rngs(0))  # shapes only: the weights are replaced
-  template = core.split(model)
+  template = core.split(nnx.eval_shape(lambda: ARCHITECTURES[spec.model](
+      num_classes=spec.info.num_classes, input_shape=spec.info.image_shape, norm=spec.norm,
+      rngs=nnx.Rngs(0))))  # shapes only (no initialisation): the saved arrays fill it
   saved = {"params": _subtree(verified.arrays, layout.params, ckpt_dir),
            "batch_stats": _subtree(verified.arrays, layout.batch_stats, ckpt_dir)}
   restored = checkpoint.into_target(
