@@ -35,6 +35,8 @@ from dpkd_jax.train import records
 CARD_MD, CARD_JSON = "model_card.md", "model_card.json"
 PAPER_LABEL = "the paper's own accounting of this run: NOT a privacy guarantee"
 TEACHER_METHODS = ("dpdfd", "srr", "rona", "dfpate")
+_RELATIONS = {"replace-one": "replace-one: one record replaced by another",
+              "add-remove": "add-remove: one record added or removed"}
 _PUBLIC_DATA = {
     "rona": "the public split of the training data (RONA's public/sensitive split): only "
             "sensitive records are protected",
@@ -105,11 +107,14 @@ def _guarantee(record: dict[str, Any], results: dict[str, Any], privacy: dict[st
                seed: dict[str, str]) -> dict[str, Any]:
   method, dataset = record.get("method"), record.get("dataset")
   if privacy["private"]:
+    relation = _RELATIONS.get(privacy["neighbouring"], privacy["neighbouring"])
+    detail = results.get("neighbouring_relation")
+    if isinstance(detail, str) and detail != privacy["neighbouring"]:
+      relation += f"; this method's relation: {detail}"
     covers = (f"the released student (its weights, every output computed from them, and "
               f"these files) and its accuracy on the public test split, at (epsilon, delta) = "
-              f"({_epsilon_text(privacy['sound_epsilon'])}, {privacy['delta']:g}) for two "
-              f"private training sets of {dataset} that differ by "
-              f"{privacy['neighbouring']} of one record")
+              f"({_epsilon_text(privacy['sound_epsilon'])}, {privacy['delta']:g}) for any two "
+              f"private training sets of {dataset} that differ in one record ({relation})")
   else:
     covers = "nothing: epsilon = inf, this run is NOT private"
   not_covered = ["hyper-parameters and choices tuned on the private data: the guarantee "
@@ -125,8 +130,9 @@ def _guarantee(record: dict[str, Any], results: dict[str, Any], privacy: dict[st
                        "its outputs")
   if method in _PUBLIC_DATA:
     not_covered.append(_PUBLIC_DATA[method])
-  not_covered.append("the rest of the run directory (checkpoints, private_diagnostics.csv, "
-                     "teacher directories)")
+  teachers = ", teacher directories" if method in TEACHER_METHODS else ""
+  not_covered.append(f"the rest of the run directory (checkpoints, private_diagnostics.csv"
+                     f"{teachers})")
   return {"covers": covers, "does_not_cover": not_covered}
 
 
@@ -164,6 +170,11 @@ def build_card(workdir: str, *, exports: list[dict[str, Any]] | None = None,
                      "record": "record.json of the run (its command may hold the seed)"},
       "exports": list(exports or []), "measured": measured,
   }
+
+
+def _number(value: Any, spec: str = ".4g") -> str:
+  """A figure of the (JSON-ready) card: numbers formatted, "inf"/"nan" as they are."""
+  return format(value, spec) if isinstance(value, (int, float)) else str(value)
 
 
 def _md_privacy(card: dict[str, Any]) -> list[str]:
@@ -212,7 +223,8 @@ def _md_exports(card: dict[str, Any]) -> list[str]:
   for e in card["exports"]:
     check = e["check"]
     lines.append(f"| {e['file']} | {e['format']} | `{e['sha256']}` | "
-                 f"{check['max_abs_diff']:.2e} / {check['max_rel_diff']:.2e} "
+                 f"{_number(check['max_abs_diff'], '.2e')} / "
+                 f"{_number(check['max_rel_diff'], '.2e')} "
                  f"({check['num_inputs']} inputs) | {e['converter']} |")
   return lines + [""]
 
@@ -227,8 +239,8 @@ def _md_measured(card: dict[str, Any]) -> list[str]:
            "| runtime | batch | median ms/image | min ms/image | repeats |",
            "| --- | --- | --- | --- | --- |"]
   for runtime, rows in measured["results"].items():
-    lines += [f"| {runtime} | {r['batch']} | {r['median_ms_per_image']:.4g} | "
-              f"{r['min_ms_per_image']:.4g} | {r['repeats']} |" for r in rows]
+    lines += [f"| {runtime} | {r['batch']} | {_number(r['median_ms_per_image'])} | "
+              f"{_number(r['min_ms_per_image'])} | {r['repeats']} |" for r in rows]
   return lines + [""]
 
 
