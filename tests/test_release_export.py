@@ -88,6 +88,9 @@ def test_stablehlo_round_trip_is_exact_with_a_symbolic_batch(name, norm, tmp_pat
   assert entry["check"]["max_abs_diff"] == 0.0
   loaded = export.load_stablehlo(path)
   assert str(loaded.in_avals[0].shape[0]) == "batch"
+  with open(path, "rb") as f:
+    assert b".py" not in f.read()  # no source path of this machine in a released file
+  assert jax.config.jax_traceback_in_locations_limit != 0  # the lowering setting was restored
   # Another batch size through the symbolic dimension (XLA may vectorise it differently).
   np.testing.assert_allclose(np.asarray(loaded.call(images[:3])), reference[:3], rtol=1e-5,
                              atol=1e-6)

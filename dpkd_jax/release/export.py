@@ -9,7 +9,8 @@ logits (batch, num_classes) float32. The batch dimension is symbolic in both fil
   residual addition after BatchNorm (ResNet-18 with norm "batch": onnxruntime refuses the
   graph). A file that onnxruntime refuses, or whose outputs differ, is converted once more
   without that pass, and the file's `converter` entry says so.
-* StableHLO: `jax.export.export(jax.jit(fn), platforms=("cpu", "cuda", "tpu"))`, serialized
+* StableHLO: `jax.export.export(jax.jit(fn), platforms=("cpu", "cuda", "tpu"))`, lowered
+  without source locations (no path of the exporting machine in the file), serialized
   (`Exported.serialize`); `jax.export.deserialize(data).call(images)` runs it.
 
 Every file is checked before it is kept: its outputs on test inputs (`verification_inputs`)
@@ -188,6 +189,22 @@ def export_onnx(parts: core.ModelParts, info: data.DatasetInfo, path: str, image
                     f"({'; '.join(problems)}); use --format=stablehlo")
 
 
+@contextlib.contextmanager
+def _no_source_locations() -> Iterator[None]:
+  """Lowering without Python source locations: the file then names no path of the machine
+  that exported it, and the same student gives the same bytes wherever it is exported."""
+  names = {"jax_traceback_in_locations_limit": 0,
+           "jax_hlo_source_file_canonicalization_regex": ".*"}  # file names -> ""
+  saved = {name: getattr(jax.config, name) for name in names}
+  try:
+    for name, value in names.items():
+      jax.config.update(name, value)
+    yield
+  finally:
+    for name, value in saved.items():
+      jax.config.update(name, value)
+
+
 def export_stablehlo(parts: core.ModelParts, info: data.DatasetInfo, path: str,
                      images: np.ndarray, reference: np.ndarray) -> dict[str, Any]:
   """Writes `path` (serialized `jax.export.Exported`, symbolic batch) and checks its
@@ -198,7 +215,9 @@ def export_stablehlo(parts: core.ModelParts, info: data.DatasetInfo, path: str,
   """
   batch, = jax.export.symbolic_shape("batch")
   spec = jax.ShapeDtypeStruct((batch, *info.image_shape), jnp.float32)
-  exported = jax.export.export(jax.jit(logits_fn(parts)), platforms=STABLEHLO_PLATFORMS)(spec)
+  with _no_source_locations():
+    exported = jax.export.export(jax.jit(logits_fn(parts)),
+                                 platforms=STABLEHLO_PLATFORMS)(spec)
   with open(path, "wb") as f:
     f.write(exported.serialize())
   check = compare(reference, np.asarray(load_stablehlo(path).call(images)))
