@@ -1,0 +1,90 @@
+"""The release bundle of a finished run: exported student, checks, latency and model card.
+
+`export_run(workdir, out_dir, formats=("onnx", "stablehlo"))` loads the run's student
+(`students.load_student`: refuses, in one line, a run without a classifier student), writes
+`<out_dir>/student.onnx` and/or `<out_dir>/student.stablehlo`, checks each against jitted JAX on
+the public test images (`export.verification_inputs`), optionally measures CPU latency
+(`latency.measure`), and writes model_card.md / model_card.json into `out_dir` with each
+file's sha256. Releasing the student is post-processing of the run's noisy releases: the files
+carry the run's (ε, δ) and nothing more (the card says what that does not cover).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+from typing import Any, Sequence
+
+import jax
+import numpy as np
+
+from dpkd_jax import errors
+from dpkd_jax.release import export
+from dpkd_jax.release import latency
+from dpkd_jax.release import model_card
+from dpkd_jax.release import students
+
+STEM = "student"
+
+
+def sha256(path: str) -> str:
+  """Hex SHA-256 of the file at `path`."""
+  digest = hashlib.sha256()
+  with open(path, "rb") as f:
+    for block in iter(lambda: f.read(1 << 20), b""):
+      digest.update(block)
+  return digest.hexdigest()
+
+
+def check_formats(formats: Sequence[str]) -> tuple[str, ...]:
+  """The formats asked for, in order, without repeats; one line for an unknown one."""
+  unknown = [f for f in formats if f not in export.FORMATS]
+  if unknown or not formats:
+    raise errors.UserError(f"--format: unknown format {', '.join(unknown) or '(none)'}; give "
+                           f"one or more of {', '.join(export.FORMATS)} (comma-separated)")
+  return tuple(dict.fromkeys(formats))
+
+
+def _data_dir(workdir: str) -> str | None:
+  """The run's --data_dir (for its test images), if its results.json names one."""
+  _, results = students.check_run(workdir)
+  config = results.get("config")
+  value = config.get("data_dir") if isinstance(config, dict) else None
+  return value if isinstance(value, str) else None
+
+
+def export_run(workdir: str, out_dir: str, formats: Sequence[str] = export.FORMATS, *,
+               measure_latency: bool = True, repeats: int = 5) -> dict[str, Any]:
+  """Exports the student of the finished run in `workdir` into `out_dir` (module docstring).
+
+  Returns:
+    {"exports": [...], "measured": ... or None, "card": (md path, json path),
+    "inputs": what the checks ran on}.
+
+  Raises:
+    UserError: an unknown format, a run without a student, or an export that fails its check
+      (`export.ExportError`); `checkpoint.CheckpointMismatchError` for a student that does not
+      fit its config.
+  """
+  formats = check_formats(formats)
+  student = students.load_student(workdir)
+  info = student.spec.info
+  images, described = export.verification_inputs(info, data_dir=_data_dir(workdir))
+  reference = np.asarray(jax.jit(export.logits_fn(student.parts))(images))
+  os.makedirs(out_dir, exist_ok=True)
+  writers = {"onnx": export.export_onnx, "stablehlo": export.export_stablehlo}
+  exports, paths = [], {}
+  for fmt in formats:
+    paths[fmt] = os.path.join(out_dir, STEM + export.SUFFIX[fmt])
+    entry = writers[fmt](student.parts, info, paths[fmt], images, reference)
+    entry["check"]["inputs"] = described
+    entry.update(sha256=sha256(paths[fmt]), bytes=os.path.getsize(paths[fmt]),
+                 checkpoint_step=student.step)
+    exports.append(entry)
+  measured = None
+  if measure_latency:
+    measured = latency.measure(student.parts, info, onnx_path=paths.get("onnx"),
+                               stablehlo_path=paths.get("stablehlo"), repeats=repeats)
+  card = model_card.write_model_card(workdir, out_dir=out_dir, exports=exports,
+                                     measured=measured)
+  return {"exports": exports, "measured": measured, "card": card, "inputs": described}

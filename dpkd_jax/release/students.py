@@ -1,0 +1,176 @@
+"""Which runs release a classifier student, and where each method keeps it in its checkpoint.
+
+Every method saves its state with `train.checkpoint` (Orbax arrays + JSON metadata holding the
+run's config). The student is one sub-tree of those arrays, built from names in the config:
+
+| method | student (model, norm) from the config | params / batch_stats in the checkpoint |
+| --- | --- | --- |
+| dpsgd | model, norm | state/params, state/batch_stats |
+| dpdfd, srr, dfpate | student_model, student_norm | student/params, student/batch_stats |
+| rknn | student.model, student.norm | student/params, student/batch_stats |
+| rona | student_model, student_norm | state/params/student, state/batch_stats/student |
+
+(RONA's adaptation layer, `state/params/adapter`, is not part of the deployed student; a DFPATE
+student is always built with the registry's default norm "batch".) Other runs release no
+classifier student: a teacher (trained without privacy), DPDFD's direct mode (no checkpoint).
+
+`load_student(workdir)` rebuilds the architecture, checks the saved leaves' checksum, paths and
+shapes against it (`checkpoint.read_verified`, `checkpoint.into_target`) and returns it.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+from typing import Any, Callable
+
+from flax import nnx
+
+from dpkd_jax import data
+from dpkd_jax import errors
+from dpkd_jax import models
+from dpkd_jax.models import compact
+from dpkd_jax.models import core
+from dpkd_jax.train import checkpoint
+
+# Every classifier a student can be: the registry plus RONA's compact students.
+ARCHITECTURES = {**models.CLASSIFIERS, **compact.COMPACT_CLASSIFIERS}
+_RUN_HINT = "give the workdir of a finished dpsgd, dpdfd, srr, rona, rknn or dfpate run"
+
+
+@dataclasses.dataclass(frozen=True)
+class Layout:
+  """Where a method keeps its student.
+
+  Attributes:
+    names: config (the JSON saved with the run) -> (model name, norm).
+    params, batch_stats: key paths of the student's sub-trees in the checkpoint's arrays.
+  """
+
+  names: Callable[[dict[str, Any]], tuple[str, str]]
+  params: tuple[str, ...]
+  batch_stats: tuple[str, ...]
+
+
+_STUDENT = (("student", "params"), ("student", "batch_stats"))
+LAYOUTS: dict[str, Layout] = {
+    "dpsgd": Layout(lambda c: (c["model"], c["norm"]), ("state", "params"),
+                    ("state", "batch_stats")),
+    "dpdfd": Layout(lambda c: (c["student_model"], c["student_norm"]), *_STUDENT),
+    "srr": Layout(lambda c: (c["student_model"], c["student_norm"]), *_STUDENT),
+    "dfpate": Layout(lambda c: (c["student_model"], c.get("student_norm", "batch")), *_STUDENT),
+    "rknn": Layout(lambda c: (c["student"]["model"], c["student"]["norm"]), *_STUDENT),
+    "rona": Layout(lambda c: (c["student_model"], c["student_norm"]),
+                   ("state", "params", "student"), ("state", "batch_stats", "student")),
+}
+
+
+@dataclasses.dataclass(frozen=True)
+class StudentSpec:
+  """What a run's student is, without its weights (enough for a model card)."""
+
+  method: str
+  model: str
+  norm: str
+  info: data.DatasetInfo
+
+
+@dataclasses.dataclass(frozen=True)
+class Student:
+  """A trained student: its spec and its split model (`parts`, evaluation mode only)."""
+
+  spec: StudentSpec
+  parts: core.ModelParts
+  step: int  # the checkpoint it was read from
+
+
+def spec_of(method: str, dataset: str, config: dict[str, Any] | None) -> StudentSpec | None:
+  """The student of a `method` run on `dataset` with `config`; None if it has none we know."""
+  layout = LAYOUTS.get(method)
+  info = data.DATASETS.get(dataset)
+  if layout is None or info is None or not isinstance(config, dict):
+    return None
+  try:
+    model, norm = layout.names(config)
+  except (KeyError, TypeError):
+    return None
+  if model not in ARCHITECTURES:
+    return None
+  return StudentSpec(method, model, norm, info)
+
+
+def _read_json(path: str, what: str) -> dict[str, Any]:
+  try:
+    with open(path, encoding="utf-8") as f:
+      value = json.load(f)
+  except OSError as error:
+    raise errors.UserError(f"--run: cannot read {path!r} ({error.strerror}); {_RUN_HINT}") from error
+  except ValueError as error:
+    raise errors.UserError(f"--run: {what} {path!r} is not valid JSON ({error})") from error
+  if not isinstance(value, dict):
+    raise errors.UserError(f"--run: {what} {path!r} is not a JSON object")
+  return value
+
+
+def check_run(workdir: str) -> tuple[dict[str, Any], dict[str, Any]]:
+  """(record.json, results.json) of a finished run with a classifier student, or one line.
+
+  Raises:
+    UserError: no such directory, a teacher's workdir, an unfinished run, a method without a
+      classifier student, or no checkpoint.
+  """
+  if not os.path.isdir(workdir):
+    raise errors.UserError(f"--run: {workdir!r} does not exist; {_RUN_HINT}")
+  if os.path.exists(os.path.join(workdir, "card.json")):
+    raise errors.UserError(f"--run: {workdir!r} is a teacher's workdir (card.json): a teacher "
+                           f"is trained without privacy and is not exported; {_RUN_HINT}")
+  for name in ("record.json", "results.json"):
+    if not os.path.exists(os.path.join(workdir, name)):
+      raise errors.UserError(f"--run: {workdir!r} holds no {name}: not a finished run; "
+                             f"{_RUN_HINT}")
+  record = _read_json(os.path.join(workdir, "record.json"), "record")
+  results = _read_json(os.path.join(workdir, "results.json"), "results")
+  method = record.get("method")
+  if method not in LAYOUTS:
+    raise errors.UserError(f"--run: a {method!r} run releases no classifier student to export "
+                           f"(exportable: {', '.join(sorted(LAYOUTS))})")
+  if checkpoint.latest_step(os.path.join(workdir, "checkpoints")) is None:
+    raise errors.UserError(f"--run: {workdir!r} holds no checkpoint of its student; {_RUN_HINT}")
+  return record, results
+
+
+def _subtree(arrays: Any, path: tuple[str, ...], where: str) -> Any:
+  for key in path:
+    if not isinstance(arrays, dict) or key not in arrays:
+      raise checkpoint.CheckpointMismatchError(
+          f"{where}: no {'/'.join(path)} in the checkpoint (a run of another version?)")
+    arrays = arrays[key]
+  return arrays
+
+
+def load_student(workdir: str) -> Student:
+  """The trained student of the finished run in `workdir` (newest checkpoint).
+
+  Raises:
+    UserError: see `check_run`; `checkpoint.CorruptCheckpointError` if the checkpoint does not
+      match its checksum.
+    checkpoint.CheckpointMismatchError: the saved student does not fit its config's model.
+  """
+  record, _ = check_run(workdir)
+  ckpt_dir = os.path.join(workdir, "checkpoints")
+  verified = checkpoint.read_verified(ckpt_dir)
+  spec = spec_of(record["method"], record["dataset"], verified.meta.get("config"))
+  if spec is None:
+    raise errors.UserError(f"--run: the checkpoint in {ckpt_dir!r} names no known student model "
+                           f"or dataset; {_RUN_HINT}")
+  layout = LAYOUTS[spec.method]
+  template = core.split(nnx.eval_shape(lambda: ARCHITECTURES[spec.model](
+      num_classes=spec.info.num_classes, input_shape=spec.info.image_shape, norm=spec.norm,
+      rngs=nnx.Rngs(0))))  # shapes only (no initialisation): the saved arrays fill it
+  saved = {"params": _subtree(verified.arrays, layout.params, ckpt_dir),
+           "batch_stats": _subtree(verified.arrays, layout.batch_stats, ckpt_dir)}
+  restored = checkpoint.into_target(
+      saved, {"params": template.params, "batch_stats": template.batch_stats}, ckpt_dir)
+  parts = core.ModelParts(template.graphdef, restored["params"], restored["batch_stats"])
+  return Student(spec, parts, verified.step)
