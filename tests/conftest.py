@@ -12,9 +12,9 @@ jax.config.update("jax_num_cpu_devices", 8)
 
 import pytest  # noqa: E402
 
-# Module-scoped fixtures shared by the tests/test_dpsgd_*.py files (parts, batch,
-# noisy_step_8_devices); its helper functions are imported by name.
-pytest_plugins = ("dpsgd_fixtures",)
+# Fixtures shared by several test files: the DP-SGD ones (parts, batch, noisy_step_8_devices)
+# and the PyTorch ones (tv_models); their helper functions are imported by name.
+pytest_plugins = ("dpsgd_fixtures", "torch_fixtures")
 
 
 @pytest.fixture

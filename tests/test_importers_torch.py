@@ -2,12 +2,8 @@
 lenet5 / small_cnn) give the same logits once imported, eval-mode BatchNorm included; clear
 one-line errors; the CLI end to end, down to a DPDFD run. Skipped without PyTorch."""
 
-import importlib
-import importlib.util
 import json
 import os
-import sys
-import types
 import warnings
 
 import numpy as np
@@ -25,57 +21,13 @@ from dpkd_jax.importers import torch as torch_importer
 from dpkd_jax.models import core
 from dpkd_jax.privacy import paper_accounting
 from dpkd_jax.train import evaluate
+from torch_fixtures import randomise_batch_norms
 from experiments import dpdfd as dpdfd_cli
 from experiments import teacher as teacher_cli
 
 RTOL = 1e-4  # max |ours - torch| / max |torch| over the logits
 TORCHVISION = ["resnet18", "resnet34", pytest.param("vgg11_bn", marks=pytest.mark.slow),
                pytest.param("vgg16_bn", marks=pytest.mark.slow), "mobilenet_v2"]
-
-
-@pytest.fixture(scope="module")
-def tv_models():
-  """torchvision.models; if torchvision fails to import, its pure-Python model definitions.
-
-  PyPI's torchvision is built against CUDA PyTorch: beside the CPU PyTorch wheel its compiled
-  ops fail to register (`operator torchvision::nms does not exist`) when `torchvision` is
-  imported. The model definitions need none of them, so they are loaded under a bare package
-  (no `torchvision/__init__.py`); sys.modules is restored afterwards.
-  """
-  saved = {k: v for k, v in sys.modules.items() if k.split(".")[0] == "torchvision"}
-  try:
-    yield importlib.import_module("torchvision").models
-    return
-  except (ImportError, RuntimeError):
-    pass
-  for name in [k for k in sys.modules if k.split(".")[0] == "torchvision"]:
-    del sys.modules[name]
-  spec = importlib.util.find_spec("torchvision")
-  if spec is None:
-    pytest.skip("torchvision is not installed")
-  package = types.ModuleType("torchvision")
-  package.__path__ = list(spec.submodule_search_locations)
-  sys.modules["torchvision"] = package
-  try:
-    yield importlib.import_module("torchvision.models")
-  finally:
-    for name in [k for k in sys.modules if k.split(".")[0] == "torchvision"]:
-      del sys.modules[name]
-    sys.modules.update(saved)
-
-
-def randomise_batch_norms(model, seed=0):
-  """Non-trivial eval-mode BatchNorm: random running stats and affine parameters."""
-  generator = torch.Generator().manual_seed(seed)
-  with torch.no_grad():
-    for module in model.modules():
-      if isinstance(module, nn.BatchNorm2d):
-        n = module.num_features
-        module.running_mean.copy_(torch.rand(n, generator=generator) - 0.5)
-        module.running_var.copy_(torch.rand(n, generator=generator) * 1.5 + 0.5)
-        module.weight.copy_(torch.rand(n, generator=generator) + 0.5)
-        module.bias.copy_(torch.rand(n, generator=generator) * 0.6 - 0.3)
-  return model.eval()
 
 
 def twin(arch, batch_norm, channels=1, side=28, num_classes=10):
