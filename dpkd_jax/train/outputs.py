@@ -13,7 +13,7 @@ every output file so that publishing a run's outputs never publishes them by acc
 * record.json: the results record (`records.make_record`), released figures only.
 
 `finish_run` writes results.json and record.json at the end of every `train_*`, with the
-privacy warnings (ε = inf, sound ε above the target) in both.
+privacy warnings (ε = inf, sound ε above the target) in both, then report.md (`report`).
 """
 
 from __future__ import annotations
@@ -30,6 +30,7 @@ from typing import Any, Mapping
 from dpkd_jax.train import distributed
 from dpkd_jax.train import metrics as metrics_lib
 from dpkd_jax.train import records
+from dpkd_jax.train import report
 
 PRIVATE_KEY = "private_diagnostics"
 PRIVATE_NOTE = ("noiseless functions of private data or of the non-private teacher: NOT "
@@ -175,4 +176,5 @@ def finish_run(workdir: str, results: dict[str, Any], *, clock: RunClock, datase
   if distributed.is_coordinator():
     _write_json(os.path.join(workdir, "results.json"), results)
     records.write_record(os.path.join(workdir, "record.json"), record)
+    report.write_report(workdir)  # report.md: curves, ε spent, samples, privacy-utility
   return results
