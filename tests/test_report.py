@@ -150,7 +150,7 @@ def test_finish_run_writes_the_report(tmp_path):
   outputs.finish_run(workdir, results, clock=outputs.RunClock(), dataset="digits",
                      test_accuracy=0.3, sound_epsilon=math.inf, delta=1e-5)
   text = open(os.path.join(workdir, report.FILE_NAME), encoding="utf-8").read()
-  assert "| sound ε (dp_accounting) | ∞ |" in text
+  assert "| sound ε (dp_accounting) | ∞ |" in text and "No metrics.csv in this run." in text
   assert "This run recorded no private diagnostic." in text
 
 

@@ -105,8 +105,10 @@ def plot_curves(series: dict[str, list[tuple[int, float]]], out_path: str) -> st
     ax.grid(True, alpha=0.3)
   for ax in list(axes.flat)[len(names):]:
     ax.axis("off")
-  fig.tight_layout()
-  fig.savefig(out_path, dpi=100)
+  height = 2.6 * rows  # inches; fixed margins (tight_layout draws the figure twice)
+  fig.subplots_adjust(left=0.08, right=0.98, bottom=0.45 / height, top=1 - 0.3 / height,
+                      hspace=0.7, wspace=0.3)
+  fig.savefig(out_path, dpi=80)
   plt.close(fig)
   return out_path
 
@@ -152,8 +154,8 @@ def plot_privacy(points: Sequence[tuple[int, float]], budget: float | None,
   ax.set_ylim(bottom=0)
   ax.grid(True, alpha=0.3)
   ax.legend(fontsize="small")
-  fig.tight_layout()
-  fig.savefig(out_path, dpi=100)
+  fig.subplots_adjust(bottom=0.15, left=0.12)
+  fig.savefig(out_path, dpi=80)
   plt.close(fig)
   return out_path
 
@@ -243,10 +245,11 @@ def write_report(workdir: str, *, results_dir: str | None = _REPO_RESULTS) -> st
   lines = [f"# Run report: {results.get('method', 'run')} on {dataset}", "",
            f"`{workdir}`. Released figures only, except the last section (PRIVATE)."]
   lines += _section("Summary", summary_rows(results, record))
-  curves = ([f"![learning curves]({CURVES_PNG})", "",
-             "From metrics.csv (released quantities only)."]
-            if series and plot_curves(series, os.path.join(workdir, CURVES_PNG))
-            else ["No metrics.csv in this run."])
+  curves = ["No metrics.csv in this run."]
+  if series:
+    plot_curves(series, os.path.join(workdir, CURVES_PNG))
+    curves = [f"![learning curves]({CURVES_PNG})", "",
+              "From metrics.csv (released quantities only)."]
   lines += _section("Learning curves", curves)
   points, source = privacy_series(workdir, results, series)
   ledger_json = _read_json(os.path.join(workdir, "privacy_ledger.json")) or {}
