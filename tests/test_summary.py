@@ -81,7 +81,8 @@ def test_conversion_lines_paper_accounting_files_and_chance(tmp_path):
       "paper-formula epsilon 10: chose the noise, NOT a valid guarantee"]
   assert f"run report: {workdir}/report.md" in lines
   assert not any(line.startswith(("student checkpoint", "model card")) for line in lines)
-  assert lines[-1] == "why at chance: test"
+  assert lines[-2:] == [f"private diagnostics (not covered by epsilon) in {workdir}/results.json"
+                        ' ["private_diagnostics"]', "why at chance: test"]
   sound = summary.conversion_lines({**results, "test_accuracy": 0.5,
                                     "accounting_used_for_budget": "sound"},
                                    workdir=workdir, num_classes=10, chance_reason="x")

@@ -179,6 +179,9 @@ def conversion_lines(results: Results, *, workdir: str, num_classes: int,
     lines.append(f"paper-formula epsilon {_eps(paper)}: chose the noise, NOT a valid guarantee")
   lines += [f"WARNING: {w}" for w in results.get("warnings", [])]
   lines += file_lines(workdir)
+  private = private_diagnostics_line(results, workdir)
+  if private:
+    lines.append(private)
   if at_chance(accuracy, num_classes):
     lines.append(chance_reason)
   return lines
