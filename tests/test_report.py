@@ -55,7 +55,7 @@ def _run(workdir, *, method="dpdfd", epsilon_metric=True, samples=True, ledger=T
   records.write_record(os.path.join(workdir, "record.json"), records.make_record(
       method=method, dataset=dataset, test_accuracy=0.4, sound_epsilon=6.0, delta=1e-5,
       neighbouring="replace-one", accounting="paper", paper_epsilon=0.5, cpu_seconds=1.0,
-      wall_seconds=2.0, command="python -m experiments.x", commit="abc"))
+      wall_seconds=2.0, command="python -m experiments.x --loss=ce|mse", commit="abc"))
   return str(workdir)
 
 
@@ -90,6 +90,7 @@ def test_report_has_every_section_and_its_images(tmp_path):
   assert "| neighbouring relation | replace-one |" in text
   assert "| paper-formula ε (NOT a valid guarantee) | 0.5 |" in text
   assert "exceeds target_epsilon=5" in text
+  assert "| command | `python -m experiments.x --loss=ce\\|mse` |" in text
   assert "`train/epsilon`" in text and "budget 20, 3 charges" in text
   # The digits student records beside the run: not mnist, not the teacher, not the broken file.
   assert "the 2 committed records of digits" in text

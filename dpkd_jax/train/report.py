@@ -74,7 +74,8 @@ def summary_rows(results: dict[str, Any], record: dict[str, Any] | None) -> list
   """The summary table: released figures only (record.json's fields where it exists)."""
   fields = plotting.METHOD_FIELDS.get(results.get("method"), plotting.MethodFields())
   rec = record or {}
-  rows = [("method", results.get("method")), ("dataset", rec.get("dataset")),
+  dataset = rec.get("dataset") or results.get("config", {}).get("dataset")
+  rows = [("method", results.get("method")), ("dataset", dataset),
           ("student test accuracy", rec.get("test_accuracy", results.get(fields.accuracy))),
           ("sound ε (dp_accounting)", rec.get("sound_epsilon", results.get(fields.epsilon))),
           ("δ", rec.get("delta", results.get("delta"))),
@@ -87,7 +88,8 @@ def summary_rows(results: dict[str, Any], record: dict[str, Any] | None) -> list
            ("command", f"`{rec['command']}`" if rec.get("command") else None),
            ("commit", rec.get("commit")), ("CPU / wall seconds",
            f"{_fmt(rec.get('cpu_seconds'))} / {_fmt(rec.get('wall_seconds'))}")]
-  return ["| field | value |", "| --- | --- |"] + [f"| {k} | {_fmt(v)} |" for k, v in rows]
+  cell = lambda v: _fmt(v).replace("|", "\\|")  # noqa: E731  (a `|` would end the cell)
+  return ["| field | value |", "| --- | --- |"] + [f"| {k} | {cell(v)} |" for k, v in rows]
 
 
 def plot_curves(series: dict[str, list[tuple[int, float]]], out_path: str) -> str:
