@@ -99,7 +99,7 @@ def test_quickstart_trains_the_teacher_and_sums_up(first_run, monkeypatch):
   assert results["epsilon"] <= 10.0 and results["steps"] == 4
   assert os.path.isfile(os.path.join(workdir, "report.md"))
   assert summary.at_chance(results["test_accuracy"], 10) == lines[-1].startswith(
-      "why at chance: one record may change the whole teacher")
+      "why at chance: one record may change its teacher arbitrarily")
 
 
 def test_a_default_teacher_of_another_model_is_refused(capsys, tmp_path, monkeypatch):
@@ -137,8 +137,12 @@ def test_chance_reason_names_the_cause():
   private = {"noise_multiplier": 80.0, "steps": 200, "epsilon": 9.999,
              "teachers_per_record": 1, "config": {"batch_size": 32}}
   line = quickstart.chance_reason(private)
-  assert "sigma/(2*sqrt(B)) = 7.07 per step over 200 steps" in line
+  assert "sigma/(2m*sqrt(B)) = 7.07 per step over 200 steps, too little signal from one " \
+      "teacher" in line
   assert quickstart.PRIVACY_ANCHOR in line and "--noise_multiplier=0" in line
+  assert "disjoint shards" in line
+  ensemble = quickstart.chance_reason({**private, "num_teachers": 10})
+  assert "from 10 teachers" in ensemble and "disjoint shards" not in ensemble
   assert "too few" in quickstart.chance_reason({"noise_multiplier": 0.0, "steps": 4})
   assert summary.at_chance(0.14, 10) and not summary.at_chance(0.16, 10)
   assert summary.at_chance(math.nan, 10)

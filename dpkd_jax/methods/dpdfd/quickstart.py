@@ -117,12 +117,15 @@ def chance_reason(results: dict[str, Any]) -> str:
     return (f"why at chance: no noise, but {steps} steps are too few for the generator and "
             "the student; try more --steps")
   batch = results.get("config", {}).get("batch_size", 1)
-  z = sigma / (2 * results.get("teachers_per_record", 1) * math.sqrt(batch))
-  return (f"why at chance: one record may change the whole teacher, so sound epsilon "
-          f"{results['epsilon']:.4g} leaves noise multiplier sigma/(2*sqrt(B)) = {z:.3g} per "
-          f"step over {steps} steps, too little signal from one teacher ({PRIVACY_ANCHOR}); "
-          "try: teachers on disjoint shards, experiments.dfpate, or --noise_multiplier=0 to "
-          "see the pipeline learn (NOT private)")
+  n, m = results.get("num_teachers", 1), results.get("teachers_per_record", 1)
+  z = sigma / (2 * m * math.sqrt(batch))
+  teachers = "one teacher" if n == 1 else f"{n} teachers"
+  shards = "teachers on disjoint shards, " if n == 1 else ""
+  return (f"why at chance: one record may change its teacher arbitrarily, so sound epsilon "
+          f"{results['epsilon']:.4g} leaves noise multiplier sigma/(2m*sqrt(B)) = {z:.3g} per "
+          f"step over {steps} steps, too little signal from {teachers} ({PRIVACY_ANCHOR}); "
+          f"try: {shards}experiments.dfpate, or --noise_multiplier=0 to see the pipeline learn "
+          "(NOT private)")
 
 
 def summary_lines(results: dict[str, Any], workdir: str) -> list[str]:
