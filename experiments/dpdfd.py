@@ -1,9 +1,14 @@
 """DPDFD: convert a teacher into a DP student (and generator) without touching private data.
 
+  python -m experiments.dpdfd --dataset=digits   # the Quickstart: teacher trained or reused
   python -m experiments.dpdfd --dataset=mnist --teacher_dirs=runs/teacher/mnist_small_cnn \
-      --target_epsilon=10 --noise_multiplier=... [--accounting=sound|paper] [--train_teacher]
+      --target_epsilon=10 --noise_multiplier=... [--accounting=sound|paper]
   python -m experiments.dpdfd sample --workdir=runs/dpdfd/mnist --num=10000
   python -m experiments.dpdfd --mode=direct --dataset=mnist --noise_multiplier=...  # Table 4, NOT DP
+
+Without --teacher_dirs the teacher is runs/teacher/<dataset>_<teacher_model>, reused when its
+card matches, else trained. --dataset=digits has defaults that fit a few CPU minutes
+(dpdfd/quickstart.py; sound target epsilon 10 unless --noise_multiplier/--target_epsilon).
 """
 
 from __future__ import annotations
@@ -13,13 +18,14 @@ import os
 
 from dpkd_jax import teacher
 from dpkd_jax.methods import dpdfd
+from dpkd_jax.methods.dpdfd import quickstart
 from dpkd_jax.train import distributed
 from dpkd_jax.train import summary
 from experiments import _cli
 from experiments import _flags
 
 _HELP = {
-    "teacher_dirs": "comma-separated teacher workdirs (default: train one, see --train_teacher)",
+    "teacher_dirs": "comma-separated teacher workdirs (default: the one of experiments.teacher)",
     "seed": "reproducible run (its noise is then public); default: a secret seed from OS entropy",
     "data_dir": "directory of <dataset>.npz (else $DPKD_DATA_DIR/tfds)",
 }
@@ -51,48 +57,43 @@ def _sample(argv: list[str]) -> None:
 
 
 def parse_config(argv: list[str]) -> tuple[dpdfd.DPDFDConfig, argparse.Namespace]:
-  """Flags -> (validated config, flags); the teacher of --train_teacher is not trained yet."""
+  """Flags -> (validated config, flags); `flags.teacher_config` is the teacher to train or
+  reuse (None when --teacher_dirs names the teachers)."""
   p = _cli.Parser(prog="python -m experiments.dpdfd", description=__doc__,
                   formatter_class=argparse.RawDescriptionHelpFormatter)
   _flags.add_config_flags(p, dpdfd.DPDFDConfig, help=_HELP, defaults={"teacher_dirs": None})
-  p.add_argument("--train_teacher", action="store_true",
-                 help="first train a teacher with experiments.teacher defaults (--teacher_model)")
-  p.add_argument("--teacher_model", default="small_cnn")
-  p.add_argument("--teacher_epochs", type=int, default=5)
+  p.add_argument("--teacher_model", default=quickstart.TEACHER_MODEL)
+  p.add_argument("--teacher_epochs", type=int, default=quickstart.TEACHER_EPOCHS)
   p.add_argument("--workdir", default=None, help="default runs/dpdfd/<dataset>")
   p.add_argument("--no_progress", action="store_true")
+  p.set_defaults(**quickstart.flag_defaults(p.parse_known_args(argv)[0].dataset))
   a = p.parse_args(argv)
   a.workdir = a.workdir or os.path.join("runs", "dpdfd", a.dataset)
-  a.teacher_to_train = None  # --train_teacher is ignored when --teacher_dirs names teachers
+  a.target_epsilon = quickstart.default_target_epsilon(a.dataset, a.noise_multiplier,
+                                                       a.target_epsilon)
+  a.teacher_config = None
   if a.teacher_dirs is None:
-    if not a.train_teacher:
-      p.error("give --teacher_dirs (from `python -m experiments.teacher`) or --train_teacher")
-    a.teacher_to_train = os.path.join(a.workdir, "teacher")
-    a.teacher_dirs = (a.teacher_to_train,)
+    a.teacher_config = _cli.build(teacher.TeacherConfig, dataset=a.dataset, model=a.teacher_model,
+                                  epochs=a.teacher_epochs, data_dir=a.data_dir)
+    a.teacher_dirs = (quickstart.default_teacher_dir(a.dataset, a.teacher_model),)
   return _flags.build_config(dpdfd.DPDFDConfig, a), a
 
 
 @_cli.entry_point
 def main(argv: list[str]) -> None:
   distributed.initialize_from_env()  # no-op unless launched across hosts (docs/DISTRIBUTED.md)
+  if argv[:1] == ["sample"]:
+    return _sample(argv[1:])
   if "--mode=direct" in argv:  # the mechanism on private data (paper Table 4): ε = inf
     config, workdir = parse_direct([x for x in argv if x != "--mode=direct"])
     _cli.check_output_dir(workdir, "--workdir")
     results = dpdfd.train_direct(config, workdir)
-  elif argv[:1] == ["sample"]:
-    return _sample(argv[1:])
-  else:
-    config, a = parse_config(argv)
-    workdir = a.workdir
-    _cli.check_output_dir(workdir, "--workdir")
-    if a.teacher_to_train and not os.path.exists(os.path.join(a.teacher_to_train, "card.json")):
-      tcfg = _cli.build(teacher.TeacherConfig, dataset=config.dataset, model=a.teacher_model,
-                        epochs=a.teacher_epochs, data_dir=config.data_dir)
-      teacher.train_teacher(tcfg, a.teacher_to_train, progress=not a.no_progress)
-    for tdir in config.teacher_dirs:
-      teacher.read_card(tdir, flag="--teacher_dirs", dataset=config.dataset)
-    results = dpdfd.train_dpdfd(config, workdir, progress=not a.no_progress)
-  print("\n".join(summary.summary_lines(results, workdir=workdir)))
+    return print("\n".join(summary.summary_lines(results, workdir=workdir)))
+  config, a = parse_config(argv)
+  _cli.check_output_dir(a.workdir, "--workdir")
+  results = quickstart.convert(config, a.workdir, teacher_config=a.teacher_config,
+                               progress=not a.no_progress)
+  print("\n".join(quickstart.summary_lines(results, a.workdir)))
 
 
 if __name__ == "__main__":

@@ -11,6 +11,8 @@ Every reported run is one JSON record in docs/results/ (schema: dpkd_jax/train/r
           --paper_row="DPDFD Table 1, MNIST, eps=10" --paper_accuracy=0.9751 --table=dpdfd_session4
     then `render`. A table's row template (in its begin marker) names the keys a row needs;
     give the ones the run's record lacks with --column KEY=VALUE or --text KEY=VALUE.
+  report --run=DIR  (re)writes DIR/report.md (`dpkd_jax.train.report`; every run writes one
+                    when it finishes): curves, ε spent, samples, the run among the records
 """
 
 from __future__ import annotations
@@ -24,6 +26,8 @@ import sys
 from dpkd_jax.errors import UserError
 from dpkd_jax.train import records as records_lib
 from dpkd_jax.train import records_tables
+from dpkd_jax.train import report as report_lib
+from experiments import _cli
 
 _ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
@@ -102,9 +106,17 @@ def _publish(a: argparse.Namespace) -> int:
   return 0
 
 
+def _report(a: argparse.Namespace) -> int:
+  if not os.path.isdir(a.run):
+    raise UserError(f"--run: {a.run!r} is not a directory; give a finished run's workdir")
+  path = report_lib.write_report(a.run, results_dir=a.results_dir)
+  print(f"wrote {path}")
+  return 0
+
+
 def _parser() -> argparse.ArgumentParser:
-  p = argparse.ArgumentParser(prog="python -m experiments.results", description=__doc__,
-                              formatter_class=argparse.RawDescriptionHelpFormatter)
+  p = _cli.Parser(prog="python -m experiments.results", description=__doc__,
+                  formatter_class=argparse.RawDescriptionHelpFormatter)
   p.add_argument("--results_dir", default=os.path.join(_ROOT, "docs", "results"),
                  help="the committed records (default: docs/results)")
   sub = p.add_subparsers(dest="command", required=True)
@@ -125,13 +137,15 @@ def _parser() -> argparse.ArgumentParser:
   u.add_argument("--column", action="append", default=[], help="KEY=VALUE (repeatable)")
   u.add_argument("--text", action="append", default=[], help="KEY=VALUE label (repeatable)")
   u.add_argument("--force", action="store_true", help="replace an existing record")
+  o = sub.add_parser("report", help="write a run's report.md (curves, ε spent, records)")
+  o.add_argument("--run", required=True, help="the run's workdir (holds results.json)")
   return p
 
 
 def main(argv: list[str] | None = None) -> int:
   a = _parser().parse_args(sys.argv[1:] if argv is None else argv)
   try:
-    return _render(a) if a.command == "render" else _publish(a)
+    return {"render": _render, "publish": _publish, "report": _report}[a.command](a)
   except UserError as e:
     print(f"error: {e}", file=sys.stderr)
     return 2

@@ -1,4 +1,5 @@
-"""The DPDFD quickstart notebook: teacher, conversion, privacy–utility curve, sample grid."""
+"""The DPDFD quickstart notebook: the README's main job (teacher, conversion, summary), then the
+run report, other privacy targets and the synthetic samples."""
 
 from nb_common import DEVICE
 from nb_common import INSTALL
@@ -16,90 +17,111 @@ leaves is the per-sample output gradient, normalized to norm C and noised
 `dp_accounting` (sensitivity 2C√B per step, see docs/privacy.md); the paper's formula is shown
 beside it and is **not** a guarantee.
 
-Steps: (1) train or load a teacher on the embedded `digits` data, (2) convert it at one or more
-privacy targets, (3) plot the privacy–utility curve, (4) look at the synthetic samples.
-With `SMALL = True` everything is tiny (a few steps): the pipeline runs, the student does not
-learn much. Results at scale, with their commands, are in docs/RESULTS.md.
+This notebook runs the same function as the README's Quickstart command
+`python -m experiments.dpdfd --dataset=digits` (`dpkd_jax.methods.dpdfd.quickstart.convert`):
+(1) train or reuse a teacher on the embedded `digits` data and convert it at sound ε = 10,
+(2) read the run report every run writes, (3) add other privacy targets, (4) look at the
+synthetic samples. With `SMALL = True` everything is tiny (a few steps): the pipeline runs, the
+student does not learn. Results at scale, with their commands, are in docs/RESULTS.md.
 """),
       ("code", INSTALL),
       ("code", DEVICE),
       ("code", '''
-# Configuration. SMALL: one teacher epoch and 12 DPDFD steps; otherwise the README's digits
-# teacher and the docs/RESULTS.md digits schedule (600 steps) at three privacy targets.
+# Configuration: the Quickstart command's digits defaults; SMALL shrinks them to seconds.
+from dpkd_jax import teacher as teacher_lib
+from dpkd_jax.methods import dpdfd
+from dpkd_jax.methods.dpdfd import quickstart
+
+DEFAULTS = quickstart.flag_defaults("digits")  # steps, batch, generator width, student, ...
+TEACHER_EPOCHS = DEFAULTS.pop("teacher_epochs")
 if SMALL:
-  TEACHER = dict(model="lenet5", epochs=1, batch_size=64, learning_rate=3e-3)
-  DPDFD = dict(student_model="lenet5_half", steps=12, eval_every=6, batch_size=16,
-               latent_dim=16, generator_channels=16)
-  TARGET_EPSILONS = [10.0]
+  TEACHER = teacher_lib.TeacherConfig(dataset="digits", model="lenet5", epochs=1, batch_size=64,
+                                      learning_rate=3e-3)
+  DEFAULTS.update(student_model="lenet5_half", steps=12, eval_every=6, batch_size=16,
+                  latent_dim=16, generator_channels=16)
+  OTHER_TARGETS = []
 else:
-  TEACHER = dict(model="small_cnn", epochs=30)
-  DPDFD = dict(student_model="lenet5", steps=600, eval_every=100, batch_size=64,
-               generator_channels=64)
-  TARGET_EPSILONS = [1.0, 10.0, 100.0]
-DELTA = 1e-5
+  TEACHER = teacher_lib.TeacherConfig(dataset="digits", model=quickstart.TEACHER_MODEL,
+                                      epochs=TEACHER_EPOCHS)
+  OTHER_TARGETS = [1.0, 100.0]
 # A published seed makes the noise reproducible by anyone (research only). For a release use
 # SEED = None: the library then draws a secret seed from OS entropy.
 SEED = 0
-WORKDIR = os.path.join("notebook_runs", "dpdfd_small" if SMALL else "dpdfd")'''),
-      ("md", "## 1. The teacher (non-private: it is the model we convert)"),
-      ("code", '''
-from dpkd_jax import teacher as teacher_lib
-
-teacher_dir = os.path.join(WORKDIR, "teacher")
-if os.path.exists(os.path.join(teacher_dir, "card.json")):  # trained before: load it
-  card = teacher_lib.load_teacher(teacher_dir, dataset="digits").card
-else:
-  teacher_config = teacher_lib.TeacherConfig(dataset="digits", **TEACHER)
-  card = teacher_lib.train_teacher(teacher_config, teacher_dir, progress=False)
-print(f"teacher {card['model']}: test accuracy {card['test_accuracy']:.4f}, "
-      f"{card['param_count']:,} parameters")'''),
+WORKDIR = os.path.join("notebook_runs", "dpdfd_small" if SMALL else "dpdfd")
+config = dpdfd.DPDFDConfig(
+    dataset="digits", target_epsilon=quickstart.DEFAULT_TARGET_EPSILON, seed=SEED,
+    teacher_dirs=(quickstart.default_teacher_dir("digits", TEACHER.model, root=WORKDIR),),
+    **DEFAULTS)
+print(config)'''),
       ("md", """
-## 2. Convert it with DPDFD
+## 1. The main job: teacher, conversion, summary
 
-For each target ε, σ is calibrated so that the whole run (T steps of B rows) spends at most
-that ε under `dpdfd_event` (`SelfComposedDpEvent(GaussianDpEvent(σ/(2√B)), T)`). The RDP
-accountant calibrates in milliseconds and is slightly conservative; the run then reports the
-tighter PLD ε of the σ it executed. (`DPDFDConfig(target_epsilon=...)` calibrates with PLD
-itself, which takes a few seconds more.) A privacy ledger records every release before it
-happens.
+`quickstart.convert` reuses the teacher in `teacher_dirs[0]` when its card matches (else trains
+it: the teacher is **not** private, it is the model we convert), calibrates σ so that the whole
+run spends at most the target ε under `dpdfd_event` (PLD accountant), charges a privacy ledger
+before every release, and writes the student checkpoint, results.json, record.json and
+report.md. The summary marks the teacher's accuracy as a private diagnostic, and says why when
+the student is at chance.
 """),
       ("code", '''
-from dpkd_jax import privacy
-from dpkd_jax.methods import dpdfd
-
-run_dirs = []
-for target in TARGET_EPSILONS:
-  sigma = privacy.calibrate_dpdfd_noise_multiplier(
-      target_epsilon=target, delta=DELTA, batch_size=DPDFD["batch_size"], steps=DPDFD["steps"],
-      accountant="rdp")
-  config = dpdfd.DPDFDConfig(dataset="digits", teacher_dirs=(teacher_dir,), noise_multiplier=sigma,
-                             delta=DELTA, seed=SEED, **DPDFD)
-  run_dir = os.path.join(WORKDIR, f"eps{target:g}")
-  results = dpdfd.train_dpdfd(config, run_dir, progress=False)
-  run_dirs.append(run_dir)
-  print(f"target eps {target:g}: sigma {results['noise_multiplier']:.2f}, "
-        f"sound eps {results['epsilon']:.3f} (delta {DELTA:g}), paper-formula eps "
-        f"{results['paper_epsilon']:.3g} (NOT a guarantee), student accuracy "
-        f"{results['test_accuracy']:.4f} after {results['steps']} steps")'''),
+RUN_DIR = os.path.join(WORKDIR, "eps10")
+results = quickstart.convert(config, RUN_DIR, teacher_config=TEACHER, progress=False)
+print("\\n".join(quickstart.summary_lines(results, RUN_DIR)))'''),
       ("md", """
-## 3. Privacy–utility curve
+## 2. The run report
 
-`dpkd_jax.plotting` reads each run's `results.json` (one point per run: final accuracy at the
-sound ε) and, with `trajectories=True`, the (ε spent, accuracy) of every evaluation from
-`metrics.csv`. The same plot from the shell: `python -m experiments.plot --runs <dirs> --out
-curve.png --trajectories`.
+Every run of every method ends with `<workdir>/report.md` (`dpkd_jax.train.report`): the
+learning curves, the sound ε spent over the steps, the sample grid, and the run on the
+privacy–utility plot beside the committed records of its dataset (docs/results/). Private
+diagnostics appear only in its last section, marked. From the shell:
+`python -m experiments.results report --run=<workdir>`.
 """),
       ("code", '''
-from IPython.display import Image, display
+import re
+
+from IPython.display import Image, Markdown, display
+
+
+def show_report(run_dir):
+  """Displays report.md: its text as Markdown, its images inline."""
+  text = []
+  for line in open(os.path.join(run_dir, "report.md"), encoding="utf-8").read().splitlines():
+    image = re.fullmatch(r"!\\[[^]]*\\]\\(([^)]+)\\)", line.strip())
+    if image:
+      display(Markdown("\\n".join(text)))
+      display(Image(os.path.join(run_dir, image.group(1))))
+      text = []
+    else:
+      text.append(line)
+  display(Markdown("\\n".join(text)))
+
+
+show_report(RUN_DIR)'''),
+      ("md", """
+## 3. Other privacy targets
+
+The same conversion at other sound targets (skipped with `SMALL`), on one privacy–utility
+plot: `dpkd_jax.plotting` reads each run's results.json and, with `trajectories=True`, the
+(ε spent, accuracy) of every evaluation from metrics.csv. From the shell:
+`python -m experiments.plot --runs <dirs> --out curve.png --trajectories`.
+"""),
+      ("code", '''
+import dataclasses
 
 from dpkd_jax import plotting
 
-runs = plotting.load_runs(run_dirs)
+run_dirs = [RUN_DIR]
+for target in OTHER_TARGETS:
+  run_dir = os.path.join(WORKDIR, f"eps{target:g}")
+  other = quickstart.convert(dataclasses.replace(config, target_epsilon=target), run_dir,
+                             progress=False)
+  print(f"target eps {target:g}: sound eps {other['epsilon']:.4g}, student accuracy "
+        f"{other['test_accuracy']:.4f}")
+  run_dirs.append(run_dir)
 curve_path = plotting.plot_privacy_utility(
-    runs, os.path.join(WORKDIR, "privacy_utility.png"), trajectories=True, paper_epsilon=True,
+    plotting.load_runs(run_dirs), os.path.join(WORKDIR, "privacy_utility.png"),
+    trajectories=True, paper_epsilon=True,
     title="DPDFD on digits" + (" (SMALL config)" if SMALL else ""))
-for run in runs:
-  print(run.label, [(round(e, 3), a) for e, a in run.trajectory])
 display(Image(curve_path))'''),
       ("md", """
 ## 4. Synthetic samples
@@ -109,5 +131,5 @@ noisy releases, so they carry the run's ε. A labelled synthetic dataset of any 
 the same way: `python -m experiments.dpdfd sample --workdir=<run_dir> --num=10000`.
 """),
       ("code", '''
-display(Image(os.path.join(run_dirs[-1], "samples.png")))'''),
+display(Image(os.path.join(RUN_DIR, "samples.png")))'''),
   ]

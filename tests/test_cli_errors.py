@@ -178,8 +178,10 @@ CASES = [
     # flags and config values
     ("teacher_unknown_flag", teacher_cli.main, ["--epochz=3"],
      ["unrecognized arguments: --epochz=3", "--help"]),
-    ("dpdfd_no_teacher_flag", dpdfd_cli.main, ["--dataset=digits", "--noise_multiplier=1"],
-     ["--teacher_dirs", "--train_teacher"]),
+    ("dpdfd_default_teacher_no_data", dpdfd_cli.main, NO_DATA + ["--noise_multiplier=1"],
+     ["no mnist.npz in 'nodata' (--data_dir)"]),
+    ("dpdfd_default_teacher_bad_model", dpdfd_cli.main, ["--dataset=digits", "--teacher_model=x"],
+     ["unknown model 'x'"]),
     ("rknn_unknown_representation", rknn_cli.main, ["--representation=nope"],
      ["--representation", "unknown representation 'nope'"]),
     ("dpdfd_bad_delta", dpdfd_cli.main, DPDFD + ["--teacher_dirs={good}", "--delta=2"],

@@ -13,7 +13,7 @@ from experiments import teacher as teacher_cli
     (teacher_cli.main, ["--dataset=imagenet"], "unknown dataset 'imagenet'"),
     (teacher_cli.main, ["--model=gpt"], "unknown model 'gpt'"),
     (teacher_cli.main, ["--num_shards=2", "--shard=5"], "shard must be in"),
-    (dpdfd_cli.main, ["--dataset=digits", "--noise_multiplier=1"], "--teacher_dirs"),
+    (dpdfd_cli.main, ["--dataset=mnist"], "give noise_multiplier, target_epsilon"),
     (dpdfd_cli.main, ["--dataset=digits", "--teacher_dirs=x", "--noise_multiplier=0",
                       "--target_epsilon=1"], "needs noise"),
     (dpdfd_cli.main, ["--dataset=digits", "--teacher_dirs=x", "--noise_multiplier=1",

@@ -1,6 +1,7 @@
 """The printed end-of-run summary: headline, loud privacy warnings, where private values are."""
 
 import math
+import os
 
 from dpkd_jax.train import outputs
 from dpkd_jax.train import summary
@@ -58,3 +59,31 @@ def test_dpsgd_summary_names_the_relation_with_add_remove_beside():
              "planned_steps": 500}
   line = summary.summary_lines(results, workdir="w")[0]
   assert "ε=1 (replace-one; add/remove ε=0.787)" in line
+
+
+def test_conversion_lines_paper_accounting_files_and_chance(tmp_path):
+  from dpkd_jax.train import records  # pylint: disable=g-import-not-at-top
+  workdir = str(tmp_path)
+  records.write_record(os.path.join(workdir, "record.json"), records.make_record(
+      method="dpdfd", dataset="mnist", test_accuracy=0.11, sound_epsilon=516.1, delta=1e-5,
+      neighbouring="replace-one", accounting="paper", paper_epsilon=10.0, cpu_seconds=1,
+      wall_seconds=1, command="c", commit="x"))
+  (tmp_path / "report.md").write_text("r")
+  results = _dpdfd_results(test_accuracy=0.11, epsilon=516.1, paper_epsilon=10.0,
+                           accounting_used_for_budget="paper")
+  lines = summary.conversion_lines(results, workdir=workdir, num_classes=10,
+                                   chance_reason="why at chance: test")
+  assert lines[:4] == [
+      "student test accuracy: 0.1100 (mnist test split)",
+      "teacher test accuracy: 0.9900 [PRIVATE diagnostic: non-private teacher, not covered by "
+      "epsilon, do not publish]",
+      "privacy: sound epsilon 516.1 at delta 1e-05, replace-one neighbouring (dp_accounting)",
+      "paper-formula epsilon 10: chose the noise, NOT a valid guarantee"]
+  assert f"run report: {workdir}/report.md" in lines
+  assert not any(line.startswith(("student checkpoint", "model card")) for line in lines)
+  assert lines[-2:] == [f"private diagnostics (not covered by epsilon) in {workdir}/results.json"
+                        ' ["private_diagnostics"]', "why at chance: test"]
+  sound = summary.conversion_lines({**results, "test_accuracy": 0.5,
+                                    "accounting_used_for_budget": "sound"},
+                                   workdir=workdir, num_classes=10, chance_reason="x")
+  assert "x" not in sound and not any("paper-formula" in line for line in sound)

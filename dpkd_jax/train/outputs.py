@@ -13,8 +13,8 @@ every output file so that publishing a run's outputs never publishes them by acc
 * record.json: the results record (`records.make_record`), released figures only.
 
 `finish_run` writes results.json and record.json at the end of every `train_*`, with the
-privacy warnings (ε = inf, sound ε above the target) in both, and the model card built from them
-(`release.model_card`: model_card.md + model_card.json).
+privacy warnings (ε = inf, sound ε above the target) in both, the model card built from them
+(`release.model_card`: model_card.md + model_card.json), then report.md (`report`).
 """
 
 from __future__ import annotations
@@ -32,6 +32,7 @@ from dpkd_jax.release import model_card
 from dpkd_jax.train import distributed
 from dpkd_jax.train import metrics as metrics_lib
 from dpkd_jax.train import records
+from dpkd_jax.train import report
 
 PRIVATE_KEY = "private_diagnostics"
 PRIVATE_NOTE = ("noiseless functions of private data or of the non-private teacher: NOT "
@@ -178,4 +179,5 @@ def finish_run(workdir: str, results: dict[str, Any], *, clock: RunClock, datase
     _write_json(os.path.join(workdir, "results.json"), results)
     records.write_record(os.path.join(workdir, "record.json"), record)
     model_card.write_model_card(workdir)  # model_card.md + .json, from the two files above
+    report.write_report(workdir)  # report.md: curves, ε spent, samples, privacy-utility
   return results

@@ -12,7 +12,9 @@ import math
 import os
 from typing import Any, Callable, Mapping
 
+from dpkd_jax.train import checkpoint
 from dpkd_jax.train import outputs
+from dpkd_jax.train import records
 
 Results = Mapping[str, Any]
 
@@ -123,4 +125,63 @@ def summary_lines(results: Results, *, workdir: str | None = None) -> list[str]:
     lines.append(private)
   if workdir:
     lines.append(f"-> {workdir} (results.json, record.json)")
+  return lines
+
+
+CHANCE_MARGIN = 0.05  # accuracy within this of 1/num_classes counts as chance
+
+
+def at_chance(accuracy: float, num_classes: int, margin: float = CHANCE_MARGIN) -> bool:
+  """True if `accuracy` is no better than 1/num_classes + margin (or is not a number)."""
+  return not accuracy > 1.0 / num_classes + margin
+
+
+def _relation(workdir: str) -> str:
+  path = os.path.join(workdir, "record.json")
+  if not os.path.isfile(path):
+    return "relation unknown (no record.json)"
+  return f"{records.read_record(path)['neighbouring']} neighbouring"
+
+
+def file_lines(workdir: str) -> list[str]:
+  """Where the student checkpoint, the run report and the model card of `workdir` are."""
+  lines = []
+  step = checkpoint.latest_step(os.path.join(workdir, "checkpoints"))
+  if step is not None:
+    lines.append(f"student checkpoint: {os.path.join(workdir, 'checkpoints', str(step))}")
+  for name, what in (("report.md", "run report"), ("model_card.md", "model card")):
+    if os.path.isfile(os.path.join(workdir, name)):
+      lines.append(f"{what}: {os.path.join(workdir, name)}")
+  return lines
+
+
+def conversion_lines(results: Results, *, workdir: str, num_classes: int,
+                     chance_reason: str) -> list[str]:
+  """The closing summary of a conversion (module docstring).
+
+  Args:
+    results: the run's results.json.
+    workdir: the run's directory (record.json for the relation, the files).
+    num_classes: of the dataset, for the chance check.
+    chance_reason: the line printed when the student is at chance (why, what to try).
+  """
+  accuracy = results["test_accuracy"]
+  lines = [f"student test accuracy: {accuracy:.4f} ({_dataset(results)} test split)"]
+  teachers = results.get(outputs.PRIVATE_KEY, {}).get("teacher_test_accuracy")
+  if teachers:
+    shown = ", ".join(f"{a:.4f}" for a in teachers)
+    lines.append(f"teacher test accuracy: {shown} [PRIVATE diagnostic: non-private teacher, "
+                 "not covered by epsilon, do not publish]")
+  lines.append(f"privacy: sound epsilon {_eps(results['epsilon'])} at delta "
+               f"{results['delta']:g}, {_relation(workdir)} (dp_accounting)")
+  paper = results.get("paper_epsilon")
+  if results.get("accounting_used_for_budget") == "paper" and paper is not None:
+    lines.append(f"paper-formula epsilon {_eps(paper)}: chose the noise, NOT a valid guarantee")
+  lines += [f"WARNING: {w}" for w in results.get("warnings", [])]
+  lines += file_lines(workdir)
+  private = private_diagnostics_line(results, workdir)
+  if private:
+    lines.append(private)
+  if at_chance(accuracy, num_classes):
+    lines.append(chance_reason)
   return lines

@@ -15,6 +15,8 @@ Rooms:
   run.py      `train_dpdfd`: workdir -> teachers -> plan -> state -> train -> record.
   release.py  `load_run`, `sample`: the synthetic dataset of a finished run.
   direct.py   `train_direct`, `build_direct_step`: the direct mode.
+  quickstart.py  `convert` (teacher trained or reused, then `train_dpdfd`), `summary_lines`:
+              the README's Quickstart command and notebook; the digits flag defaults.
 
 Data flow: flags (`experiments/dpdfd.py`) -> `DPDFDConfig` -> `make_plan(config, m)` ->
 `build_train_step(plan, ...)` takes σ, C, e and B from the plan -> `mechanisms` adds the

@@ -127,7 +127,7 @@ def _results(config: config_lib.DPDFDConfig, plan: privacy.DPDFDPlan, *, accurac
       "student_params": models.count_params(student_params),
       "config": config.to_json(),
       # The teachers' test accuracy is a noiseless function of their private training data
-      # (and `--train_teacher` puts the teacher itself in <workdir>/teacher).
+      # (a teacher kept in <workdir>/teacher is listed as a private file too).
       outputs.PRIVATE_KEY: outputs.private_section(
           {"teacher_test_accuracy": [c["test_accuracy"] for c in cards]}, workdir=workdir,
           files=("teacher",)),
