@@ -165,4 +165,5 @@ def test_readme_quickstart_is_the_main_job_and_the_test_command():
   section = text.split("## Quickstart", 1)[1].split("\n## ", 1)[0]
   commands = re.findall(r"```bash\n(.*?)\n```", section, re.S)
   assert commands == ["pip install -e . && python -m experiments.dpdfd --dataset=digits",
-                      'pip install -e ".[test]" && python -m pytest -q']
+                      'pip install -e ".[test,import,export]" && pip install --no-deps '
+                      'jax2onnx==0.17.1 && python -m pytest -q']
