@@ -85,7 +85,9 @@ def noisy_step_8_devices():
 
   `make_train_step` is cached, so the training loop gets this very function: the unit
   tests' calls and all steps of the runs (one resumed from a checkpoint) must share one
-  trace. A step cached earlier in the process without the guard is rebuilt under it.
+  trace. A step cached earlier in the process without the guard is rebuilt under it, and the
+  guarded step leaves the cache with the module: other tests' runs (e.g. the export tests'
+  DP-SGD run) must get an unguarded step of their own.
   """
   config = make_config()
   step = make_step(config)
@@ -98,4 +100,6 @@ def noisy_step_8_devices():
       chex.clear_trace_counter()
       step = make_step(config)
     _GUARDED_STEPS.append(step)
-  return config, step
+  yield config, step
+  dpsgd.make_train_step.cache_clear()
+  _GUARDED_STEPS.clear()
