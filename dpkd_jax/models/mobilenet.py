@@ -44,6 +44,21 @@ class InvertedResidual(nnx.Module):
 MOBILENET_SMALL_BLOCKS = ((1, 16, 1, 1), (6, 24, 2, 2), (6, 32, 2, 2), (6, 64, 2, 2))
 
 
+def inverted_residual_blocks(block: type[nnx.Module],
+                             settings: Sequence[tuple[int, int, int, int]], in_channels: int, *,
+                             norm: str, rngs: nnx.Rngs) -> tuple[nnx.List, int]:
+  """MobileNetV2's body: for each (expansion t, channels c, repeats n, first stride s) group, n
+  `block`s (the first at stride s); returns (the blocks, the last block's channels). The blocks
+  are created in order, so parameter initialisation follows the table."""
+  blocks = []
+  for expansion, out_channels, repeats, stride in settings:
+    for repeat in range(repeats):
+      blocks.append(block(in_channels, out_channels, stride=stride if repeat == 0 else 1,
+                          expansion=expansion, norm=norm, rngs=rngs))
+      in_channels = out_channels
+  return nnx.List(blocks), in_channels
+
+
 class MobileNet(nnx.Module):
   """MobileNetV2-style network (Sandler et al., 2018), scaled down for 28×28 and 32×32 images.
 
@@ -70,15 +85,8 @@ class MobileNet(nnx.Module):
       raise ValueError(f"block_settings must be non-empty (t, c, n, s) tuples of positive ints, "
                        f"got {block_settings!r}")
     self.stem = ConvNorm(channels, stem_channels, 3, norm=norm, rngs=rngs)
-    blocks = []
-    in_channels = stem_channels
-    for expansion, out_channels, repeats, stride in block_settings:
-      for repeat in range(repeats):
-        blocks.append(InvertedResidual(in_channels, out_channels,
-                                       stride=stride if repeat == 0 else 1,
-                                       expansion=expansion, norm=norm, rngs=rngs))
-        in_channels = out_channels
-    self.blocks = nnx.List(blocks)
+    self.blocks, in_channels = inverted_residual_blocks(InvertedResidual, block_settings,
+                                                        stem_channels, norm=norm, rngs=rngs)
     # Index of the last block of group len(block_settings) // 2.
     self.hint_block = sum(s[2] for s in block_settings[:len(block_settings) // 2 + 1]) - 1
     self.head_conv = ConvNorm(in_channels, head_channels, 1, norm=norm, rngs=rngs)

@@ -29,6 +29,7 @@ import numpy as np
 from flax import nnx
 
 from dpkd_jax.models import core
+from dpkd_jax.models import mobilenet
 from dpkd_jax.models.classifiers import ConvNorm, validate_classifier_args, validate_norm
 
 
@@ -277,14 +278,8 @@ class TVMobileNetV2(nnx.Module):
       sides = [_out(s, 3, stride, 1) for s in sides]
     _check_sides(type(self).__name__, input_shape, sides)
     self.stem = ConvNorm(channels, 32, 3, norm=norm, rngs=rngs, strides=2, padding=_pad(3))
-    blocks, in_channels = [], 32
-    for expansion, out_channels, repeats, stride in MOBILENET_V2_SETTINGS:
-      for repeat in range(repeats):
-        blocks.append(TVInvertedResidual(in_channels, out_channels,
-                                         stride=stride if repeat == 0 else 1,
-                                         expansion=expansion, norm=norm, rngs=rngs))
-        in_channels = out_channels
-    self.blocks = nnx.List(blocks)
+    self.blocks, in_channels = mobilenet.inverted_residual_blocks(
+        TVInvertedResidual, MOBILENET_V2_SETTINGS, 32, norm=norm, rngs=rngs)
     self.hint_block = sum(s[2] for s in MOBILENET_V2_SETTINGS[:3]) - 1  # last 32-channel block
     self.head_conv = ConvNorm(in_channels, 1280, 1, norm=norm, rngs=rngs, padding="VALID")
     self.head = nnx.Linear(1280, num_classes, rngs=rngs)
