@@ -82,6 +82,15 @@ def test_numbers_keep_their_digits_and_runs_floats_are_rounded():
   assert _rows(text) == ["| 0.4670 | 1,462 | −6.23 | 0.9529 | 9.999 |"]
 
 
+def test_a_runs_full_precision_floats_read_back_from_file_are_rounded():
+  # record.json of a run holds 0.10140845070422536; read back as Decimal it must not print
+  # 17 digits (the renderer reads files with parse_float=Decimal).
+  recs = {"r": _record(tables={"t": 1}, columns={"a": D("0.10140845070422536"),
+                                                  "b": D("9.99938280228868"), "c": D("195.9")})}
+  text, _ = rt.render_markdown(_doc("| {a} | {b} | {c} |"), recs)
+  assert _rows(text) == ["| 0.1014 | 9.999 | 195.9 |"]
+
+
 def test_flags_bold_lists_labels_and_missing():
   recs = {"r": _record(tables={"t": 1}, columns={"acc": [D("0.1"), D("0.2")], "none": None},
                        text={"label": "`x` (y)", "t/command": "same as above"},

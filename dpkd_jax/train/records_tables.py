@@ -24,7 +24,8 @@ cells, `` ` `` code span, `D` dataset display name, `?` empty (not "—") when m
 `_` a leading space when not empty.
 
 Numbers are read with `decimal.Decimal`, so a figure is written with exactly the digits of its
-record (0.4670 stays 0.4670); floats of a run's own record are rounded to 4 significant digits.
+record (0.4670 stays 0.4670); floats of a run's own record (more than 6 significant digits, as
+a run writes them) are rounded to 4 significant digits.
 """
 
 from __future__ import annotations
@@ -80,10 +81,16 @@ def _lookup(record: Record, table: str, key: str) -> tuple[Any, bool]:
   raise _Missing(key)
 
 
+# More significant digits than any figure typed into a record: a float a run wrote itself.
+_TYPED_DIGITS = 6
+
+
 def _number(value: Any, grouping: bool) -> str:
   """Exactly the record's digits for Decimal / int; 4 significant digits for a run's float."""
   if value == "inf" or (isinstance(value, float) and math.isinf(value)):
     return "∞"
+  if isinstance(value, decimal.Decimal) and len(value.as_tuple().digits) > _TYPED_DIGITS:
+    value = float(value)  # a run's full-precision float, read from its record file
   if isinstance(value, float):
     value = decimal.Decimal(f"{value:.0f}" if abs(value) >= 1000 else f"{value:.4g}")
   text = str(value) if isinstance(value, int) else format(value, "f")
