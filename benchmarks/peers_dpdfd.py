@@ -17,16 +17,14 @@ XLA; the values are equal). The student forward of the generator update leaves t
 running statistics alone, as ours discards them.
 
 `check_against_ours` runs one step of both from equal weights, z and noise (SGD in both; ours
-keeps its exact gradient in the optimizer state). `main` prints it, then times ours (perf_table's
-own jitted step) against the twin; speed is only measured on an idle machine (protocol).
+keeps its exact gradient in the optimizer state); `main` prints it in float64 and float32. The
+speed of the two is timed by `perf_table.py` (its DPDFD rows), on an idle machine only.
 """
 
 from __future__ import annotations
 
 import argparse
 import math
-import pathlib
-import sys
 from collections.abc import Callable
 
 import jax
@@ -384,29 +382,14 @@ def check_against_ours(batch_size: int = 8, generator_channels: int = 8,
 
 
 def main() -> None:
-  sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
-  import perf_table  # pylint: disable=g-import-not-at-top  (sibling script: ours as it is timed)
-  import protocol  # pylint: disable=g-import-not-at-top
   parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
   parser.add_argument("--batch_size", type=int, default=64)
   parser.add_argument("--generator_channels", type=int, default=64)
-  parser.add_argument("--repeats", type=int, default=5)
-  parser.add_argument("--check_only", action="store_true")
   args = parser.parse_args()
   shape = (28, 28, 1)
   for bits in (64, 32):  # worst relative L2 differences, twin vs ours, after one SGD step
     worst = check_against_ours(args.batch_size, args.generator_channels, shape, float64=bits == 64)
     print(f"twin vs ours, float{bits}: " + ", ".join(f"{k} {v:.1e}" for k, v in worst.items()))
-  if args.check_only:
-    return
-  protocol.guard_script()  # speed is only measured on an idle machine
-  ours = perf_table.dpdfd_steps(args.batch_size, args.generator_channels, shape)["private"]
-  twin = build_torch_dpdfd_step(args.batch_size, args.generator_channels, shape)
-  times, _ = protocol.time_until_tight({"ours": ours.call, "torch": lambda i: twin()},
-                                       [("ours", "torch")], min_rounds=args.repeats)
-  ratio, low, high = protocol.ratio_interval(times["ours"], times["torch"])
-  print(f"DPDFD step B={args.batch_size}, DAFL w{args.generator_channels}: PyTorch eager / ours "
-        f"{ratio:.2f}× [{low:.2f}, {high:.2f}] ({torch_info()}, jax {jax.__version__})")
 
 
 if __name__ == "__main__":
