@@ -12,9 +12,10 @@ jax.config.update("jax_num_cpu_devices", 8)
 
 import pytest  # noqa: E402
 
-# Fixtures shared by several test files: the DP-SGD ones (parts, batch, noisy_step_8_devices)
-# and the PyTorch ones (tv_models); their helper functions are imported by name.
-pytest_plugins = ("dpsgd_fixtures", "torch_fixtures")
+# Fixtures shared by several test files: the DP-SGD ones (parts, batch, noisy_step_8_devices),
+# the PyTorch ones (tv_models) and the digits teacher of the DPDFD/SRR tests (teacher_dir);
+# their helper functions are imported by name.
+pytest_plugins = ("dpsgd_fixtures", "teacher_fixtures", "torch_fixtures")
 
 
 @pytest.fixture

@@ -15,15 +15,6 @@ from dpkd_jax.privacy import mechanisms
 from dpkd_jax.train import sharding
 
 
-@pytest.fixture(scope="module")
-def teacher_dir(tmp_path_factory):
-  workdir = str(tmp_path_factory.mktemp("teacher"))
-  cfg = teacher_lib.TeacherConfig(dataset="digits", model="lenet5", epochs=1, batch_size=64,
-                                  learning_rate=3e-3)
-  teacher_lib.train_teacher(cfg, workdir, progress=False)
-  return workdir
-
-
 def _config(teacher_dir, **kw):
   base = dict(dataset="digits", teacher_dirs=(teacher_dir,), student_model="lenet5_half",
               noise_multiplier=10.0, steps=4, batch_size=16, eval_every=2, latent_dim=8)

@@ -12,7 +12,6 @@ import numpy as np
 import pytest
 
 from dpkd_jax import errors
-from dpkd_jax import teacher as teacher_lib
 from dpkd_jax.methods import srr
 from dpkd_jax.privacy import accounting
 from dpkd_jax.privacy import ledger as ledger_lib
@@ -129,15 +128,6 @@ def test_the_step_draws_with_the_plans_epsilon():
     released[eps] = np.asarray(step(fresh, jax.random.key(1), 0).noisy_labels)
   assert (released[50.0] == 3).all()  # ε = 50: the true label, kept
   assert (released[1e-3] == 3).mean() < 0.5  # ε ~ 0: uniform over the 10 candidates
-
-
-@pytest.fixture(scope="module")
-def teacher_dir(tmp_path_factory):
-  workdir = str(tmp_path_factory.mktemp("teacher"))
-  cfg = teacher_lib.TeacherConfig(dataset="digits", model="lenet5", epochs=1, batch_size=64,
-                                  learning_rate=3e-3)
-  teacher_lib.train_teacher(cfg, workdir, progress=False)
-  return workdir
 
 
 def test_the_ledger_charges_the_event_of_the_saved_plan(teacher_dir, tmp_path):

@@ -9,7 +9,6 @@ import chex
 import jax
 import pytest
 
-from dpkd_jax import teacher as teacher_lib
 from dpkd_jax.methods import srr
 from dpkd_jax.methods.srr import pretraining
 from dpkd_jax.methods.srr import stage as stage_lib
@@ -30,15 +29,6 @@ class CountingTeacher:
     self.calls += 1
     self.rows.append(int(queries.shape[0]))
     return self.label_fn(queries)
-
-
-@pytest.fixture(scope="module")
-def teacher_dir(tmp_path_factory):
-  workdir = str(tmp_path_factory.mktemp("teacher"))
-  cfg = teacher_lib.TeacherConfig(dataset="digits", model="lenet5", epochs=1, batch_size=64,
-                                  learning_rate=3e-3)
-  teacher_lib.train_teacher(cfg, workdir, progress=False)
-  return workdir
 
 
 def _config(teacher_dir, **kw):
