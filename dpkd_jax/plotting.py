@@ -10,6 +10,8 @@ into `RunSummary` records and draws test accuracy against ε (log axis), one lin
   `metrics.csv` (ε is the ledger's at that step): a single run then gives a curve.
 * Paper-formula ε values are never plotted as guarantees; `paper_epsilon=True` draws them as
   hollow markers labelled "NOT a guarantee", as the results tables do.
+* `plot_frontier` draws one dataset's sound frontier (`dpkd_jax.train.frontier`, from the
+  committed records): a step line per setting, the published anchors as hollow markers.
 
 Only released figures are read: top-level results.json keys and metrics.csv. The
 `"private_diagnostics"` block and `private_diagnostics.csv` (noiseless functions of private data,
@@ -231,5 +233,92 @@ def plot_privacy_utility(runs: Sequence[RunSummary], out_path: str, *,
   # Outside the axes: sweeps have many entries, which would hide the points.
   ax.legend(fontsize="small", loc="upper left", bbox_to_anchor=(1.02, 1.0))
   fig.savefig(out_path, dpi=120, bbox_inches="tight")
+  plt.close(fig)
+  return out_path
+
+
+_ANCHOR_MARKERS = ("s", "^", "v", "p", "h", "*")
+_ACCURACY_TICKS = (0.01, 0.05, 0.1, 0.2, 0.3, 0.5, 0.7, 0.8, 0.9, 0.95, 0.98, 0.99, 0.995, 0.999)
+
+
+def _frontier_lines(ax, rows, grid, anchors, palette) -> None:
+  """One step line per setting (best at or below each grid ε), its anchors hollow."""
+  from dpkd_jax.train import frontier  # pylint: disable=g-import-not-at-top
+  anchor_index = 0
+  for index, setting in enumerate(frontier.SETTINGS):
+    color = palette[index % len(palette)]
+    cells = [(eps, p) for eps, p in zip(grid, rows.get(setting.key, ())) if p is not None]
+    if cells:
+      # Best-at-or-below is a step function of ε: it holds from a grid ε to the next.
+      ax.plot([e for e, _ in cells], [p.accuracy for _, p in cells], "-", color=color,
+              drawstyle="steps-post", label=setting.label)
+      for single, marker in ((True, "D"), (False, "o")):
+        chosen = [(e, p.accuracy) for e, p in cells if p.single_seed == single]
+        if chosen:
+          ax.plot(*zip(*chosen), marker, color=color, linestyle="none")
+    for anchor in (a for a in anchors if a.setting == setting.key):
+      marker = _ANCHOR_MARKERS[anchor_index % len(_ANCHOR_MARKERS)]
+      anchor_index += 1
+      ax.plot([anchor.epsilon], [anchor.accuracy], marker, mfc="none", mew=1.5, ms=9,
+              color=color, linestyle="none",
+              label=f"anchor: {anchor.label} (ε {anchor.epsilon:g})")
+
+
+def plot_frontier(rows, out_path: str, *, grid: Sequence[float], anchors=(),
+                  paper_points=(), title: str | None = None) -> str:
+  """Draws the sound frontier of one dataset (`dpkd_jax.train.frontier`) and writes a PNG.
+
+  Args:
+    rows: {setting key: best point (or None) at or below each ε of `grid`}
+      (`frontier.frontier(...)[dataset]`).
+    out_path: the PNG to write (its directory must exist).
+    grid: the ε of the frontier (x ticks).
+    anchors: `frontier.Anchor`s of the dataset: hollow markers, never on a line.
+    paper_points: paper-accounting runs at their paper's ε: grey crosses marked NOT a
+      guarantee, never on a line.
+    title: figure title.
+
+  Returns:
+    `out_path`.
+  """
+  import matplotlib  # pylint: disable=g-import-not-at-top
+  matplotlib.use("Agg")  # Headless: CI and notebooks on machines without a display.
+  import matplotlib.pyplot as plt  # pylint: disable=g-import-not-at-top
+  from matplotlib.lines import Line2D  # pylint: disable=g-import-not-at-top
+
+  fig, ax = plt.subplots(figsize=(7.2, 4.6))
+  palette = plt.rcParams["axes.prop_cycle"].by_key()["color"]
+  _frontier_lines(ax, rows, grid, anchors, palette)
+  if paper_points:
+    ax.plot([p.epsilon for p in paper_points], [p.accuracy for p in paper_points], "x",
+            color="0.5", linestyle="none",
+            label="paper-accounting run at its paper's ε (NOT a guarantee)")
+  handles, _ = ax.get_legend_handles_labels()
+  points = [p for row in rows.values() for p in row if p is not None]
+  handles += [Line2D([], [], marker=m, color="0.3", linestyle="none", label=text)
+              for m, text, present in (("D", "single seed", any(p.single_seed for p in points)),
+                                       ("o", "mean of several seeds",
+                                        any(not p.single_seed for p in points)))
+              if present]
+  ax.set_xscale("log")
+  ax.set_xticks(list(grid))
+  ax.set_xticklabels([f"{e:g}" for e in grid])
+  ax.set_xlim(min(grid) * 0.7, max(grid) * 1.4)
+  ax.set_xlabel("sound ε (dp_accounting; a run counts at every ε ≥ its own)")
+  # Logit scale: 0.95 and 0.99 are far apart (as are 0.1 and 0.3) instead of squeezed at the top.
+  ax.set_yscale("logit")
+  low, high = ax.get_ylim()
+  low, high = min(low, 0.05), max(high, 0.99)  # the same span for every dataset, and ticks
+  ax.set_ylim(low, high)
+  ticks = [t for t in _ACCURACY_TICKS if low <= t <= high]
+  ax.set_yticks(ticks)
+  ax.set_yticklabels([f"{t:g}" for t in ticks])
+  ax.set_ylabel("best student test accuracy (logit scale)")
+  ax.set_title(title or "sound privacy–utility frontier")
+  ax.minorticks_off()
+  ax.grid(True, alpha=0.3)
+  # Outside the axes: the anchors' entries would hide the points.
+  ax.legend(handles=handles, fontsize="small", loc="upper left", bbox_to_anchor=(1.02, 1.0))
+  fig.savefig(out_path, dpi=110, bbox_inches="tight")
   plt.close(fig)
   return out_path

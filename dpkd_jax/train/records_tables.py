@@ -49,6 +49,7 @@ _PLACEHOLDER = re.compile(r"\{(?P<key>[^{}:]+)(?::(?P<flags>[^{}]*))?\}")
 _DATASETS = {"mnist": "MNIST", "fashion_mnist": "Fashion-MNIST", "digits": "digits",
              "cifar10": "CIFAR-10"}
 _JOINS = {"/": " / ", ";": ", ", "p": " | "}
+DATASET_NAMES = _DATASETS  # display names, for other generated docs (train/frontier_doc)
 
 
 def load_records(directory: str) -> dict[str, Record]:
@@ -99,6 +100,12 @@ def _number(value: Any, grouping: bool) -> str:
     whole, dot, frac = text.partition(".")
     text = f"{int(whole):,}" + dot + frac
   return sign + text
+
+
+def format_number(value: Any) -> str:
+  """A record's number as the tables print it: its own digits (4 significant for a run's
+  full-precision float), ∞ for "inf"."""
+  return _number(value, False)
 
 
 def _scalar(value: Any, flags: str, bold: bool) -> str:
