@@ -39,6 +39,7 @@ def _direct(**kw):
     (dict(steps=0), "steps"),
     (dict(gamma=0.0), "gamma"),
     (dict(seed=-1), "seed"),
+    (dict(teacher_loss="kl"), "teacher_loss"),
 ])
 def test_bad_config_fails_at_construction(kwargs, match):
   with pytest.raises(ValueError, match=match):

@@ -4,15 +4,18 @@ import chex
 import jax
 import jax.numpy as jnp
 import numpy as np
+import optax
 import pytest
 
 from dpkd_jax import losses
+from dpkd_jax import models
 from dpkd_jax import teacher as teacher_lib
 from dpkd_jax.methods import dpdfd
 from dpkd_jax.methods.dpdfd import step as step_lib
 from dpkd_jax.models import core
 from dpkd_jax.privacy import mechanisms
 from dpkd_jax.train import sharding
+from dpkd_jax.train.state import TrainState
 
 
 def _config(teacher_dir, **kw):
@@ -55,6 +58,70 @@ def test_per_sample_output_grads_match_rowwise_autodiff(teacher_dir):
     full = jax.grad(lambda s_: losses.dkd(s_, t[j], jnp.argmax(t[j], -1), alpha=1.0, beta=8.0,
                                           temperature=4.0).sum())(s)
     np.testing.assert_allclose(g[j], full, rtol=1e-5, atol=1e-6)
+
+
+def test_logit_teacher_loss_rows_are_the_logit_gap(teacher_dir):
+  config = _config(teacher_dir, teacher_loss="logit")
+  s = jax.random.normal(jax.random.key(0), (5, 10))
+  t = jax.random.normal(jax.random.key(1), (2, 5, 10))
+  g = step_lib.per_sample_output_grads(config, s, t)
+  full = jax.vmap(lambda tj: jax.grad(lambda s_: 0.5 * jnp.sum(jnp.square(s_ - tj)))(s))(t)
+  np.testing.assert_allclose(g, full, rtol=1e-6, atol=1e-6)
+
+
+def _two_forward_step(config, plan, ensemble, state, key):
+  """Algorithm 1 written plainly (each update runs its own forward passes): the reference the
+  jitted step, which shares one forward per network through vjps, must equal."""
+  z_key, noise_key = jax.random.split(key)
+  z = jax.random.normal(z_key, (plan.batch_size, config.latent_dim))
+  gen, stu = state.generator, state.student
+  x, gen_stats = core.apply(gen.graphdef, gen.params, gen.batch_stats, z, train=True)
+  t = step_lib.teacher_logits(ensemble.graphdef, ensemble.params, ensemble.batch_stats, x)
+  s, _ = core.apply(stu.graphdef, stu.params, stu.batch_stats, x, train=True)
+  release = step_lib.private_output_gradients(
+      plan, noise_key, step_lib.per_sample_output_grads(config, s.logits, t))
+  target = s.logits - config.gamma * release.noisy
+
+  def s_loss(params):
+    out, stats = core.apply(stu.graphdef, params, stu.batch_stats, x, train=True)
+    return step_lib.student_loss(config, out.logits, target), stats
+
+  s_grads, s_stats = jax.grad(s_loss, has_aux=True)(stu.params)
+  stu = stu.apply_gradients(s_grads, s_stats)
+
+  def g_loss(params):
+    x_g, _ = core.apply(gen.graphdef, params, gen.batch_stats, z, train=True)
+    out, _ = core.apply(stu.graphdef, stu.params, stu.batch_stats, x_g, train=True)
+    terms = step_lib.generator_loss_terms(config, out)
+    return sum(terms.values()) + step_lib.student_loss(config, out.logits, target)
+
+  gen = gen.apply_gradients(jax.grad(g_loss)(gen.params), gen_stats)
+  return step_lib.DPDFDState(stu, gen)
+
+
+@pytest.mark.parametrize("teacher_loss", ["dkd", "logit"])
+def test_step_equals_the_two_forward_formulation(teacher_dir, teacher_loss):
+  config = _config(teacher_dir, teacher_loss=teacher_loss, student_model="datalens_cnn")
+  plan = dpdfd.make_plan(config)
+  ensemble, _ = dpdfd.load_teachers(config)
+  # Plain SGD: Adam's first step is lr·sign(grad), which turns the rounding noise of exactly-zero
+  # gradients (a conv bias before BatchNorm) into differences of size lr.
+  student, generator = models.create_student_and_generator(config, jax.random.key(0))
+  state = step_lib.DPDFDState(TrainState.create(student, optax.sgd(0.1)),
+                              TrainState.create(generator, optax.sgd(0.1)))
+  key = jax.random.key(5)
+  expected = jax.jit(lambda s: _two_forward_step(config, plan, ensemble, s, key))(state)
+  got, _ = jax.jit(dpdfd.build_train_step(plan, config, ensemble.graphdef))(
+      state, ensemble.params, ensemble.batch_stats, key)
+  # Compare the updates on the scale of the largest one: a conv bias before BatchNorm has an
+  # exactly-zero gradient whose rounding noise differs between the two groupings of the sums.
+  before, got, expected = (jax.tree.leaves(s.arrays()) for s in (state, got, expected))
+  delta_got = [g - b for g, b in zip(got, before)]
+  delta_expected = [e - b for e, b in zip(expected, before)]
+  scale = max(float(jnp.abs(d).max()) for d in delta_expected)
+  assert scale > 0
+  for d_got, d_expected in zip(delta_got, delta_expected):
+    np.testing.assert_allclose(d_got, d_expected, atol=1e-4 * scale)
 
 
 def test_student_loss_is_the_batch_mean_of_the_chosen_loss():

@@ -19,6 +19,9 @@ from dpkd_jax.privacy import mechanisms
 from dpkd_jax.privacy import plan as plan_lib
 
 STUDENT_LOSSES = ("ce", "mse")
+# L_T, whose per-sample output gradient is the released row: "dkd" (the paper's decoupled KD,
+# row = dDKD/ds) or "logit" (0.5||s - t||², row = s - t: the student-to-teacher logit gap).
+TEACHER_LOSSES = ("dkd", "logit")
 
 
 def check_output_gradient_fields(config: Any) -> None:
@@ -68,7 +71,12 @@ class DPDFDConfig:
       or "ce" (the paper's: cross-entropy against softmax(y_s)). Measured on MNIST
       (docs/RESULTS.md): ce stalls at chance because once the generator makes the student
       confident, softmax barely moves under a shift of norm γC and its gradient vanishes.
-    dkd_alpha, dkd_beta, temperature: decoupled-KD weights and temperature of L_T.
+    teacher_loss: L_T, whose per-sample gradient w.r.t. the student's output is the released
+      row: "dkd" (the paper's decoupled KD with the teacher's argmax as the label) or "logit"
+      (0.5||s - t||², row s - t: logit matching, as DFAD's L1 generator/student objective).
+      Both rows leave through the same A_{C,σ}, so the privacy argument and ε are unchanged;
+      which one learns faster is measured in docs/RESULTS.md ("DPDFD engine").
+    dkd_alpha, dkd_beta, temperature: decoupled-KD weights and temperature of L_T = "dkd".
     entropy_weight: α of L_G (information entropy of the batch-mean prediction); 5 by
       default: with the paper's α = β = 1 the generator collapsed to ~2 classes on digits.
     feature_weight: β of L_G (student penultimate-feature term), 0.1 by default.
@@ -99,6 +107,7 @@ class DPDFDConfig:
   batch_size: int = 256
   gamma: float = 1.0
   student_loss: str = "mse"
+  teacher_loss: str = "dkd"
   dkd_alpha: float = 1.0
   dkd_beta: float = 8.0
   temperature: float = 4.0
@@ -118,6 +127,7 @@ class DPDFDConfig:
       raise ValueError("teacher_dirs must name at least one teacher workdir")
     config_checks.one_of("student_model", self.student_model, models.CLASSIFIERS)
     config_checks.one_of("generator_model", self.generator_model, models.GENERATORS)
+    config_checks.one_of("teacher_loss", self.teacher_loss, TEACHER_LOSSES)
     config_checks.seed(self.seed)
     config_checks.integers(self, "eval_every", "generator_channels", "batch_size", "latent_dim")
     config_checks.positive(self, "student_lr", "generator_lr", "temperature")

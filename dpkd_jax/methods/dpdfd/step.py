@@ -4,7 +4,7 @@ Distillation"), Algorithm 1, as one pure jitted step.
     z ~ N(0, I)                       (B, latent)
     x = G(z)                          (B, H, W, C) synthetic batch
     t = teacher(x), s = student(x)    (B, K) logits; n teachers give (n, B, K)
-    g_i = dL_T(t_i, s_i)/ds_i         (B, K) per-sample output gradients, L_T = DKD
+    g_i = dL_T(t_i, s_i)/ds_i         (B, K) per-sample output gradients, L_T = DKD or logit
     g~ = A_{C,sigma}(g)               (B, K) normalized/clipped + Gaussian (the only release)
     y_s = stop_gradient(s - gamma g~) (B, K) noisy target
     student  <- grad L_S(student(x), y_s)                 x held constant
@@ -91,10 +91,14 @@ def per_sample_output_grads(config: config_lib.DPDFDConfig, student_logits: jax.
                             t_logits: jax.Array) -> jax.Array:
   """g[j, i] = dL_T(t_ji, s_i)/ds_i for every teacher j and sample i: (n, B, K).
 
-  L_T is decoupled KD with the teacher's argmax as the label. vmap over rows gives the
-  gradient of each sample's own loss w.r.t. its own output: no per-example parameter
+  L_T is `config.teacher_loss`: decoupled KD with the teacher's argmax as the label ("dkd"),
+  or 0.5||s - t||² ("logit", whose gradient is the logit gap s - t). vmap over rows gives
+  the gradient of each sample's own loss w.r.t. its own output: no per-example parameter
   gradients are needed.
   """
+  if config.teacher_loss == "logit":
+    return student_logits[None] - t_logits
+
   def row_loss(s, t):
     label = jnp.argmax(t)
     return losses.dkd(s[None], t[None], label[None], alpha=config.dkd_alpha,
@@ -155,34 +159,42 @@ def build_train_step(plan: privacy.DPDFDPlan, config: config_lib.DPDFDConfig,
     z = jax.random.normal(z_key, (plan.batch_size, config.latent_dim))
     gen, stu = state.generator, state.student
 
-    # 1-3. Synthetic batch, teacher and student outputs, per-sample output gradients.
-    x, gen_stats = core.apply(gen.graphdef, gen.params, gen.batch_stats, z, train=True)
-    x = jax.lax.stop_gradient(x)
-    t_logits = teacher_logits(teacher_graphdef, teacher_params, teacher_batch_stats, x)
-    s_out, _ = core.apply(stu.graphdef, stu.params, stu.batch_stats, x, train=True)
-    grads = per_sample_output_grads(config, s_out.logits, t_logits)
+    # 1-3. Synthetic batch, teacher and student outputs, per-sample output gradients. Each
+    # network runs forward once here; the vjps keep what the two updates need, so neither
+    # update repeats the forward pass that produced x or s (same values, fewer FLOPs).
+    def generate(params):
+      return core.apply(gen.graphdef, params, gen.batch_stats, z, train=True)
+
+    x, generator_vjp, gen_stats = jax.vjp(generate, gen.params, has_aux=True)
+    x_const = jax.lax.stop_gradient(x)
+    t_logits = teacher_logits(teacher_graphdef, teacher_params, teacher_batch_stats, x_const)
+
+    def student_logits(params):
+      out, new_stats = core.apply(stu.graphdef, params, stu.batch_stats, x_const, train=True)
+      return out.logits, new_stats
+
+    s_logits, student_vjp, s_stats = jax.vjp(student_logits, stu.params, has_aux=True)
+    grads = per_sample_output_grads(config, s_logits, t_logits)
 
     # 4. The only private release: bounded rows + Gaussian noise.
     release = private_output_gradients(plan, noise_key, grads)
-    target = jax.lax.stop_gradient(s_out.logits - config.gamma * release.noisy)
+    target = jax.lax.stop_gradient(s_logits - config.gamma * release.noisy)
 
-    # 5a. Student update on (x, y_s).
-    def s_loss_fn(params):
-      out, new_stats = core.apply(stu.graphdef, params, stu.batch_stats, x, train=True)
-      return student_loss(config, out.logits, target), (out, new_stats)
-
-    (s_loss, (s_out, s_stats)), s_grads = jax.value_and_grad(s_loss_fn, has_aux=True)(stu.params)
+    # 5a. Student update on (x, y_s): L_S's gradient w.r.t. the logits, pulled back.
+    s_loss, d_logits = jax.value_and_grad(lambda l: student_loss(config, l, target))(s_logits)
+    (s_grads,) = student_vjp(d_logits)
     stu = stu.apply_gradients(s_grads, s_stats)
 
     # 5b. Generator update through the (updated, frozen) student; y_s stays a constant.
-    def g_loss_fn(params):
-      x_g, new_stats = core.apply(gen.graphdef, params, gen.batch_stats, z, train=True)
-      out, _ = core.apply(stu.graphdef, stu.params, stu.batch_stats, x_g, train=True)
+    # d(L_S + L_G)/dx through the student, pulled back through the generator's forward.
+    def g_loss_fn(images):
+      out, _ = core.apply(stu.graphdef, stu.params, stu.batch_stats, images, train=True)
       terms = generator_loss_terms(config, out)
       terms["student"] = student_loss(config, out.logits, target)
-      return sum(terms.values()), (terms, new_stats)
+      return sum(terms.values()), terms
 
-    (g_loss, (terms, _)), g_grads = jax.value_and_grad(g_loss_fn, has_aux=True)(gen.params)
+    (g_loss, terms), d_images = jax.value_and_grad(g_loss_fn, has_aux=True)(x)
+    (g_grads,) = generator_vjp(d_images)
     # Generator BN statistics come from the forward pass that made x (one update per step).
     gen = gen.apply_gradients(g_grads, gen_stats)
 
