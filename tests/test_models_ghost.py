@@ -112,6 +112,96 @@ def test_equals_the_vmap_path_with_grouped_strided_convolutions():
   _check_against_vmap(core.split(model), (6, 6, 2), 3, mid_clip_checks=False)
 
 
+class _EveryKind(nnx.Module):
+  """Every layer kind the taps support: convolutions (dilated, strided, grouped, 1×1 strided as
+  ResNet's shortcuts, input-dilated, 1-D through a reshape), a dense layer on a sequence (T > 1), and the per-channel affine
+  layers LayerNorm, RMSNorm, InstanceNorm and BatchNorm on its running averages."""
+
+  def __init__(self, rngs):
+    self.conv = nnx.Conv(2, 4, (3, 2), kernel_dilation=(1, 2), padding=((1, 0), (2, 1)),
+                         rngs=rngs)
+    self.grouped = nnx.Conv(4, 4, (2, 2), strides=2, feature_group_count=2, use_bias=False,
+                            rngs=rngs)
+    self.shortcut = nnx.Conv(2, 4, (1, 1), strides=2, use_bias=False, rngs=rngs)  # ResNet's
+    # No bias: InstanceNorm would cancel it (a zero gradient is only rounding noise).
+    self.upsample = nnx.Conv(4, 3, (2, 2), input_dilation=2, padding=((1, 1), (1, 1)),
+                             use_bias=False, rngs=rngs)
+    self.layer_norm = nnx.LayerNorm(3, rngs=rngs)
+    self.instance_norm = nnx.InstanceNorm(3, rngs=rngs)
+    self.batch_norm = nnx.BatchNorm(3, use_running_average=True, rngs=rngs)
+    self.conv1d = nnx.Conv(3, 5, (3,), padding="CIRCULAR", rngs=rngs)
+    self.rms_norm = nnx.RMSNorm(5, rngs=rngs)
+    self.sequence = nnx.Linear(5, 6, rngs=rngs)
+    self.head = nnx.Linear(6, 3, rngs=rngs)
+
+  def __call__(self, x, *, train=False):
+    y = nnx.relu(self.grouped(nnx.tanh(self.conv(x)))) + self.shortcut(x)
+    y = self.upsample(y)
+    y = self.batch_norm(self.layer_norm(self.instance_norm(y)))
+    y = nnx.relu(self.conv1d(y.reshape(y.shape[0], -1, y.shape[-1])))  # (B, L, 3) → (B, L, 5)
+    features = jnp.mean(nnx.tanh(self.sequence(self.rms_norm(y))), axis=1)  # T = L positions
+    return core.ClassifierOutput(self.head(features), features, y)
+
+
+def test_equals_the_vmap_path_for_every_layer_kind():
+  model = _EveryKind(nnx.Rngs(0))
+  # Running averages other than (0, 1), so that BatchNorm's x̂ is not its input.
+  model.batch_norm.mean[...] = jnp.array([0.1, -0.2, 0.3])
+  model.batch_norm.var[...] = jnp.array([0.5, 2.0, 1.5])
+  parts = core.split(model)
+  assert {type(m).__name__ for _, m in nnx.graph.iter_graph(model)} >= {
+      "Conv", "Linear", "LayerNorm", "RMSNorm", "InstanceNorm", "BatchNorm"}
+  _check_against_vmap(parts, (6, 5, 2), 3, mid_clip_checks=False)
+
+
+def _sum_and_norms(parts, x, targets, mask, clip):
+  return jax.jit(lambda p, x, m: ghost.ghost_clip_and_sum(
+      parts.graphdef, p, parts.batch_stats, x, targets, m, loss_fn=_loss, l2_clip_norm=clip,
+      allow_gram=False))(parts.params, x, mask)
+
+
+def test_masked_rows_contribute_nothing_and_large_c_gives_the_batch_gradient():
+  parts = core.split(registry.create_classifier("lenet5", num_classes=4, input_shape=(28, 28, 1),
+                                                norm="group", seed=0))
+  x, targets, mask = _batch((28, 28, 1), 4)
+  x[3] = 0.5  # every example finite here
+  got, norms = _sum_and_norms(parts, x, targets, mask, 1e6)
+  # Whatever a padding row holds (here huge, then NaN), the sums do not change.
+  for fill in (1e6, np.nan):
+    other = x.copy()
+    other[4] = fill
+    again, _ = _sum_and_norms(parts, other, targets, mask, 1e6)
+    _assert_tree_close(again, got)
+
+  def masked_total(params):  # the plain (non-private) gradient of the real rows' summed loss
+    out, _ = core.apply(parts.graphdef, params, parts.batch_stats, x, train=True)
+    losses = jax.vmap(_loss)(out, targets)
+    return jnp.sum(jnp.where(mask, losses, 0.0))
+
+  assert float(np.nanmax(norms)) < 1e6  # C above every norm: nothing clipped
+  _assert_tree_close(got, jax.jit(jax.grad(masked_total))(parts.params))
+
+
+class _MixesExamples(nnx.Module):
+  def __init__(self, rngs):
+    self.fc = nnx.Linear(4, 3, rngs=rngs)
+
+  def __call__(self, x, *, train=False):
+    h = x.reshape(x.shape[0], -1)
+    y = self.fc(h - jnp.mean(h, axis=0))  # centred on the batch: example i sees example j
+    return core.ClassifierOutput(y, y, y)
+
+
+def test_refuses_a_model_that_mixes_examples_naming_the_op_and_line():
+  parts = core.split(_MixesExamples(nnx.Rngs(0)))
+  with pytest.raises(UserError, match=r"reduce_sum at .*test_models_ghost.py:\d+ "
+                                      r"\(_MixesExamples.__call__\) "
+                                      r"reduces along the batch axis.*clipping='vmap'"):
+    ghost.ghost_clip_and_sum(parts.graphdef, parts.params, parts.batch_stats,
+                             jnp.zeros((3, 2, 2, 1)), (jnp.zeros(3, jnp.int32), jnp.ones(3)),
+                             jnp.ones(3, bool), loss_fn=_loss, l2_clip_norm=1.0)
+
+
 def test_without_the_gram_form_the_sums_are_the_same():
   # small_cnn at 8×8: conv2 has T = 16 positions, so 2T² < 288·64 picks the Gram form.
   parts = core.split(registry.create_classifier("small_cnn", num_classes=4, input_shape=(8, 8, 1),
