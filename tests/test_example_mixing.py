@@ -87,3 +87,12 @@ def test_batch_statistics_of_batch_norm_are_refused():
 def test_in_axes_must_match_the_inputs():
   with pytest.raises(ValueError, match="2 input axes for 1"):
     _axes(lambda x: x, (_B, 4), in_axes=[0, 0])
+
+
+def test_input_uses_count_reads_inside_calls():
+  def fn(w, v, x):
+    inner = jax.jit(lambda w, x: x @ w + (x @ w).sum())(w, x)  # w read twice inside the jit
+    return lax.cond(True, lambda y: y * v, lambda y: y, inner) + 1.0  # v: once, in one branch
+
+  closed = jax.make_jaxpr(fn)(jnp.ones((4, 2)), jnp.ones(()), jnp.ones((_B, 4)))
+  assert example_mixing.input_uses(closed.jaxpr) == [2, 1, 2]

@@ -202,6 +202,26 @@ def test_refuses_a_model_that_mixes_examples_naming_the_op_and_line():
                              jnp.ones(3, bool), loss_fn=_loss, l2_clip_norm=1.0)
 
 
+class _RowsAreNotExamples(nnx.Module):
+  def __init__(self, rngs):
+    self.fc = nnx.Linear(4, 3, rngs=rngs)
+    self.offset = nnx.Linear(2, 3, rngs=rngs)
+
+  def __call__(self, x, *, train=False):
+    rows = self.offset(jnp.ones((x.shape[0], 2)))  # B rows, but none of them is an example
+    y = self.fc(x.reshape(x.shape[0], -1)) + jnp.sum(rows, axis=0)  # every loss sees every row
+    return core.ClassifierOutput(y, y, y)
+
+
+def test_refuses_a_tapped_layer_whose_rows_are_not_the_examples():
+  parts = core.split(_RowsAreNotExamples(nnx.Rngs(0)))
+  with pytest.raises(UserError, match="the input of offset must have the examples along axis 0 "
+                                      "but does not depend on them"):
+    ghost.ghost_clip_and_sum(parts.graphdef, parts.params, parts.batch_stats,
+                             jnp.zeros((3, 2, 2, 1)), (jnp.zeros(3, jnp.int32), jnp.ones(3)),
+                             jnp.ones(3, bool), loss_fn=_loss, l2_clip_norm=1.0)
+
+
 def test_without_the_gram_form_the_sums_are_the_same():
   # small_cnn at 8×8: conv2 has T = 16 positions, so 2T² < 288·64 picks the Gram form.
   parts = core.split(registry.create_classifier("small_cnn", num_classes=4, input_shape=(8, 8, 1),
@@ -259,6 +279,15 @@ class _SharedLayer(nnx.Module):
     return core.ClassifierOutput(self.fc(y) if self.call_twice else y, y, y)
 
 
+class _TiedWeights(nnx.Module):
+  def __init__(self, rngs):
+    self.fc = nnx.Linear(4, 4, rngs=rngs)
+
+  def __call__(self, x, *, train=False):
+    y = self.fc(x.reshape(x.shape[0], -1)) @ self.fc.kernel[...].T  # the kernel read twice
+    return core.ClassifierOutput(y, y, y)
+
+
 class _OwnParam(nnx.Module):
   def __init__(self, rngs):
     self.fc = nnx.Linear(4, 4, rngs=rngs)
@@ -275,6 +304,7 @@ class _OwnParam(nnx.Module):
     (lambda: _OwnParam(nnx.Rngs(0)), "temperature of _OwnParam"),
     (lambda: _SharedLayer(nnx.Rngs(0)), "fc, called twice"),
     (lambda: _SharedLayer(nnx.Rngs(0), call_twice=False), "never called.*unused"),
+    (lambda: _TiedWeights(nnx.Rngs(0)), "parameter fc/kernel: it is used 2 times"),
 ])
 def test_refuses_what_it_cannot_handle_naming_the_layer(model, message):
   parts = core.split(model())
@@ -287,13 +317,16 @@ def test_refuses_what_it_cannot_handle_naming_the_layer(model, message):
 
 
 def test_inside_shard_map_each_device_sums_its_own_rows():
-  # Per-device sums over 8 fake devices, psummed, equal the sum over the whole batch: the taps'
+  # Per-device sums over 8 fake devices (2 rows each: the batched pass and its mixing check run
+  # per device), psummed, equal the sum over the whole batch: the taps'
   # zero perturbations must vary over the mesh axis (invariant ones had their gradients, the
   # per-example output gradients, psummed over the devices).
   parts = core.split(registry.create_classifier("small_cnn", num_classes=4, input_shape=(8, 8, 1),
                                                 norm="group", seed=0))
   rng = np.random.default_rng(3)
   x = rng.standard_normal((16, 8, 8, 1)).astype(np.float32)
+  x[5] = np.nan  # a real non-finite example (device 2): weight 0, norm NaN
+  x[14] = np.inf  # a padding row (device 7) holding garbage: contributes nothing
   targets = (np.arange(16, dtype=np.int32) % 4, np.ones(16, np.float32))
   mask = np.arange(16) < 13
   mesh = sharding.data_mesh()
@@ -312,4 +345,8 @@ def test_inside_shard_map_each_device_sums_its_own_rows():
       parts.graphdef, p, parts.batch_stats, x, targets, mask, loss_fn=_loss,
       l2_clip_norm=0.5))(parts.params)
   np.testing.assert_allclose(got_norms, expected.norms, rtol=1e-5)
+  assert np.isnan(got_norms[5]) and np.isfinite(np.delete(np.asarray(got_norms), [5, 14])).all()
   _assert_tree_close(jax.device_get(got_sum), jax.device_get(expected.clipped_sum))
+  # And both equal the vmap path's clipped sum over the whole batch.
+  reference, _, _ = _vmap_path(parts)(parts.params, x, targets, mask, 0.5)
+  _assert_tree_close(jax.device_get(got_sum), reference)

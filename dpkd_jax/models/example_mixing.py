@@ -254,3 +254,29 @@ def batch_axes(jaxpr: jax_core.Jaxpr, in_axes: Sequence[Axis]) -> list[Axis]:
           raise _fail(eqn, "changes the batch size")
     env.update(zip(eqn.outvars, outs))
   return [read(v) for v in jaxpr.outvars]
+
+
+def input_uses(jaxpr: jax_core.Jaxpr) -> list[int]:
+  """How many equations read each input of `jaxpr`, counted inside called sub-jaxprs (jit,
+  custom_jvp/vjp primal functions, cond branches: the most any branch reads)."""
+  counts = {var: 0 for var in jaxpr.invars}
+  for eqn in jaxpr.eqns:
+    name = eqn.primitive.name
+    if name in _CALLS or name == "cond":
+      if name == "cond":
+        inner = [max(col) for col in zip(*(input_uses(b.jaxpr) for b in eqn.params["branches"]))]
+        operands = eqn.invars[1:]
+      else:
+        closed = eqn.params[_CALLS[name]]
+        inner, operands = input_uses(getattr(closed, "jaxpr", closed)), eqn.invars
+      for var, count in zip(operands, inner):
+        if not isinstance(var, jax_core.Literal) and var in counts:
+          counts[var] += count
+    else:
+      for var in eqn.invars:
+        if not isinstance(var, jax_core.Literal) and var in counts:
+          counts[var] += 1
+  for var in jaxpr.outvars:
+    if not isinstance(var, jax_core.Literal) and var in counts:
+      counts[var] += 1
+  return [counts[var] for var in jaxpr.invars]

@@ -23,9 +23,12 @@ That no op mixes the examples is proved, not assumed: the tapped forward is trac
 `example_mixing.batch_axes` follows the batch axis through its jaxpr (BatchNorm's batch
 statistics, a mean over the batch, a sort along it are refused with the op and source line).
 
-Refused, with `UserError` naming the layer: BatchNorm in training mode, a cross-example op, a
-parameter owned by any other layer type, a Linear/Conv with a mask or a custom dot/conv
-function, a layer called twice (shared weights) or never.
+Refused, with `UserError` naming the layer (or the op and its source line): BatchNorm in
+training mode, a cross-example op, a parameter owned by any other layer type or read outside its
+layer (weight tying), a Linear/Conv with a mask or a custom dot/conv function, a layer called
+twice (shared weights) or never, a tapped layer whose rows are not the examples. No zoo model
+with norm='group' or 'none' needs the per-example `vmap` path (`clipping='vmap'` remains the
+DP-SGD default and handles any model).
 """
 
 from __future__ import annotations
@@ -134,6 +137,7 @@ def _structure(graphdef, params, batch_stats, x, *, tapped, order, train):
       raise UserError(f"ghost clipping cannot handle layer {ghost_taps.name(path)}: its input "
                       f"{a.shape} or output {z.shape} does not have the {batch} examples as its "
                       f"first axis{_FALLBACK}")
+  _check_single_use(closed.jaxpr, args[0])
   if batch > 1:  # a batch of one cannot mix examples (and sizes could not find its axis)
     num_in = len(jax.tree.leaves(args[:2]))
     try:
@@ -142,13 +146,27 @@ def _structure(graphdef, params, batch_stats, x, *, tapped, order, train):
     except example_mixing.MixingError as err:
       raise UserError(f"ghost clipping cannot handle this model: {err}{_FALLBACK}") from None
     num_out = len(jax.tree.leaves(out))
-    for axis, what in zip(axes, ["a model output"] * num_out + [
-        f"the input of {ghost_taps.name(p)}" for p in order] + [
+    # A model output may be example-independent (None: no tap reaches it); a tapped layer's
+    # input and output must have the examples as rows, or a tap's row would not be one example.
+    for axis, allowed, what in zip(axes, [(0, None)] * num_out + [(0,)] * (2 * len(order)), [
+        "a model output"] * num_out + [f"the input of {ghost_taps.name(p)}" for p in order] + [
         f"the output of {ghost_taps.name(p)}" for p in order]):
-      if axis not in (0, None):
-        raise UserError(f"ghost clipping cannot handle this model: {what} has the examples "
-                        f"along axis {axis}, not 0{_FALLBACK}")
+      if axis not in allowed:
+        found = "does not depend on them" if axis is None else f"has them along axis {axis}"
+        raise UserError(f"ghost clipping cannot handle this model: {what} must have the "
+                        f"examples along axis 0 but {found}{_FALLBACK}")
   return outputs, dict(recorder.conv_specs)
+
+
+def _check_single_use(jaxpr, params: PyTree) -> None:
+  """Refuses a parameter read anywhere but in its own layer (weight tying, `x @ fc.kernel.T`):
+  its gradient would have a part that no tap sees. The layer's own op reads it once."""
+  leaves = jax.tree_util.tree_flatten_with_path(params)[0]
+  for (path, _), uses in zip(leaves, example_mixing.input_uses(jaxpr)):
+    if uses > 1:
+      where = "/".join(str(getattr(k, "key", getattr(k, "idx", k))) for k in path)
+      raise UserError(f"ghost clipping cannot handle parameter {where}: it is used {uses} times "
+                      f"in the forward pass (shared or read outside its layer){_FALLBACK}")
 
 
 def _batched_pass(graphdef, params, batch_stats, x, targets, *, tapped, order, tap_shapes,

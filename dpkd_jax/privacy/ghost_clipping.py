@@ -44,7 +44,9 @@ Sensitivity: exactly that of `dpsgd_mechanism.dpsgd_clip_and_sum`, whose value t
 (to float rounding): every example's contribution w_i ∇θ loss_i has L2 norm <= C, padding rows
 (mask 0) and non-finite examples contribute 0; so C under add/remove-one and 2C under
 replace-one. The norms are pure functions of one example's own a_i and g_i: the model must not
-mix examples (no BatchNorm), which the caller (`models.ghost`) checks.
+mix examples (no BatchNorm in training mode, no op across the batch), which the caller
+(`models.ghost`, by `models.example_mixing` on the forward pass's jaxpr) checks: its a and g come
+from one batched pass, where row i is example i's own only when nothing mixes the rows.
 """
 
 from __future__ import annotations
