@@ -1,6 +1,8 @@
-"""Tests of dpkd_jax/models/ghost.py: the ghost clipped sum equals the vmap path's
-(`vmap(grad)` + `dpsgd_mechanism.dpsgd_clip_and_sum`) on the zoo, holds no (B, num_params)
-array, and refuses the models it cannot handle."""
+"""Tests of dpkd_jax/models/ghost.py (and its taps, ghost_taps.py): the clipped sum of the one
+batched forward + backward pass equals the vmap path's (`vmap(grad)` +
+`dpsgd_mechanism.dpsgd_clip_and_sum`) on the zoo and on every supported layer kind, holds no
+(B, num_params) array, and refuses the models it cannot handle (mixing ops, BatchNorm in
+training mode, shared or tied weights), naming the layer or the op."""
 
 import jax
 import jax.numpy as jnp
