@@ -105,6 +105,27 @@ def test_unsupported_model_refused_at_construction_and_cli_exits_2(monkeypatch, 
   assert os.listdir(tmp_path) == []  # refused before the workdir or anything else
 
 
+class _BatchCentred(_OwnParam):
+  """Centres its inputs on the batch mean: example i's logits depend on every example."""
+
+  def __init__(self, *, num_classes, input_shape, norm, rngs):
+    del norm
+    self.fc = nnx.Linear(math.prod(input_shape), num_classes, rngs=rngs)
+
+  def __call__(self, x, *, train=False):
+    h = x.reshape(x.shape[0], -1)
+    y = self.fc(h - h.mean(axis=0))
+    return core.ClassifierOutput(y, y, y)
+
+
+def test_a_model_that_mixes_examples_is_refused_at_construction(monkeypatch):
+  monkeypatch.setitem(models.CLASSIFIERS, "batch_centred", _BatchCentred)
+  with pytest.raises(UserError, match="model='batch_centred'.*reduce_sum at .*"
+                     "_BatchCentred.__call__.*reduces along the batch axis") as err:
+    make_config(model="batch_centred", clipping="ghost")
+  assert "\n" not in str(err.value)
+
+
 def test_saved_json_of_a_default_config_is_unchanged():
   # `to_json` is what a workdir saves and compares on resume: a default (vmap) run saves the
   # dict of the configs saved before `clipping` existed, so their workdirs keep resuming.

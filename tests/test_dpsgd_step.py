@@ -172,8 +172,9 @@ def test_ghost_clipping_step_equals_the_vmap_step(batch, model):
     chex.assert_trees_all_close(ghost_metrics[after], vmap_metrics[after], atol=1e-6, rtol=1e-4)
 
 
-def test_ghost_clipping_step_eight_devices_equal_one_device(batch):
-  config = _ghost_test_config("small_cnn", clipping="ghost")  # 8 devices: compiled above
+@pytest.mark.parametrize("model", ["small_cnn", "lenet5"])
+def test_ghost_clipping_step_eight_devices_equal_one_device(batch, model):
+  config = _ghost_test_config(model, clipping="ghost")  # 8 devices: compiled above
   model_parts = dpsgd.init_model(config, jax.random.key(0))
   mesh1 = sharding.data_mesh(jax.devices()[:1])
   steps = {mesh: make_step(config, mesh) for mesh in (sharding.data_mesh(), mesh1)}

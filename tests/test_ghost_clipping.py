@@ -97,6 +97,38 @@ def test_conv_patches_give_the_per_example_kernel_gradients(groups, strides, pad
   np.testing.assert_allclose(materialised, expected, rtol=1e-4)
 
 
+@pytest.mark.parametrize("shape,window,strides,padding,lhs_dilation,rhs_dilation,groups", [
+    ((2, 7, 6, 4), (3, 2), (2, 1), "SAME", None, (1, 2), 2),
+    ((2, 7, 6, 3), (2, 3), (1, 2), ((2, -1), (0, 3)), (2, 1), None, 1),  # crop, dilate input
+    ((3, 9, 2), (4,), (3,), "VALID", None, (2,), 1),  # 1-D
+    ((1, 4, 5, 3, 2), (2, 1, 2), (1, 2, 1), "SAME", None, None, 2),  # 3-D
+])
+def test_conv_patches_equal_lax_patches(shape, window, strides, padding, lhs_dilation,
+                                        rhs_dilation, groups):
+  # The sliced patches are laid out exactly as XLA's one-hot-kernel patches.
+  x = np.random.default_rng(0).standard_normal(shape).astype(np.float32)
+  rank = len(shape) - 2
+  spatial = "DHW"[-rank:]
+  specs = (f"N{spatial}C", f"{spatial}IO", f"N{spatial}C")
+  numbers = lax.conv_dimension_numbers(shape, (1,) * len(shape), specs)
+  expected = lax.conv_general_dilated_patches(
+      x, window, strides, padding, lhs_dilation=lhs_dilation, rhs_dilation=rhs_dilation,
+      dimension_numbers=numbers)
+  got = jax.jit(lambda x: ghost_clipping.conv_patches(
+      x, window, strides=strides, padding=padding, lhs_dilation=lhs_dilation,
+      rhs_dilation=rhs_dilation, dimension_numbers=numbers, groups=groups))(x)
+  assert got.shape == (shape[0], int(np.prod(expected.shape[1:-1])), groups,
+                       expected.shape[-1] // groups)
+  np.testing.assert_array_equal(got, np.asarray(expected).reshape(got.shape))
+
+
+def test_conv_patches_need_a_channels_last_input():
+  with pytest.raises(ValueError, match="channels-last"):
+    ghost_clipping.conv_patches(jnp.zeros((1, 2, 5, 5)), (3, 3), strides=(1, 1), padding="SAME",
+                                lhs_dilation=None, rhs_dilation=None,
+                                dimension_numbers=("NCHW", "OIHW", "NCHW"), groups=1)
+
+
 def test_clip_weights_follow_the_vmap_mechanism_rule():
   grads = jnp.array([[3.0, 4.0], [0.3, 0.4], [0.0, 0.0], [jnp.nan, 1.0], [jnp.inf, 0.0],
                      [3e30, 4e30], [6.0, 8.0]])  # norms 5, 0.5, 0, NaN, inf, overflow, 10

@@ -1,6 +1,8 @@
-"""Tests of dpkd_jax/models/ghost.py: the ghost clipped sum equals the vmap path's
-(`vmap(grad)` + `dpsgd_mechanism.dpsgd_clip_and_sum`) on the zoo, holds no (B, num_params)
-array, and refuses the models it cannot handle."""
+"""Tests of dpkd_jax/models/ghost.py (and its taps, ghost_taps.py): the clipped sum of the one
+batched forward + backward pass equals the vmap path's (`vmap(grad)` +
+`dpsgd_mechanism.dpsgd_clip_and_sum`) on the zoo and on every supported layer kind, holds no
+(B, num_params) array, and refuses the models it cannot handle (mixing ops, BatchNorm in
+training mode, shared or tied weights), naming the layer or the op."""
 
 import jax
 import jax.numpy as jnp
@@ -112,6 +114,116 @@ def test_equals_the_vmap_path_with_grouped_strided_convolutions():
   _check_against_vmap(core.split(model), (6, 6, 2), 3, mid_clip_checks=False)
 
 
+class _EveryKind(nnx.Module):
+  """Every layer kind the taps support: convolutions (dilated, strided, grouped, 1×1 strided as
+  ResNet's shortcuts, input-dilated, 1-D through a reshape), a dense layer on a sequence (T > 1), and the per-channel affine
+  layers LayerNorm, RMSNorm, InstanceNorm and BatchNorm on its running averages."""
+
+  def __init__(self, rngs):
+    self.conv = nnx.Conv(2, 4, (3, 2), kernel_dilation=(1, 2), padding=((1, 0), (2, 1)),
+                         rngs=rngs)
+    self.grouped = nnx.Conv(4, 4, (2, 2), strides=2, feature_group_count=2, use_bias=False,
+                            rngs=rngs)
+    self.shortcut = nnx.Conv(2, 4, (1, 1), strides=2, use_bias=False, rngs=rngs)  # ResNet's
+    # No bias: InstanceNorm would cancel it (a zero gradient is only rounding noise).
+    self.upsample = nnx.Conv(4, 3, (2, 2), input_dilation=2, padding=((1, 1), (1, 1)),
+                             use_bias=False, rngs=rngs)
+    self.layer_norm = nnx.LayerNorm(3, rngs=rngs)
+    self.instance_norm = nnx.InstanceNorm(3, rngs=rngs)
+    self.batch_norm = nnx.BatchNorm(3, use_running_average=True, rngs=rngs)
+    self.conv1d = nnx.Conv(3, 5, (3,), padding="CIRCULAR", rngs=rngs)
+    self.rms_norm = nnx.RMSNorm(5, rngs=rngs)
+    self.sequence = nnx.Linear(5, 6, rngs=rngs)
+    self.head = nnx.Linear(6, 3, rngs=rngs)
+
+  def __call__(self, x, *, train=False):
+    y = nnx.relu(self.grouped(nnx.tanh(self.conv(x)))) + self.shortcut(x)
+    y = self.upsample(y)
+    y = self.batch_norm(self.layer_norm(self.instance_norm(y)))
+    y = nnx.relu(self.conv1d(y.reshape(y.shape[0], -1, y.shape[-1])))  # (B, L, 3) → (B, L, 5)
+    features = jnp.mean(nnx.tanh(self.sequence(self.rms_norm(y))), axis=1)  # T = L positions
+    return core.ClassifierOutput(self.head(features), features, y)
+
+
+def test_equals_the_vmap_path_for_every_layer_kind():
+  model = _EveryKind(nnx.Rngs(0))
+  # Running averages other than (0, 1), so that BatchNorm's x̂ is not its input.
+  model.batch_norm.mean[...] = jnp.array([0.1, -0.2, 0.3])
+  model.batch_norm.var[...] = jnp.array([0.5, 2.0, 1.5])
+  parts = core.split(model)
+  assert {type(m).__name__ for _, m in nnx.graph.iter_graph(model)} >= {
+      "Conv", "Linear", "LayerNorm", "RMSNorm", "InstanceNorm", "BatchNorm"}
+  _check_against_vmap(parts, (6, 5, 2), 3, mid_clip_checks=False)
+
+
+def _sum_and_norms(parts, x, targets, mask, clip):
+  return jax.jit(lambda p, x, m: ghost.ghost_clip_and_sum(
+      parts.graphdef, p, parts.batch_stats, x, targets, m, loss_fn=_loss, l2_clip_norm=clip,
+      allow_gram=False))(parts.params, x, mask)
+
+
+def test_masked_rows_contribute_nothing_and_large_c_gives_the_batch_gradient():
+  parts = core.split(registry.create_classifier("lenet5", num_classes=4, input_shape=(28, 28, 1),
+                                                norm="group", seed=0))
+  x, targets, mask = _batch((28, 28, 1), 4)
+  x[3] = 0.5  # every example finite here
+  got, norms = _sum_and_norms(parts, x, targets, mask, 1e6)
+  # Whatever a padding row holds (here huge, then NaN), the sums do not change.
+  for fill in (1e6, np.nan):
+    other = x.copy()
+    other[4] = fill
+    again, _ = _sum_and_norms(parts, other, targets, mask, 1e6)
+    _assert_tree_close(again, got)
+
+  def masked_total(params):  # the plain (non-private) gradient of the real rows' summed loss
+    out, _ = core.apply(parts.graphdef, params, parts.batch_stats, x, train=True)
+    losses = jax.vmap(_loss)(out, targets)
+    return jnp.sum(jnp.where(mask, losses, 0.0))
+
+  assert float(np.nanmax(norms)) < 1e6  # C above every norm: nothing clipped
+  _assert_tree_close(got, jax.jit(jax.grad(masked_total))(parts.params))
+
+
+class _MixesExamples(nnx.Module):
+  def __init__(self, rngs):
+    self.fc = nnx.Linear(4, 3, rngs=rngs)
+
+  def __call__(self, x, *, train=False):
+    h = x.reshape(x.shape[0], -1)
+    y = self.fc(h - jnp.mean(h, axis=0))  # centred on the batch: example i sees example j
+    return core.ClassifierOutput(y, y, y)
+
+
+def test_refuses_a_model_that_mixes_examples_naming_the_op_and_line():
+  parts = core.split(_MixesExamples(nnx.Rngs(0)))
+  with pytest.raises(UserError, match=r"reduce_sum at .*test_models_ghost.py:\d+ "
+                                      r"\(_MixesExamples.__call__\) "
+                                      r"reduces along the batch axis.*clipping='vmap'"):
+    ghost.ghost_clip_and_sum(parts.graphdef, parts.params, parts.batch_stats,
+                             jnp.zeros((3, 2, 2, 1)), (jnp.zeros(3, jnp.int32), jnp.ones(3)),
+                             jnp.ones(3, bool), loss_fn=_loss, l2_clip_norm=1.0)
+
+
+class _RowsAreNotExamples(nnx.Module):
+  def __init__(self, rngs):
+    self.fc = nnx.Linear(4, 3, rngs=rngs)
+    self.offset = nnx.Linear(2, 3, rngs=rngs)
+
+  def __call__(self, x, *, train=False):
+    rows = self.offset(jnp.ones((x.shape[0], 2)))  # B rows, but none of them is an example
+    y = self.fc(x.reshape(x.shape[0], -1)) + jnp.sum(rows, axis=0)  # every loss sees every row
+    return core.ClassifierOutput(y, y, y)
+
+
+def test_refuses_a_tapped_layer_whose_rows_are_not_the_examples():
+  parts = core.split(_RowsAreNotExamples(nnx.Rngs(0)))
+  with pytest.raises(UserError, match="the input of offset must have the examples along axis 0 "
+                                      "but does not depend on them"):
+    ghost.ghost_clip_and_sum(parts.graphdef, parts.params, parts.batch_stats,
+                             jnp.zeros((3, 2, 2, 1)), (jnp.zeros(3, jnp.int32), jnp.ones(3)),
+                             jnp.ones(3, bool), loss_fn=_loss, l2_clip_norm=1.0)
+
+
 def test_without_the_gram_form_the_sums_are_the_same():
   # small_cnn at 8×8: conv2 has T = 16 positions, so 2T² < 288·64 picks the Gram form.
   parts = core.split(registry.create_classifier("small_cnn", num_classes=4, input_shape=(8, 8, 1),
@@ -169,6 +281,15 @@ class _SharedLayer(nnx.Module):
     return core.ClassifierOutput(self.fc(y) if self.call_twice else y, y, y)
 
 
+class _TiedWeights(nnx.Module):
+  def __init__(self, rngs):
+    self.fc = nnx.Linear(4, 4, rngs=rngs)
+
+  def __call__(self, x, *, train=False):
+    y = self.fc(x.reshape(x.shape[0], -1)) @ self.fc.kernel[...].T  # the kernel read twice
+    return core.ClassifierOutput(y, y, y)
+
+
 class _OwnParam(nnx.Module):
   def __init__(self, rngs):
     self.fc = nnx.Linear(4, 4, rngs=rngs)
@@ -185,6 +306,7 @@ class _OwnParam(nnx.Module):
     (lambda: _OwnParam(nnx.Rngs(0)), "temperature of _OwnParam"),
     (lambda: _SharedLayer(nnx.Rngs(0)), "fc, called twice"),
     (lambda: _SharedLayer(nnx.Rngs(0), call_twice=False), "never called.*unused"),
+    (lambda: _TiedWeights(nnx.Rngs(0)), "parameter fc/kernel: it is used 2 times"),
 ])
 def test_refuses_what_it_cannot_handle_naming_the_layer(model, message):
   parts = core.split(model())
@@ -197,13 +319,16 @@ def test_refuses_what_it_cannot_handle_naming_the_layer(model, message):
 
 
 def test_inside_shard_map_each_device_sums_its_own_rows():
-  # Per-device sums over 8 fake devices, psummed, equal the sum over the whole batch: the taps'
+  # Per-device sums over 8 fake devices (2 rows each: the batched pass and its mixing check run
+  # per device), psummed, equal the sum over the whole batch: the taps'
   # zero perturbations must vary over the mesh axis (invariant ones had their gradients, the
   # per-example output gradients, psummed over the devices).
   parts = core.split(registry.create_classifier("small_cnn", num_classes=4, input_shape=(8, 8, 1),
                                                 norm="group", seed=0))
   rng = np.random.default_rng(3)
   x = rng.standard_normal((16, 8, 8, 1)).astype(np.float32)
+  x[5] = np.nan  # a real non-finite example (device 2): weight 0, norm NaN
+  x[14] = np.inf  # a padding row (device 7) holding garbage: contributes nothing
   targets = (np.arange(16, dtype=np.int32) % 4, np.ones(16, np.float32))
   mask = np.arange(16) < 13
   mesh = sharding.data_mesh()
@@ -222,4 +347,8 @@ def test_inside_shard_map_each_device_sums_its_own_rows():
       parts.graphdef, p, parts.batch_stats, x, targets, mask, loss_fn=_loss,
       l2_clip_norm=0.5))(parts.params)
   np.testing.assert_allclose(got_norms, expected.norms, rtol=1e-5)
+  assert np.isnan(got_norms[5]) and np.isfinite(np.delete(np.asarray(got_norms), [5, 14])).all()
   _assert_tree_close(jax.device_get(got_sum), jax.device_get(expected.clipped_sum))
+  # And both equal the vmap path's clipped sum over the whole batch.
+  reference, _, _ = _vmap_path(parts)(parts.params, x, targets, mask, 0.5)
+  _assert_tree_close(jax.device_get(got_sum), reference)

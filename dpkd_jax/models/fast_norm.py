@@ -104,7 +104,7 @@ def group_norm(x: jax.Array, scale: jax.Array, bias: jax.Array, *, num_groups: i
   return fast_group_norm(x, scale, bias, num_groups=int(num_groups), epsilon=float(epsilon))
 
 
-def _is_plain(layer: nnx.GroupNorm, x: jax.Array) -> bool:
+def is_plain(layer: nnx.GroupNorm, x: jax.Array) -> bool:
   """Whether `layer` is configured as `classifiers.make_norm` builds it (the covered case)."""
   return (layer.use_scale and layer.use_bias and layer.reduction_axes is None
           and layer.axis_name is None and layer.axis_index_groups is None
@@ -126,7 +126,7 @@ def apply_group_norm(layer: nnx.GroupNorm, x: jax.Array) -> jax.Array:
   Returns:
     The normalised (B, ..., C) input.
   """
-  if not _is_plain(layer, x):
+  if type(layer) is not nnx.GroupNorm or not is_plain(layer, x):
     return layer(x)
   return group_norm(x, layer.scale[...], layer.bias[...], num_groups=layer.num_groups,
                     epsilon=layer.epsilon)

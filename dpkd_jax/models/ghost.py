@@ -6,44 +6,50 @@ per-example gradients of `vmap(grad)`: the sum over the batch of the clipped gra
 formulas (ghost norms, mixed per layer, and book-keeping) and the sensitivity (C add/remove,
 2C replace-one, unchanged) are in `privacy.ghost_clipping`; this module is the plumbing.
 
-One forward and backward pass, `vmap`ped over the examples like `vmap(grad)`, differentiates
-each example's loss with respect to
-  * a zero perturbation added to the output of every `nnx.Linear` and `nnx.Conv` (before its
-    bias): its gradient is g_i = ∂loss_i/∂z_i, the layer's output gradient. The layer's input
-    a_i is recorded on the way. The layers' own weights are NOT differentiated, so no
-    per-example weight gradient exists anywhere in the program;
-  * the remaining small parameters (GroupNorm, LayerNorm, RMSNorm scale and bias): their exact
-    per-example gradients, (B, channels) each.
-The taps replace the layers' `dot_general` / `conv_general_dilated` on a freshly merged module
-(the graphdef and params are not changed). The tapped convolution calls
-`lax.conv_general_dilated`, whose values `fast_conv.conv_general_dilated` shares (it only
-changes the kernel gradient, which is not taken here).
+ONE batched forward and ONE batched backward pass over the whole (B, ...) batch (no `vmap` over
+examples). `ghost_taps.Recorder` records every tapped layer's input and adds a zero tap to its
+output; the pass differentiates Σ_i loss_i with respect to the taps only. When no op mixes the
+examples, loss_i depends on example i alone, so row i of a tap's gradient is
+g_i = ∂loss_i/∂z_i, the layer's output gradient of example i. Then:
+  * `nnx.Linear` / `nnx.Conv`: a_i (the input; a convolution's input patches) and g_i give the
+    per-example norms and the book-keeping sum a^T (w ⊙ g) (`privacy.ghost_clipping`);
+  * per-channel affine layers (GroupNorm, LayerNorm, RMSNorm, InstanceNorm, BatchNorm with
+    running averages): scale_i = Σ_t g_it x̂_it and bias_i = Σ_t g_it from the recorded
+    normalised input x̂, (B, channels) each.
+No parameter is differentiated, so no weight gradient, per-example or summed, is formed by the
+pass; the only backward pass is the one to the taps (the clipped sum needs no second one).
 
-Refused, with `UserError` naming the layer: BatchNorm (mixes examples), a parameter owned by any
-other layer type, a Linear/Conv with a mask or a custom dot/conv function, a layer called twice
-(shared weights) or never.
+That no op mixes the examples is proved, not assumed: the tapped forward is traced once and
+`example_mixing.batch_axes` follows the batch axis through its jaxpr (BatchNorm's batch
+statistics, a mean over the batch, a sort along it are refused with the op and source line).
+
+Refused, with `UserError` naming the layer (or the op and its source line): BatchNorm in
+training mode, a cross-example op, a parameter owned by any other layer type or read outside its
+layer (weight tying), a Linear/Conv with a mask or a custom dot/conv function, a layer called
+twice (shared weights) or never, a tapped layer whose rows are not the examples. No zoo model
+with norm='group' or 'none' needs the per-example `vmap` path (`clipping='vmap'` remains the
+DP-SGD default and handles any model).
 """
 
 from __future__ import annotations
 
-import functools
 from collections.abc import Callable
 from typing import Any, NamedTuple
 
 import jax
 import jax.numpy as jnp
 from flax import nnx, traverse_util
-from jax import lax
 
 from dpkd_jax.errors import UserError
-from dpkd_jax.models import fast_conv
+from dpkd_jax.models import example_mixing, ghost_taps
 from dpkd_jax.privacy import ghost_clipping, validation
 
 PyTree = Any
 Path = tuple
-# Parameter-owning layers whose per-example gradients are taken directly (small, per example).
-SMALL_PARAM_LAYERS = (nnx.GroupNorm, nnx.LayerNorm, nnx.RMSNorm)
-_CONV_FUNCTIONS = (lax.conv_general_dilated, fast_conv.conv_general_dilated)
+# Parameter-owning layers whose per-example gradients come from their taps (per channel).
+SMALL_PARAM_LAYERS = ghost_taps.AFFINE_LAYERS
+_AFFINE_PARAMS = ("scale", "bias")
+_FALLBACK = "; use clipping='vmap' (per-example gradients by vmap)"
 
 
 class GhostOutputs(NamedTuple):
@@ -62,183 +68,153 @@ class GhostOutputs(NamedTuple):
   outputs: Any
 
 
-class _ConvSpec(NamedTuple):
-  """The static arguments `nnx.Conv` passed to its convolution."""
-
-  window: tuple[int, ...]
-  kernel_shape: tuple[int, ...]
-  strides: Any
-  padding: Any
-  lhs_dilation: Any
-  rhs_dilation: Any
-  dimension_numbers: Any
-  groups: int
-
-
-def _name(path: Path) -> str:
-  return "/".join(str(p) for p in path) or "<model>"
-
-
 def _modules(graphdef: nnx.GraphDef, params: PyTree, batch_stats: PyTree) -> dict[Path, Any]:
   module = nnx.merge(graphdef, params, batch_stats)
   return {tuple(path): node for path, node in nnx.graph.iter_graph(module)
           if isinstance(node, nnx.Module)}
 
 
-def _check_layer(path: Path, node: Any) -> None:
-  """Raises UserError if a Linear/Conv is configured in a way the taps do not reproduce."""
-  if type(node) is nnx.Conv:
-    if node.mask is not None:
-      raise UserError(f"ghost clipping cannot handle nnx.Conv {_name(path)} with a kernel mask; "
-                      "use the vmap per-example gradients")
-    if node.conv_general_dilated not in _CONV_FUNCTIONS:
-      raise UserError(f"ghost clipping cannot handle nnx.Conv {_name(path)} with a custom "
-                      "conv_general_dilated; use the vmap per-example gradients")
-  elif node.dot_general is not lax.dot_general:
-    raise UserError(f"ghost clipping cannot handle nnx.Linear {_name(path)} with a custom "
-                    "dot_general; use the vmap per-example gradients")
-
-
 def classify(graphdef: nnx.GraphDef, params: PyTree,
              batch_stats: PyTree) -> tuple[dict[Path, bool], list[Path]]:
-  """Sorts the parameters into tapped layers and small per-example ones, or refuses the model.
+  """Sorts the parameters into tapped layers and per-channel affine ones, or refuses the model.
 
   Returns:
     (layers, small): every `nnx.Linear`/`nnx.Conv` path → whether it has a bias; the flat
-    paths (as `traverse_util.flatten_dict` gives them) of the other parameters.
+    paths (as `traverse_util.flatten_dict` gives them) of the affine layers' scale and bias.
 
   Raises:
-    UserError: a BatchNorm, a parameter of another layer type, or an unsupported Linear/Conv.
+    UserError: a parameter of another layer type, or an unsupported Linear/Conv.
   """
   modules = _modules(graphdef, params, batch_stats)
-  for path, node in modules.items():
-    if isinstance(node, nnx.BatchNorm):
-      raise UserError(f"ghost clipping cannot handle nnx.BatchNorm {_name(path)}: it mixes the "
-                      "examples of a batch; build the model with norm='group' or 'none'")
   layers, small = {}, []
   for param_path in traverse_util.flatten_dict(params):
     owner = modules.get(tuple(param_path[:-1]))
     if type(owner) in (nnx.Linear, nnx.Conv):
-      _check_layer(param_path[:-1], owner)
+      ghost_taps.check_layer(param_path[:-1], owner)
       layers[param_path[:-1]] = owner.bias is not None
-    elif isinstance(owner, SMALL_PARAM_LAYERS):
+    elif isinstance(owner, SMALL_PARAM_LAYERS) and param_path[-1] in _AFFINE_PARAMS:
       small.append(param_path)
     else:
       kind = type(owner).__name__ if owner is not None else "an unknown owner"
-      raise UserError(f"ghost clipping cannot handle parameter {_name(param_path)} of {kind}: "
-                      "only nnx.Linear, nnx.Conv and GroupNorm/LayerNorm/RMSNorm layers are "
-                      "supported; use the vmap per-example gradients")
+      raise UserError(f"ghost clipping cannot handle parameter {ghost_taps.name(param_path)} of "
+                      f"{kind}: only nnx.Linear, nnx.Conv and the scale/bias of "
+                      f"GroupNorm/LayerNorm/RMSNorm/InstanceNorm/BatchNorm layers are supported"
+                      f"{_FALLBACK}")
   return layers, small
 
 
-class _Tap:
-  """Stands in for the Linear/Conv layers' dot/conv functions of one merged module.
-
-  Records each layer's input and convolution arguments and adds `perturbations[path]` (zeros
-  shaped like the output; None: record the output shape only) to its output.
-  """
-
-  def __init__(self, perturbations: dict[Path, jax.Array] | None):
-    self.perturbations = perturbations
-    self.inputs: dict[Path, jax.Array] = {}
-    self.out_shapes: dict[Path, jax.ShapeDtypeStruct] = {}
-    self.conv_specs: dict[Path, _ConvSpec] = {}
-
-  def install(self, module: nnx.Module, layers: dict[Path, bool]) -> None:
-    for path, node in nnx.graph.iter_graph(module):
-      path = tuple(path)
-      if path not in layers:
-        continue
-      if type(node) is nnx.Conv:
-        node.conv_general_dilated = functools.partial(self._conv, path)
-      else:
-        node.dot_general = functools.partial(self._dot, path)
-
-  def _record(self, path: Path, lhs: jax.Array, out: jax.Array) -> jax.Array:
-    if path in self.inputs:
-      raise UserError(f"ghost clipping cannot handle layer {_name(path)}, called twice in one "
-                      "forward pass (shared weights); use the vmap per-example gradients")
-    self.inputs[path] = lhs
-    self.out_shapes[path] = jax.ShapeDtypeStruct(out.shape, out.dtype)
-    return out if self.perturbations is None else out + self.perturbations[path]
-
-  def _dot(self, path, lhs, rhs, dimension_numbers, precision=None, **kwargs):
-    return self._record(path, lhs, lax.dot_general(lhs, rhs, dimension_numbers,
-                                                   precision=precision, **kwargs))
-
-  def _conv(self, path, lhs, rhs, window_strides, padding, lhs_dilation=None, rhs_dilation=None,
-            dimension_numbers=None, feature_group_count=1, precision=None, **kwargs):
-    self.conv_specs[path] = _ConvSpec(
-        window=tuple(rhs.shape[:-2]), kernel_shape=tuple(rhs.shape), strides=window_strides,
-        padding=padding, lhs_dilation=lhs_dilation, rhs_dilation=rhs_dilation,
-        dimension_numbers=dimension_numbers, groups=feature_group_count)
-    out = lax.conv_general_dilated(
-        lhs, rhs, window_strides, padding, lhs_dilation=lhs_dilation, rhs_dilation=rhs_dilation,
-        dimension_numbers=dimension_numbers, feature_group_count=feature_group_count,
-        precision=precision, **kwargs)
-    return self._record(path, lhs, out)
+def _forward(recorder: ghost_taps.Recorder, graphdef: nnx.GraphDef, params: PyTree,
+             batch_stats: PyTree, x: jax.Array, *, tapped: tuple[set, set], train: bool) -> Any:
+  """The whole batch's forward pass through the taps."""
+  module = nnx.merge(graphdef, params, batch_stats)
+  recorder.install(module, *tapped)
+  return module(x, train=train)
 
 
-def _forward(tap: _Tap, layers: dict[Path, bool], graphdef: nnx.GraphDef, flat_params: dict,
-             batch_stats: PyTree, x_one: jax.Array, train: bool) -> Any:
-  """One example's forward pass (a batch of one, as `vmap(grad)` runs it) through the taps."""
-  module = nnx.merge(graphdef, traverse_util.unflatten_dict(flat_params), batch_stats)
-  tap.install(module, layers)
-  out = module(x_one[None], train=train)
-  return jax.tree.map(lambda v: v[0], out)
+def _abstract(tree: PyTree) -> PyTree:
+  return jax.tree.map(lambda v: jax.ShapeDtypeStruct(jnp.shape(v), jnp.result_type(v)), tree)
+
+
+def _structure(graphdef, params, batch_stats, x, *, tapped, order, train):
+  """Traces the tapped forward once (shapes only): the taps' shapes and the convolutions'
+  arguments; refuses a layer never called, one whose rows are not the examples, and (B > 1) a
+  model whose jaxpr mixes examples (`example_mixing`)."""
+  recorder = ghost_taps.Recorder(None)
+
+  def run(params, batch_stats, x):
+    out = _forward(recorder, graphdef, params, batch_stats, x, tapped=tapped, train=train)
+    missing = [ghost_taps.name(p) for p in order if p not in recorder.inputs]
+    if missing:
+      raise UserError(f"ghost clipping cannot handle layers never called in the forward pass: "
+                      f"{missing}{_FALLBACK}")
+    return out, [recorder.inputs[p] for p in order], [recorder.outputs[p] for p in order]
+
+  args = (_abstract(params), _abstract(batch_stats), _abstract(x))
+  closed, (out, inputs, outputs) = jax.make_jaxpr(run, return_shape=True)(*args)
+  batch = jnp.shape(x)[0]
+  for path, a, z in zip(order, inputs, outputs):
+    if a.shape[:1] != (batch,) or z.shape[:1] != (batch,):
+      raise UserError(f"ghost clipping cannot handle layer {ghost_taps.name(path)}: its input "
+                      f"{a.shape} or output {z.shape} does not have the {batch} examples as its "
+                      f"first axis{_FALLBACK}")
+  _check_single_use(closed.jaxpr, args[0])
+  if batch > 1:  # a batch of one cannot mix examples (and sizes could not find its axis)
+    num_in = len(jax.tree.leaves(args[:2]))
+    try:
+      axes = example_mixing.batch_axes(closed.jaxpr, [None] * num_in + [0] * (
+          len(closed.jaxpr.invars) - num_in))
+    except example_mixing.MixingError as err:
+      raise UserError(f"ghost clipping cannot handle this model: {err}{_FALLBACK}") from None
+    num_out = len(jax.tree.leaves(out))
+    # A model output may be example-independent (None: no tap reaches it); a tapped layer's
+    # input and output must have the examples as rows, or a tap's row would not be one example.
+    for axis, allowed, what in zip(axes, [(0, None)] * num_out + [(0,)] * (2 * len(order)), [
+        "a model output"] * num_out + [f"the input of {ghost_taps.name(p)}" for p in order] + [
+        f"the output of {ghost_taps.name(p)}" for p in order]):
+      if axis not in allowed:
+        found = "does not depend on them" if axis is None else f"has them along axis {axis}"
+        raise UserError(f"ghost clipping cannot handle this model: {what} must have the "
+                        f"examples along axis 0 but {found}{_FALLBACK}")
+  return outputs, dict(recorder.conv_specs)
+
+
+def _check_single_use(jaxpr, params: PyTree) -> None:
+  """Refuses a parameter read anywhere but in its own layer (weight tying, `x @ fc.kernel.T`):
+  its gradient would have a part that no tap sees. The layer's own op reads it once."""
+  leaves = jax.tree_util.tree_flatten_with_path(params)[0]
+  for (path, _), uses in zip(leaves, example_mixing.input_uses(jaxpr)):
+    if uses > 1:
+      where = "/".join(str(getattr(k, "key", getattr(k, "idx", k))) for k in path)
+      raise UserError(f"ghost clipping cannot handle parameter {where}: it is used {uses} times "
+                      f"in the forward pass (shared or read outside its layer){_FALLBACK}")
+
+
+def _batched_pass(graphdef, params, batch_stats, x, targets, *, tapped, order, tap_shapes,
+                  loss_fn, train):
+  """The one batched forward + backward: per-example losses, outputs, each tapped layer's
+  recorded input and output gradient (row i: ∂loss_i/∂z_i)."""
+  # zeros_like(x): inside `shard_map` the taps vary over x's mesh axes, as x does; invariant
+  # taps would get their gradients (the g_i) psummed over the devices.
+  taps = [jnp.zeros_like(x, shape=s.shape, dtype=s.dtype) for s in tap_shapes]
+
+  def total_loss(taps):
+    recorder = ghost_taps.Recorder(dict(zip(order, taps)))
+    out = _forward(recorder, graphdef, params, batch_stats, x, tapped=tapped, train=train)
+    losses = jax.vmap(loss_fn)(out, targets)  # (B,): the loss alone is mapped, not the model
+    return jnp.sum(losses), (losses, out, [recorder.inputs[p] for p in order])
+
+  (_, (losses, outputs, inputs)), grads = jax.value_and_grad(total_loss, has_aux=True)(taps)
+  return losses, outputs, dict(zip(order, inputs)), dict(zip(order, grads))
 
 
 def _operands(a: jax.Array, g: jax.Array,
-              spec: _ConvSpec | None) -> tuple[jax.Array, jax.Array]:
-  """Recorded (B, 1, ...) input and output gradient → (B, T, G, d), (B, T, G, p)."""
+              spec: ghost_taps.ConvSpec | None) -> tuple[jax.Array, jax.Array]:
+  """Recorded (B, ...) input and output gradient → (B, T, G, d), (B, T, G, p)."""
   batch = a.shape[0]
   if spec is None:  # dense: every axis but the last is a position sharing the kernel
     return a.reshape(batch, -1, 1, a.shape[-1]), g.reshape(batch, -1, 1, g.shape[-1])
-  x = a.reshape(batch, *a.shape[2:])  # drop each example's batch-of-one axis
   patches = ghost_clipping.conv_patches(
-      x, spec.window, strides=spec.strides, padding=spec.padding,
+      a, spec.window, strides=spec.strides, padding=spec.padding,
       lhs_dilation=spec.lhs_dilation, rhs_dilation=spec.rhs_dilation,
       dimension_numbers=spec.dimension_numbers, groups=spec.groups)
   return patches, g.reshape(batch, -1, spec.groups, g.shape[-1] // spec.groups)
 
 
-def _kernel_leaf(grad: jax.Array, spec: _ConvSpec | None) -> jax.Array:
+def _kernel_leaf(grad: jax.Array, spec: ghost_taps.ConvSpec | None) -> jax.Array:
   """(G, d, p) summed kernel gradient → the kernel's own shape."""
   if spec is None:
     return grad[0]
   return ghost_clipping.conv_kernel_from_patches(grad, spec.kernel_shape)
 
 
-def _per_example_pass(graphdef: nnx.GraphDef, params: PyTree, batch_stats: PyTree,
-                      x: jax.Array, targets: PyTree, *, layers: dict[Path, bool],
-                      small_paths: list[Path], loss_fn: Callable, train: bool):
-  """The one vmapped forward + backward: per-example losses, outputs, layer inputs, layer
-  output gradients, small parameters' gradients, and the convolutions' static arguments."""
-  flat = traverse_util.flatten_dict(params)
-  small = {path: flat[path] for path in small_paths}
-  big = {path: value for path, value in flat.items() if path not in small}
-  # Trace one example once (no computation) for the layers' output shapes and conv arguments.
-  shapes = _Tap(None)
-  jax.eval_shape(lambda f, s, xi: _forward(shapes, layers, graphdef, f, s, xi, train), flat,
-                 batch_stats, jax.ShapeDtypeStruct(x.shape[1:], x.dtype))
-  unused = sorted(_name(path) for path in set(layers) - set(shapes.inputs))
-  if unused:
-    raise UserError(f"ghost clipping cannot handle layers never called in the forward pass: "
-                    f"{unused}; use the vmap per-example gradients")
-  # (B, 1, ...) per layer. zeros_like(x): inside `shard_map` they vary over x's mesh axes, as
-  # x does; invariant zeros would get their gradients (g_i) psummed over the devices.
-  perturbations = {path: jnp.zeros_like(x, shape=(x.shape[0],) + s.shape, dtype=s.dtype)
-                   for path, s in shapes.out_shapes.items()}
-
-  def example_loss(small_params, perturbation, x_i, target_i):
-    tap = _Tap(perturbation)
-    out = _forward(tap, layers, graphdef, {**big, **small_params}, batch_stats, x_i, train)
-    return loss_fn(out, target_i), (tap.inputs, out)
-
-  grad_fn = jax.value_and_grad(example_loss, argnums=(0, 1), has_aux=True)
-  (losses, (inputs, outputs)), (small_grads, out_grads) = jax.vmap(
-      grad_fn, in_axes=(None, 0, 0, 0))(small, perturbations, x, targets)
-  return losses, outputs, inputs, out_grads, small_grads, shapes.conv_specs
+def _affine_grads(small_paths: list[Path], inputs: dict, grads: dict) -> dict[Path, jax.Array]:
+  """(B, C) per-example gradients of the affine layers' scale (Σ_t g x̂) and bias (Σ_t g)."""
+  out = {}
+  for param_path in small_paths:
+    xhat, g = inputs[param_path[:-1]], grads[param_path[:-1]]  # (B, ..., C) each
+    positions = tuple(range(1, g.ndim - 1))
+    out[param_path] = jnp.sum(g * xhat if param_path[-1] == "scale" else g, axis=positions)
+  return out
 
 
 def ghost_clipped_sum(graphdef: nnx.GraphDef, params: PyTree, batch_stats: PyTree,
@@ -252,17 +228,18 @@ def ghost_clipped_sum(graphdef: nnx.GraphDef, params: PyTree, batch_stats: PyTre
   sensitivity (C add/remove, 2C replace-one: `privacy.ghost_clipping`).
 
   Args:
-    graphdef, params, batch_stats: a model from `core.split` without BatchNorm.
-    x: (B, ...) inputs; each example runs as a batch of one, as under `vmap(grad)`. Inside
-      `jax.shard_map`, pass `params` cast to varying over x's axes (`lax.pcast`), as for
-      `vmap(grad)`: the small parameters' per-example gradients are otherwise psummed.
+    graphdef, params, batch_stats: a model from `core.split` whose forward pass keeps the
+      examples apart (no BatchNorm in training mode: checked, see the module docstring).
+    x: (B, ...) inputs, run as one batch. Inside `jax.shard_map`, each device passes its own
+      rows (the taps vary over x's mesh axes, so their gradients are not psummed).
     targets: pytree of (B, ...) per-example targets (e.g. (B,) int labels).
     mask: (B,) bool, False for padding rows.
     loss_fn: (output of one example, its target) → scalar loss; the output is the model's
       output pytree without the batch axis (for classifiers a `ClassifierOutput` of (K,)
-      logits, (F,) features, hint).
+      logits, (F,) features, hint). It is `vmap`ped over the batch's outputs.
     l2_clip_norm: C > 0 (may be traced).
-    train: passed to the model (GroupNorm and no-norm models do not depend on it).
+    train: passed to the model (GroupNorm and no-norm models do not depend on it; BatchNorm
+      is only accepted with train=False, when it uses its running averages).
     allow_gram: False never uses the Gram (ghost-norm) form, whose rounding grows with
       cancellation (`privacy.ghost_clipping`): layers that would use it materialise their
       (B, layer) per-example gradients instead.
@@ -272,9 +249,14 @@ def ghost_clipped_sum(graphdef: nnx.GraphDef, params: PyTree, batch_stats: PyTre
   """
   validation.check_float("l2_clip_norm", l2_clip_norm, positive=True)
   layers, small_paths = classify(graphdef, params, batch_stats)
-  losses, outputs, inputs, out_grads, small_grads, specs = _per_example_pass(
-      graphdef, params, batch_stats, x, targets, layers=layers, small_paths=small_paths,
-      loss_fn=loss_fn, train=train)
+  tapped = (set(layers), {path[:-1] for path in small_paths})
+  order = sorted(tapped[0] | tapped[1], key=ghost_taps.name)
+  tap_shapes, specs = _structure(graphdef, params, batch_stats, x, tapped=tapped, order=order,
+                                 train=train)
+  losses, outputs, inputs, out_grads = _batched_pass(
+      graphdef, params, batch_stats, x, targets, tapped=tapped, order=order,
+      tap_shapes=tap_shapes, loss_fn=loss_fn, train=train)
+  small_grads = _affine_grads(small_paths, inputs, out_grads)
   sq_norms = ghost_clipping.tree_sq_norms(small_grads)  # (B,), or 0 without small params
   operands, kernel_norms, biases = {}, {}, {}
   for path, has_bias in layers.items():

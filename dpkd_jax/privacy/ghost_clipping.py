@@ -44,11 +44,14 @@ Sensitivity: exactly that of `dpsgd_mechanism.dpsgd_clip_and_sum`, whose value t
 (to float rounding): every example's contribution w_i ∇θ loss_i has L2 norm <= C, padding rows
 (mask 0) and non-finite examples contribute 0; so C under add/remove-one and 2C under
 replace-one. The norms are pure functions of one example's own a_i and g_i: the model must not
-mix examples (no BatchNorm), which the caller (`models.ghost`) checks.
+mix examples (no BatchNorm in training mode, no op across the batch), which the caller
+(`models.ghost`, by `models.example_mixing` on the forward pass's jaxpr) checks: its a and g come
+from one batched pass, where row i is example i's own only when nothing mixes the rows.
 """
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Sequence
 from typing import Any, NamedTuple
 
@@ -140,22 +143,45 @@ def conv_patches(x: jax.Array, window: Sequence[int], *, strides: Sequence[int],
                  groups: int) -> jax.Array:
   """The input patches of a convolution, so that it is a dense layer on them.
 
+  Equal to `lax.conv_general_dilated_patches` (same layout), built from strided slices of the
+  padded input (one per kernel tap): pure data movement. `conv_general_dilated_patches` is a
+  convolution with a one-hot kernel, C·prod(window) times the multiply-adds of the copy.
+
   Args:
-    x: (B, *spatial, C) channels-last input of the convolution.
+    x: (B, *spatial, C) channels-last input of the convolution (the layout `nnx.Conv` uses).
     window: the kernel's spatial shape.
     strides, padding, lhs_dilation, rhs_dilation, dimension_numbers: as passed to
-      `lax.conv_general_dilated` (channels-last input and output, as `nnx.Conv` passes them).
+      `lax.conv_general_dilated`; `dimension_numbers` must put the input's batch first and its
+      features last.
     groups: G, the convolution's `feature_group_count`.
 
   Returns:
-    (B, T, G, C/G · prod(window)) with T the output positions; the last axis is ordered
-    (channel, *window), channel major, as `lax.conv_general_dilated_patches` lays it out.
+    (B, T, G, C/G · prod(window)) with T the output positions in row-major order; the last axis
+    is ordered (channel, *window), channel major, as `lax.conv_general_dilated_patches` lays it
+    out.
   """
-  patches = lax.conv_general_dilated_patches(
-      x, tuple(window), tuple(strides), padding, lhs_dilation=lhs_dilation,
-      rhs_dilation=rhs_dilation, dimension_numbers=dimension_numbers)  # (B, *out, C·window)
-  # Channel-major features: the C/G channels of a group are one contiguous block.
-  return patches.reshape(x.shape[0], -1, groups, patches.shape[-1] // groups)
+  rank = x.ndim - 2
+  numbers = lax.conv_dimension_numbers(x.shape, (1,) * x.ndim, dimension_numbers)
+  if tuple(numbers.lhs_spec) != (0, x.ndim - 1, *range(1, x.ndim - 1)):
+    raise ValueError(f"conv_patches needs a channels-last input, got {numbers}")
+  window, strides = tuple(window), tuple(strides)
+  lhs_dilation = tuple(lhs_dilation or (1,) * rank)
+  rhs_dilation = tuple(rhs_dilation or (1,) * rank)
+  reach = [(k - 1) * r + 1 for k, r in zip(window, rhs_dilation)]  # the dilated window
+  if isinstance(padding, str):  # as `lax.conv_general_dilated` resolves it
+    padding = lax.padtype_to_pads(x.shape[1:-1], reach, strides, padding)
+  # Dilate (interior zeros) and pad in one go; negative padding crops.
+  x = lax.pad(x, jnp.zeros((), x.dtype), [(0, 0, 0)] + [
+      (lo, hi, d - 1) for (lo, hi), d in zip(padding, lhs_dilation)] + [(0, 0, 0)])
+  out = [(n - k) // s + 1 for n, k, s in zip(x.shape[1:-1], reach, strides)]
+  taps = []
+  for offset in itertools.product(*(range(k) for k in window)):  # row-major, as the kernel
+    start = [o * r for o, r in zip(offset, rhs_dilation)]
+    limit = [b + (n - 1) * s + 1 for b, n, s in zip(start, out, strides)]
+    taps.append(lax.slice(x, (0, *start, 0), (x.shape[0], *limit, x.shape[-1]),
+                          (1, *strides, 1)))  # (B, *out, C)
+  patches = jnp.stack(taps, axis=-1)  # (B, *out, C, prod(window)): channel major
+  return patches.reshape(x.shape[0], -1, groups, patches.shape[-2] * len(taps) // groups)
 
 
 def conv_kernel_from_patches(grad: jax.Array, kernel_shape: Sequence[int]) -> jax.Array:

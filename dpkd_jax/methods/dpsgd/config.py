@@ -122,9 +122,11 @@ class DPSGDConfig:
 def check_ghost_clipping(model: str, *, norm: str, info: data.DatasetInfo) -> None:
   """Raises UserError (one line) unless ghost clipping can train `model` with `norm` on `info`.
 
-  Traces the clipped sum of one example abstractly (shapes only: no computation, no JAX
-  backend initialised), so the refusals of `models.ghost` (BatchNorm, other parameter-owning
-  layers, shared or unused layers) come before any data is loaded or workdir touched.
+  Traces the clipped sum of a batch of two abstractly (shapes only: no computation, no JAX
+  backend initialised), so the refusals of `models.ghost` (BatchNorm in training mode, an op
+  that mixes examples, other parameter-owning layers, shared or unused layers) come before any
+  data is loaded or workdir touched. Two examples, not one: a batch of one cannot mix examples,
+  so `models.ghost` only looks for mixing ops from two on.
   """
   parts = core.split(nnx.eval_shape(lambda: models.create_classifier(
       model, num_classes=info.num_classes, input_shape=info.image_shape, norm=norm,
@@ -139,8 +141,8 @@ def check_ghost_clipping(model: str, *, norm: str, info: data.DatasetInfo) -> No
                                     loss_fn=_cross_entropy, l2_clip_norm=1.0)
 
   try:
-    jax.eval_shape(clipped_sum, parts.params, shape((1, *info.image_shape), jnp.float32),
-                   shape((1,), jnp.int32), shape((1,), jnp.bool_))
+    jax.eval_shape(clipped_sum, parts.params, shape((2, *info.image_shape), jnp.float32),
+                   shape((2,), jnp.int32), shape((2,), jnp.bool_))
   except errors.UserError as err:
     raise errors.UserError(f"clipping='ghost' cannot train model={model!r} with norm={norm!r} "
                            f"(use clipping='vmap'): {err}") from None
