@@ -24,6 +24,7 @@ import re
 import sys
 
 from dpkd_jax.errors import UserError
+from dpkd_jax.train import metrics as metrics_lib
 from dpkd_jax.train import records as records_lib
 from dpkd_jax.train import records_tables
 from dpkd_jax.train import report as report_lib
@@ -71,6 +72,18 @@ def _table_position(spec: str, results_dir: str, replacing: str) -> tuple[str, i
   return name, last + 1  # the row after the table's last one
 
 
+def _add_curve(record: dict, run: str) -> None:
+  """The run's test-accuracy curve (metrics.csv) as `accuracy_per_eval` / `eval_steps`, unless
+  --column gave them: a curve in a table is then read from the run, never typed."""
+  if not os.path.exists(os.path.join(run, "metrics.csv")):
+    return
+  curve = metrics_lib.read_metrics(run).get("test/accuracy", [])
+  columns = record.setdefault("columns", {})
+  if curve and "accuracy_per_eval" not in columns:
+    columns["accuracy_per_eval"] = [round(acc, 4) for _, acc in curve]
+    columns["eval_steps"] = [step for step, _ in curve]
+
+
 def _publish(a: argparse.Namespace) -> int:
   if not _NAME.match(a.name):
     raise UserError(f"--name={a.name!r}: use letters, digits, '_', '.', '-' (e.g. "
@@ -96,6 +109,7 @@ def _publish(a: argparse.Namespace) -> int:
     for item in getattr(a, flag):
       key, value = _key_value(item, "--" + flag)
       record.setdefault(field, {})[key] = value if field == "columns" else str(value)
+  _add_curve(record, a.run)
   record.update(single_seed=record.get("single_seed", True), regenerated=True, source=source)
   try:
     records_lib.validate_record(record)

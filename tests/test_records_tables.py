@@ -211,6 +211,24 @@ def test_publish_round_trip(tmp_path, capsys):
   assert _rows(rendered) == ["|  | 1 | 0.5 |"]
 
 
+def test_publish_reads_the_accuracy_curve_from_metrics_csv(tmp_path):
+  run = tmp_path / "run"
+  records.write_record(str(run / "record.json"), _record())
+  (run / "metrics.csv").write_text("step,name,value\n100,train/loss,2.0\n100,test/accuracy,0.41234\n"
+                                   "200,test/accuracy,0.5\n")
+  out = tmp_path / "results"
+  out.mkdir()
+  base = [f"--results_dir={out}", "publish", f"--run={run}"]
+  assert results_cli.main(base + ["--name=dpdfd__mnist__curve"]) == 0
+  columns = records.read_record(str(out / "dpdfd__mnist__curve.json"))["columns"]
+  assert columns == {"accuracy_per_eval": [0.4123, 0.5], "eval_steps": [100, 200]}
+  # A curve given with --column wins over the file.
+  assert results_cli.main(base + ["--name=dpdfd__mnist__given",
+                                  "--column=accuracy_per_eval=[0.1]"]) == 0
+  given = records.read_record(str(out / "dpdfd__mnist__given.json"))["columns"]
+  assert given == {"accuracy_per_eval": [0.1]}
+
+
 @pytest.mark.parametrize("args,match", [
     (["--name=../x"], "--name"), (["--name=ok", "--paper_accuracy=2"], "paper_accuracy"),
     (["--name=ok", "--paper_epsilon=big"], "--paper_epsilon"),
