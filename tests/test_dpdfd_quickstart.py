@@ -38,7 +38,8 @@ def _exit_2(argv, capsys) -> str:
 def test_digits_defaults_fit_the_quickstart_and_other_datasets_keep_theirs():
   config, a = dpdfd_cli.parse_config(["--dataset=digits"])
   assert (config.steps, config.batch_size, config.generator_channels, config.student_model,
-          config.eval_every) == (200, 32, 32, "lenet5", 50)
+          config.student_norm, config.teacher_loss, config.eval_every) == (
+              600, 64, 64, "datalens_cnn", "group", "logit", 100)
   assert config.target_epsilon == 10.0 and config.accounting == "sound"
   assert config.noise_multiplier is None
   assert config.teacher_dirs == (os.path.join("runs", "teacher", "digits_small_cnn"),)
@@ -46,7 +47,7 @@ def test_digits_defaults_fit_the_quickstart_and_other_datasets_keep_theirs():
                                                        epochs=10)
   # Given flags win; σ without a target stays a run without a target (σ = 0: not private).
   config, _ = dpdfd_cli.parse_config(["--dataset=digits", "--steps=7", "--noise_multiplier=0"])
-  assert config.steps == 7 and config.target_epsilon is None and config.batch_size == 32
+  assert config.steps == 7 and config.target_epsilon is None and config.batch_size == 64
   config, a = dpdfd_cli.parse_config(["--dataset=mnist", "--teacher_dirs=t",
                                       "--target_epsilon=1"])
   default = dpdfd.DPDFDConfig(dataset="mnist", teacher_dirs=("t",), target_epsilon=1.0)
@@ -153,11 +154,11 @@ def test_privacy_doc_anchor_and_its_figures():
   slugs = {re.sub(r"[^\w\- ]", "", h.lower()).strip().replace(" ", "-")
            for h in re.findall(r"^#+ (.+)$", text, re.M)}
   assert quickstart.PRIVACY_ANCHOR.split("#")[1] in slugs
-  # "one Gaussian step of multiplier 0.5 gives ε = 9.997"; the digits defaults' z = 7.07.
+  # "one Gaussian step of multiplier 0.5 gives ε = 9.997"; the digits defaults' z = 12.25.
   assert round(accounting.epsilon(dp_event.GaussianDpEvent(0.5), delta=1e-5), 3) == 9.997
   config, _ = dpdfd_cli.parse_config(["--dataset=digits"])
   plan = dpdfd.make_plan(config, 1)
-  assert round(plan.noise_multiplier / (2 * math.sqrt(config.batch_size)), 2) == 7.07
+  assert round(plan.noise_multiplier / (2 * math.sqrt(config.batch_size)), 2) == 12.25
 
 
 def test_readme_quickstart_is_the_main_job_and_the_test_command():
