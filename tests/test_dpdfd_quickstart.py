@@ -149,6 +149,15 @@ def test_chance_reason_names_the_cause():
   assert summary.at_chance(math.nan, 10)
 
 
+def test_engine_anchor_exists_and_a_noiseless_run_at_chance_points_to_it():
+  text = open(os.path.join(_REPO, "docs", "RESULTS.md"), encoding="utf-8").read()
+  slugs = {re.sub(r"[^\w\- ]", "", h.lower()).strip().replace(" ", "-")
+           for h in re.findall(r"^#+ (.+)$", text, re.M)}
+  assert quickstart.ENGINE_ANCHOR.split("#")[1] in slugs
+  reason = quickstart.chance_reason({"noise_multiplier": 0.0, "steps": 5})
+  assert quickstart.ENGINE_ANCHOR in reason and "5 steps" in reason
+
+
 def test_privacy_doc_anchor_and_its_figures():
   text = open(os.path.join(_REPO, "docs", "privacy.md"), encoding="utf-8").read()
   slugs = {re.sub(r"[^\w\- ]", "", h.lower()).strip().replace(" ", "-")

@@ -43,6 +43,7 @@ DATASET_DEFAULTS: dict[str, dict[str, Any]] = {
 TEACHER_MODEL = "small_cnn"
 TEACHER_EPOCHS = 5  # other datasets (the CLI's --teacher_epochs default)
 PRIVACY_ANCHOR = "docs/privacy.md#why-a-one-teacher-student-stays-at-chance"
+ENGINE_ANCHOR = "docs/RESULTS.md#dpdfd-engine-what-makes-data-free-distillation-learn-issue-22"
 
 Log = Callable[[str], None]
 
@@ -117,8 +118,9 @@ def chance_reason(results: dict[str, Any]) -> str:
   """Why a DPDFD student is at chance, and what to try (one line)."""
   sigma, steps = results.get("noise_multiplier") or 0.0, results.get("steps", 0)
   if sigma == 0:
-    return (f"why at chance: no noise, but {steps} steps are too few for the generator and "
-            "the student; try more --steps")
+    return (f"why at chance: no noise, so the engine itself did not learn in {steps} steps "
+            f"(the generator sees only the student and can collapse: {ENGINE_ANCHOR}); try "
+            "more --steps, another --student_model, or --teacher_loss=logit")
   batch = results.get("config", {}).get("batch_size", 1)
   n, m = results.get("num_teachers", 1), results.get("teachers_per_record", 1)
   z = sigma / (2 * m * math.sqrt(batch))
