@@ -69,7 +69,7 @@ def current_commit(cwd: str | None = None) -> str | None:
   return head + ("-dirty" if dirty else "")
 
 
-def _epsilon_json(value: float | str | None) -> float | str | None:
+def epsilon_json(value: float | str | None) -> float | str | None:
   if value is None or value == "inf":
     return value
   value = float(value)
@@ -88,9 +88,9 @@ def make_record(*, method: str, dataset: str, test_accuracy: float | None,
       "command": current_command() if command is None else command,
       "commit": current_commit() if commit is None else commit,
       "test_accuracy": None if test_accuracy is None else float(test_accuracy),
-      "sound_epsilon": _epsilon_json(sound_epsilon), "delta": float(delta),
+      "sound_epsilon": epsilon_json(sound_epsilon), "delta": float(delta),
       "neighbouring": neighbouring, "accounting": accounting,
-      "paper_epsilon": _epsilon_json(paper_epsilon), "paper_row": paper_row,
+      "paper_epsilon": epsilon_json(paper_epsilon), "paper_row": paper_row,
       "paper_accuracy": None if paper_accuracy is None else float(paper_accuracy),
       "cpu_seconds": float(cpu_seconds), "wall_seconds": float(wall_seconds),
   }

@@ -83,6 +83,11 @@ class DPDFDConfig:
     one_hot_weight: weight of L_G's cross-entropy to the student's own argmax (1 in the
       paper; 0 drops the term, for the paper's Table 6 ablation).
     student_lr, generator_lr: Adam learning rates (cosine-decayed over the steps).
+    pretrained_generator_dir: None (default, the paper: the generator starts from random
+      weights and sees only the student), or the workdir of `python -m experiments.srr
+      pretrain` for the same dataset, teacher and generator: a generator pretrained against the
+      teacher WITHOUT noise (its BatchNorm statistics and outputs). A labelled variant: the run's
+      record-level ε is then inf; the release ε (conditional on that generator) is kept beside.
     seed: root seed of init, latents and noise; None (default) draws a secret one from OS
       entropy, stored only in the checkpoint (`privacy.seeds`); an integer makes the noise
       reproducible by anyone who knows it (research runs).
@@ -116,12 +121,16 @@ class DPDFDConfig:
   one_hot_weight: float = 1.0
   student_lr: float = 1e-3
   generator_lr: float = 1e-3
+  pretrained_generator_dir: str | None = None
   seed: int | None = None
   eval_every: int = 200
   data_dir: str | None = None
 
   def __post_init__(self):
     object.__setattr__(self, "teacher_dirs", tuple(self.teacher_dirs))
+    if self.pretrained_generator_dir is not None and len(self.teacher_dirs) != 1:
+      raise ValueError("pretrained_generator_dir needs exactly one teacher (the one it was "
+                       "pretrained against)")
     config_checks.one_of("dataset", self.dataset, data.DATASETS)
     if not self.teacher_dirs:
       raise ValueError("teacher_dirs must name at least one teacher workdir")

@@ -26,6 +26,7 @@ from dpkd_jax import models
 from dpkd_jax import teacher as teacher_lib
 from dpkd_jax import teacher_partition
 from dpkd_jax.methods.dpdfd import config as config_lib
+from dpkd_jax.methods.dpdfd import generator_prior
 from dpkd_jax.methods.dpdfd import privacy
 from dpkd_jax.methods.dpdfd import step as step_lib
 from dpkd_jax.privacy import ledger as ledger_lib
@@ -34,6 +35,7 @@ from dpkd_jax.train import distributed
 from dpkd_jax.train import evaluate
 from dpkd_jax.train import metrics as metrics_lib
 from dpkd_jax.train import outputs
+from dpkd_jax.train import records
 from dpkd_jax.train import samples
 from dpkd_jax.train import sharding
 from dpkd_jax.train import workdir as workdir_lib
@@ -134,6 +136,12 @@ def _results(config: config_lib.DPDFDConfig, plan: privacy.DPDFDPlan, *, accurac
   }
 
 
+def _prior_fields(release_epsilon: float) -> dict[str, Any]:
+  """Record fields of a run from a teacher-pretrained generator (its record ε is inf)."""
+  return {"release_epsilon_given_generator": records.epsilon_json(release_epsilon),
+          "epsilon_note": generator_prior.RECORD_EPSILON_NOTE}
+
+
 @workdir_lib.run_scope
 def train_dpdfd(config: config_lib.DPDFDConfig, workdir: str, *, progress: bool = True,
                 mesh: jax.sharding.Mesh | None = None) -> dict[str, Any]:
@@ -163,6 +171,8 @@ def train_dpdfd(config: config_lib.DPDFDConfig, workdir: str, *, progress: bool 
   root_seed = run.root_seed(config.seed)
   init_key, train_key = jax.random.split(seeds.root_key(root_seed))
   state = init_state(config, init_key)
+  if config.pretrained_generator_dir is not None:  # labelled variant: record-level ε = inf
+    state = step_lib.DPDFDState(state.student, generator_prior.load(config, state.generator))
   ledger = run.ledger(plan.new_ledger())
   start = 0
   if run.resuming:
@@ -179,12 +189,18 @@ def train_dpdfd(config: config_lib.DPDFDConfig, workdir: str, *, progress: bool 
   grid_key = jax.random.fold_in(init_key, 2)
   samples.save_sample_grid(samples.generate(state.generator, grid_key, 64, config.latent_dim),
                            config.info, os.path.join(workdir, "samples.png"))
-  epsilon = math.inf if ledger is None else ledger.spent_epsilon()
+  release_epsilon = math.inf if ledger is None else ledger.spent_epsilon()
+  prior = config.pretrained_generator_dir is not None
+  epsilon = math.inf if prior else release_epsilon
   results = _results(config, plan, accuracy=accuracy, epsilon=epsilon, steps=step,
                      root_seed=root_seed, overlap=overlap, cards=cards,
                      student_params=state.student.params, workdir=workdir)
+  if prior:
+    results["epsilon_note"] = generator_prior.RECORD_EPSILON_NOTE
+    results["release_epsilon_given_generator"] = release_epsilon
   outputs.finish_run(workdir, results, clock=clock, dataset=config.dataset,
                      test_accuracy=accuracy, sound_epsilon=epsilon, delta=plan.delta,
                      accounting=plan.accounting, paper_epsilon=plan.paper_epsilon,
-                     target_epsilon=config.target_epsilon, neighbouring=plan.relation)
+                     target_epsilon=config.target_epsilon, neighbouring=plan.relation,
+                     extra=_prior_fields(release_epsilon) if prior else None)
   return results
