@@ -163,7 +163,8 @@ def test_documented_dpdfd_commands():
   config, args = dpdfd_cli.parse_config(shlex.split(
       "--seed=0 --dataset=digits --teacher_dirs=runs/teacher/digits_small_cnn --steps=600 "
       "--eval_every=100 --batch_size=64 --generator_channels=64 --student_model=lenet5 "
-      "--entropy_weight=5 --feature_weight=0.1 --student_loss=ce --noise_multiplier=0"))
+      "--entropy_weight=5 --feature_weight=0.1 --student_loss=ce --noise_multiplier=0 "
+      "--student_norm=batch --teacher_loss=dkd"))
   assert config == dpdfd.DPDFDConfig(
       seed=0, dataset="digits", teacher_dirs=("runs/teacher/digits_small_cnn",), steps=600,
       eval_every=100, batch_size=64, generator_channels=64, student_model="lenet5",
