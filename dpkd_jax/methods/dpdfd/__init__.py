@@ -17,6 +17,8 @@ Rooms:
   direct.py   `train_direct`, `build_direct_step`: the direct mode.
   quickstart.py  `convert` (teacher trained or reused, then `train_dpdfd`), `summary_lines`:
               the README's Quickstart command and notebook; the digits flag defaults.
+  generator_prior.py  `load`: a generator pretrained against the teacher (`experiments.srr
+              pretrain`) as the starting point: a labelled variant, record-level ε = inf.
 
 Data flow: flags (`experiments/dpdfd.py`) -> `DPDFDConfig` -> `make_plan(config, m)` ->
 `build_train_step(plan, ...)` takes σ, C, e and B from the plan -> `mechanisms` adds the
