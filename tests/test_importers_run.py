@@ -21,6 +21,7 @@ from dpkd_jax.importers import run
 from dpkd_jax.methods import dpdfd
 from dpkd_jax.models import core
 from dpkd_jax.privacy import paper_accounting
+from dpkd_jax.train import checkpoint
 from dpkd_jax.train import evaluate
 
 DIGITS = data.DATASETS["digits"]
@@ -71,7 +72,7 @@ def test_import_writes_a_teacher_load_teacher_reads(tmp_path, fake_converter, so
   card = _import(tmp_path)
   with open(tmp_path / "teacher" / "card.json") as f:
     assert json.load(f) == card
-  assert card["import"]["source_sha256"] == common.sha256_file(str(tmp_path / "model.pt"))
+  assert card["import"]["source_sha256"] == checkpoint.sha256_file(str(tmp_path / "model.pt"))
   assert card["import"]["framework_version"] == "0.0-test"
   assert card["import"]["input_normalization"]["teacher_std"] == [1.0]
   assert card["input_adapter"] and card["model"] == "lenet5" and card["steps"] == 0

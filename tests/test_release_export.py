@@ -17,9 +17,9 @@ from dpkd_jax import data
 from dpkd_jax.methods import dpsgd
 from dpkd_jax.models import core
 from dpkd_jax.models import resnet
-from dpkd_jax.release import bundle
 from dpkd_jax.release import export
 from dpkd_jax.release import students
+from dpkd_jax.train import checkpoint
 from dpkd_jax.train import records
 from experiments import export as export_cli
 
@@ -136,7 +136,7 @@ def test_cli_bundle_of_a_dpsgd_run(dpsgd_run, tmp_path, capsys):
   reference = np.asarray(jax.jit(export.logits_fn(student.parts))(images))
   for entry in card["exports"]:
     path = os.path.join(out, entry["file"])
-    assert entry["sha256"] == bundle.sha256(path) and entry["check"]["ok"]
+    assert entry["sha256"] == checkpoint.sha256_file(path) and entry["check"]["ok"]
     assert entry["check"]["inputs"].startswith("64 digits test images")
     if entry["format"] == "onnx":
       got = export.onnx_session(path).run(["logits"], {"images": images})[0]

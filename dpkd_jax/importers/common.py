@@ -11,7 +11,6 @@ the messages). `assemble` checks them against the model and builds its `core.Mod
 from __future__ import annotations
 
 import dataclasses
-import hashlib
 from collections.abc import Sequence
 from typing import Any
 
@@ -112,14 +111,6 @@ def input_norm(name: str, info: data.DatasetInfo, mean: Sequence[float] | None =
   if min(std) <= 0:
     raise errors.UserError(f"--input_norm: std must be positive, got {std}")
   return mean, std
-
-
-def sha256_file(path: str) -> str:
-  digest = hashlib.sha256()
-  with open(path, "rb") as f:
-    for block in iter(lambda: f.read(1 << 20), b""):
-      digest.update(block)
-  return digest.hexdigest()
 
 
 def conv_norm(prefix: Path, norm: str, kernel: SourceArray, conv_bias: SourceArray | None,

@@ -24,6 +24,7 @@ from dpkd_jax import errors
 from dpkd_jax import teacher as teacher_lib
 from dpkd_jax.importers import common
 from dpkd_jax.models import adapter as adapter_lib
+from dpkd_jax.train import checkpoint as checkpoint_lib
 from dpkd_jax.train import workdir as workdir_lib
 from dpkd_jax.train.state import TrainState
 
@@ -80,7 +81,7 @@ def _provenance(framework: str, arch: str, checkpoint: str, converted: common.Co
       "arch": arch,
       "model": converted.model,
       "source_file": os.path.abspath(checkpoint),
-      "source_sha256": common.sha256_file(checkpoint),
+      "source_sha256": checkpoint_lib.sha256_file(checkpoint),
       "input_normalization": {"preset": preset, "teacher_mean": list(mean),
                               "teacher_std": list(std), "dataset_mean": list(info.mean),
                               "dataset_std": list(info.std)},

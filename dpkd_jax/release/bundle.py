@@ -11,7 +11,6 @@ carry the run's (ε, δ) and nothing more (the card says what that does not cove
 
 from __future__ import annotations
 
-import hashlib
 import os
 from typing import Any, Sequence
 
@@ -23,17 +22,9 @@ from dpkd_jax.release import export
 from dpkd_jax.release import latency
 from dpkd_jax.release import model_card
 from dpkd_jax.release import students
+from dpkd_jax.train import checkpoint
 
 STEM = "student"
-
-
-def sha256(path: str) -> str:
-  """Hex SHA-256 of the file at `path`."""
-  digest = hashlib.sha256()
-  with open(path, "rb") as f:
-    for block in iter(lambda: f.read(1 << 20), b""):
-      digest.update(block)
-  return digest.hexdigest()
 
 
 def check_formats(formats: Sequence[str]) -> tuple[str, ...]:
@@ -78,7 +69,7 @@ def export_run(workdir: str, out_dir: str, formats: Sequence[str] = export.FORMA
     paths[fmt] = os.path.join(out_dir, STEM + export.SUFFIX[fmt])
     entry = writers[fmt](student.parts, info, paths[fmt], images, reference)
     entry["check"]["inputs"] = described
-    entry.update(sha256=sha256(paths[fmt]), bytes=os.path.getsize(paths[fmt]),
+    entry.update(sha256=checkpoint.sha256_file(paths[fmt]), bytes=os.path.getsize(paths[fmt]),
                  checkpoint_step=student.step)
     exports.append(entry)
   measured = None

@@ -121,17 +121,22 @@ def save(directory: str, step: int, arrays: PyTree, metadata: dict[str, Any],
   return digest
 
 
+def sha256_file(path: str) -> str:
+  """Hex SHA-256 of the file at `path`, read in 1 MiB blocks."""
+  digest = hashlib.sha256()
+  with open(path, "rb") as f:
+    for block in iter(lambda: f.read(1 << 20), b""):
+      digest.update(block)
+  return digest.hexdigest()
+
+
 def _file_digests(step_dir: str) -> dict[str, str]:
   """SHA-256 of every file under `<step_dir>/arrays`, by path relative to `step_dir`."""
   digests = {}
   for root, _, files in os.walk(os.path.join(step_dir, "arrays")):
     for name in files:
       path = os.path.join(root, name)
-      digest = hashlib.sha256()
-      with open(path, "rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
-          digest.update(block)
-      digests[os.path.relpath(path, step_dir)] = digest.hexdigest()
+      digests[os.path.relpath(path, step_dir)] = sha256_file(path)
   return digests
 
 
