@@ -16,7 +16,7 @@ from dpkd_jax.models.adapter import InputAdapter
 from dpkd_jax.models.generators import DAFLGenerator
 from dpkd_jax.models.mobilenet import MobileNet
 from dpkd_jax.models.registry import (CLASSIFIERS, GENERATORS, create_classifier, create_generator,
-                                      create_student_and_generator)
+                                      create_student_and_generator, generator_identity)
 from dpkd_jax.models.resnet import ResNet, ResNet18, ResNet34, WideResNet
 
 __all__ = [
@@ -42,6 +42,7 @@ __all__ = [
     "create_classifier",
     "create_generator",
     "create_student_and_generator",
+    "generator_identity",
     "flops_per_example",
     "group_count",
     "merge",

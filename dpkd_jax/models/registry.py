@@ -5,6 +5,7 @@ An explicit dict keeps every model greppable and the set of valid names visible 
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
@@ -107,3 +108,17 @@ def create_student_and_generator(config: Any,
                                image_shape=info.image_shape, rngs=nnx.Rngs(g_key),
                                base_channels=config.generator_channels)
   return core.split(student), core.split(generator)
+
+
+def generator_identity(config: Any, teacher_dir: str) -> dict[str, Any]:
+  """What a generator pretrained against `teacher_dir` was trained for: the data-free methods
+  reuse one (SRR's stages, DPDFD's `pretrained_generator_dir`) only when this matches.
+
+  Args:
+    config: a method config with `dataset`, `generator_model`, `generator_channels` and
+      `latent_dim`.
+    teacher_dir: the teacher's workdir (compared as an absolute path).
+  """
+  return {"dataset": config.dataset, "teacher_dir": os.path.abspath(teacher_dir),
+          "generator_model": config.generator_model,
+          "generator_channels": config.generator_channels, "latent_dim": config.latent_dim}

@@ -18,6 +18,7 @@ from __future__ import annotations
 import os
 from typing import Any
 
+from dpkd_jax import models
 from dpkd_jax.errors import UserError
 from dpkd_jax.methods.dpdfd import config as config_lib
 from dpkd_jax.models import core
@@ -30,9 +31,7 @@ RECORD_EPSILON_NOTE = ("generator pretrained against the teacher without noise "
 
 def identity(config: config_lib.DPDFDConfig) -> dict[str, Any]:
   """What the pretrained generator must have been trained for (as `SRRConfig` records it)."""
-  return {"dataset": config.dataset, "teacher_dir": os.path.abspath(config.teacher_dirs[0]),
-          "generator_model": config.generator_model,
-          "generator_channels": config.generator_channels, "latent_dim": config.latent_dim}
+  return models.generator_identity(config, config.teacher_dirs[0])
 
 
 def load(config: config_lib.DPDFDConfig, generator: TrainState) -> TrainState:

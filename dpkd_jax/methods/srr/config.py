@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import dataclasses
 import math
-import os
 from typing import Any
 
 from dpkd_jax import config_checks
@@ -131,9 +130,7 @@ class SRRConfig:
 
   def generator_identity(self) -> dict[str, Any]:
     """What a pretrained generator must have been trained for to be reused by this run."""
-    return {"dataset": self.dataset, "teacher_dir": os.path.abspath(self.teacher_dir),
-            "generator_model": self.generator_model,
-            "generator_channels": self.generator_channels, "latent_dim": self.latent_dim}
+    return models.generator_identity(self, self.teacher_dir)
 
   def to_json(self) -> dict[str, Any]:
     """The config as saved in checkpoints and results (a resumed run must match it)."""
