@@ -95,10 +95,6 @@ def rows(variant: Variant, config: config_lib.DPDFDConfig, s: jax.Array,
   return jnp.sign(s - t)  # l1 (DFAD's loss)
 
 
-def _mse(logits: jax.Array, target: jax.Array) -> jax.Array:
-  return 0.5 * jnp.sum(jnp.square(logits - target), -1).mean()
-
-
 def _tv(x: jax.Array) -> jax.Array:
   return (jnp.abs(x[:, 1:] - x[:, :-1]).mean() + jnp.abs(x[:, :, 1:] - x[:, :, :-1]).mean())
 
@@ -115,7 +111,7 @@ def _generator_update(variant, config, state, target, z, gen_stats, teacher):
     out, _ = core.apply(stu.graphdef, stu.params, stu.batch_stats, x_g, train=True)
     terms = step_lib.generator_loss_terms(config, out)
     sign = -variant.adversarial_weight if variant.generator_objective == "adversarial" else 1.0
-    terms["student"] = sign * _mse(out.logits, target)
+    terms["student"] = sign * step_lib.student_loss(config, out.logits, target)
     terms["tv"] = variant.tv_weight * _tv(x_g)
     return sum(terms.values())
 
@@ -127,7 +123,7 @@ def build_step(variant: Variant, config: config_lib.DPDFDConfig, plan: privacy.D
   """`step(state, buffer, key, i, update_generator) -> (state, buffer, student_loss)`."""
   def student_loss(stu, params, x, y):
     out, stats = core.apply(stu.graphdef, params, stu.batch_stats, x, train=True)
-    return _mse(out.logits, y), stats
+    return step_lib.student_loss(config, out.logits, y), stats
 
   def step(state, buffer, key, i, update_generator):
     z_key, noise_key, replay_key, shift_key = (jax.random.fold_in(key, j) for j in range(4))
