@@ -97,7 +97,8 @@ def _check_against_vmap(parts, input_shape, num_classes, *, mid_clip_checks=True
 
 
 @pytest.mark.parametrize("name,input_shape", [
-    ("lenet5", (28, 28, 1)), ("small_cnn", (8, 8, 1)), ("datalens_cnn", (10, 10, 1))])
+    ("lenet5", (28, 28, 1)), ("small_cnn", (8, 8, 1)), ("datalens_cnn", (10, 10, 1)),
+    ("scatter_linear", (7, 7, 81)), ("scatter_cnn", (7, 7, 81))])
 @pytest.mark.parametrize("norm", ["group", "none"])
 def test_equals_the_vmap_path_on_the_zoo(name, input_shape, norm):
   model = registry.create_classifier(name, num_classes=4, input_shape=input_shape, norm=norm,

@@ -14,8 +14,8 @@ INPUT_SHAPE = (28, 28, 1)
 def test_registered_names():
   assert set(registry.CLASSIFIERS) == {
       "lenet5", "lenet5_half", "datalens_cnn", "small_cnn", "vgg", "mobilenet", "resnet18",
-      "resnet34", "wide_resnet", "tv_resnet18", "tv_resnet34", "tv_vgg11_bn", "tv_vgg16_bn",
-      "tv_mobilenet_v2"}
+      "resnet34", "wide_resnet", "scatter_linear", "scatter_cnn", "tv_resnet18", "tv_resnet34",
+      "tv_vgg11_bn", "tv_vgg16_bn", "tv_mobilenet_v2"}
   assert set(registry.GENERATORS) == {"dafl"}
 
 

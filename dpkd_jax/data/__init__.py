@@ -2,10 +2,12 @@
 
 from dpkd_jax.data.arrays import ArrayDataset
 from dpkd_jax.data.arrays import DatasetInfo
+from dpkd_jax.data.arrays import FeatureDataset
 from dpkd_jax.data.pipeline import augment
 from dpkd_jax.data.pipeline import denormalize
 from dpkd_jax.data.pipeline import epoch_batches
 from dpkd_jax.data.pipeline import iterate
+from dpkd_jax.data.pipeline import model_inputs
 from dpkd_jax.data.pipeline import normalize
 from dpkd_jax.data.pipeline import poisson_batch
 from dpkd_jax.data.pipeline import random_translate
@@ -28,12 +30,14 @@ __all__ = [
     "DATA_DIR_ENV_VAR",
     "DataNotFoundError",
     "DatasetInfo",
+    "FeatureDataset",
     "augment",
     "clear_cache",
     "denormalize",
     "epoch_batches",
     "iterate",
     "load",
+    "model_inputs",
     "normalize",
     "partition",
     "poisson_batch",

@@ -87,6 +87,42 @@ class ArrayDataset:
                         info=self.info)
 
 
+@dataclasses.dataclass(frozen=True, kw_only=True, eq=False)
+class FeatureDataset:
+  """A labelled dataset whose inputs are precomputed float32 features, not pixels.
+
+  The same interface as `ArrayDataset` (`images`, `labels`, `info`, `len`, `subset`), so
+  training loops and `train.evaluate` take either: `pipeline.model_inputs` normalizes uint8
+  pixels and passes float32 features through unchanged.
+
+  Attributes:
+    images: (N, *feature_shape) float32 model inputs (e.g. ScatterNet features).
+    labels: (N,) int32 labels in [0, info.num_classes).
+    info: the dataset the features were computed from.
+  """
+
+  images: np.ndarray
+  labels: np.ndarray
+  info: DatasetInfo
+
+  def __post_init__(self):
+    where = f"FeatureDataset({self.info.name})"
+    if not isinstance(self.images, np.ndarray) or self.images.dtype != np.float32:
+      raise ValueError(f"{where}: features must be a float32 array, got "
+                       f"{getattr(self.images, 'dtype', type(self.images))}")
+    if self.labels.dtype != np.int32 or self.labels.shape != self.images.shape[:1]:
+      raise ValueError(f"{where}: labels must be int32 of shape ({len(self.images)},), got "
+                       f"{self.labels.dtype} {self.labels.shape}")
+
+  def __len__(self) -> int:
+    return int(self.labels.shape[0])
+
+  def subset(self, indices: np.ndarray) -> FeatureDataset:
+    """Returns the records at `indices` ((M,) integer array), in that order."""
+    return FeatureDataset(images=self.images[indices], labels=self.labels[indices],
+                          info=self.info)
+
+
 def check_arrays(images: np.ndarray, labels: np.ndarray, info: DatasetInfo, *,
                  where: str) -> None:
   """Raises ValueError (prefixed by `where`) unless images/labels fit `info`."""

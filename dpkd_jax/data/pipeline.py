@@ -65,6 +65,20 @@ def normalize(images: ArrayLike, info: DatasetInfo) -> ArrayLike:
   return (xp.asarray(images, xp.float32) / 255.0 - mean) / std
 
 
+def model_inputs(images: ArrayLike, info: DatasetInfo) -> ArrayLike:
+  """What a model reads: uint8 pixels normalized (`normalize`), float32 features unchanged.
+
+  Training steps and `train.evaluate` call this, so they take an `ArrayDataset` (pixels) or a
+  `FeatureDataset` (precomputed features, e.g. ScatterNet's) alike; the dtype is static under
+  jit, so each compiles one branch.
+  """
+  if images.dtype == np.uint8:
+    return normalize(images, info)
+  if images.dtype != np.float32:
+    raise ValueError(f"model inputs must be uint8 pixels or float32 features, got {images.dtype}")
+  return images
+
+
 def denormalize(x: ArrayLike, info: DatasetInfo) -> ArrayLike:
   """Inverse of `normalize`, back to [0, 1] floats for image grids.
 

@@ -13,7 +13,7 @@ import jax
 import numpy as np
 from flax import nnx
 
-from dpkd_jax.models import classifiers, core, generators, mobilenet, resnet, tv
+from dpkd_jax.models import classifiers, core, generators, mobilenet, resnet, scatter_heads, tv
 
 CLASSIFIERS: dict[str, Callable[..., nnx.Module]] = {
     "lenet5": classifiers.LeNet5,
@@ -25,6 +25,9 @@ CLASSIFIERS: dict[str, Callable[..., nnx.Module]] = {
     "resnet18": resnet.ResNet18,
     "resnet34": resnet.ResNet34,
     "wide_resnet": resnet.WideResNet,
+    # Heads for ScatterNet features (`representations.scatternet`; DP-SGD's --features).
+    "scatter_linear": scatter_heads.ScatterLinear,
+    "scatter_cnn": scatter_heads.ScatterCNN,
     # Exact torchvision twins, for imported teachers (`dpkd_jax.importers`, docs/TEACHERS.md).
     "tv_resnet18": tv.TVResNet18,
     "tv_resnet34": tv.TVResNet34,

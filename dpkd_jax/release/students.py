@@ -164,6 +164,12 @@ def load_student(workdir: str) -> Student:
   if spec is None:
     raise errors.UserError(f"--run: the checkpoint in {ckpt_dir!r} names no known student model "
                            f"or dataset; {_RUN_HINT}")
+  features = (verified.meta.get("config") or {}).get("features", "pixels")
+  if features != "pixels":  # DP-SGD on fixed features: the checkpoint holds only the head
+    raise errors.UserError(
+        f"--run: this student reads {features} features, not images; releasing it with its "
+        f"feature transform is not supported yet (apply dpkd_jax.representations.{features} "
+        f"to the images, then the head in {ckpt_dir!r})")
   layout = LAYOUTS[spec.method]
   template = core.split(nnx.eval_shape(lambda: ARCHITECTURES[spec.model](
       num_classes=spec.info.num_classes, input_shape=spec.info.image_shape, norm=spec.norm,

@@ -16,9 +16,9 @@ from dpkd_jax.train import distributed
 
 
 @functools.partial(jax.jit, static_argnames=("graphdef", "info"))
-def _batch_stats(graphdef: nnx.GraphDef, params, batch_stats, images_uint8, labels, mask, info):
+def _batch_stats(graphdef: nnx.GraphDef, params, batch_stats, inputs, labels, mask, info):
   """(correct, loss_sum) over the real (mask=1) rows of one padded batch."""
-  x = data.normalize(images_uint8, info)
+  x = data.model_inputs(inputs, info)  # pixels normalized; features as they are
   out, _ = core.apply(graphdef, params, batch_stats, x, train=False)
   correct = jnp.sum((jnp.argmax(out.logits, -1) == labels) * mask)
   loss = jnp.sum(optax.softmax_cross_entropy_with_integer_labels(out.logits, labels) * mask)
@@ -56,12 +56,13 @@ def predict_logits(parts: core.ModelParts, images_uint8: np.ndarray, info: data.
   return map_padded(lambda x: fn(parts.params, parts.batch_stats, x), images_uint8, batch_size)
 
 
-def evaluate(parts: core.ModelParts, dataset: data.ArrayDataset, *, batch_size: int = 1000) -> dict[str, float]:
+def evaluate(parts: core.ModelParts, dataset: data.ArrayDataset | data.FeatureDataset, *,
+             batch_size: int = 1000) -> dict[str, float]:
   """Accuracy and mean cross-entropy of `parts` on `dataset` (eval-mode BatchNorm).
 
   Args:
     parts: the model (graphdef, params, batch_stats).
-    dataset: uint8 images and int labels; normalization uses `dataset.info`.
+    dataset: uint8 images (normalized with `dataset.info`) or float32 features, and int labels.
     batch_size: evaluation batch; the last batch is padded and masked so one shape compiles.
 
   Returns:

@@ -21,13 +21,17 @@ from dpkd_jax import errors
 from dpkd_jax import models
 from dpkd_jax.models import core
 from dpkd_jax.models import ghost
+from dpkd_jax.representations import scatternet
 
 _OPTIMIZERS = ("sgd", "adam")
 _DP_NORMS = ("group", "none")
 CLIPPINGS = ("vmap", "ghost")
+# What the model reads: the normalized pixels, or fixed ScatterNet features of them (no
+# parameters, no data: no privacy cost; `representations.scatternet`).
+FEATURES = ("pixels", "scatternet")
 # Fields added after workdirs were first saved: left out of `to_json` at their default, so that
 # a default run saves the same config as before and older workdirs keep resuming.
-_OMITTED_AT_DEFAULT = ("clipping",)
+_OMITTED_AT_DEFAULT = ("clipping", "features", "validation_examples")
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -54,6 +58,14 @@ class DPSGDConfig:
       "ghost" (ghost clipping, `models.ghost`: the same sum and norms, to float rounding,
       without a per-example gradient of the whole model; models of Linear, Conv and GroupNorm
       layers only, others refused at construction). Same mechanism, noise and ε.
+    features: "pixels" (default) or "scatternet": train on the ScatterNet features of the
+      images (J = 2, L = 8; Tramèr & Boneh 2021), computed once before training; use the
+      `scatter_linear` or `scatter_cnn` heads. Same mechanism, noise and ε.
+    validation_examples: hold this many training records out (a fixed split, seed 0) and
+      report the model's accuracy on them (`validation_accuracy`), for hyper-parameter tuning
+      that never reads the test split. The held-out records are not trained on (N shrinks and
+      ε is of the remaining records); the validation accuracy is a noiseless statistic of
+      private records, NOT covered by ε (as for the tuning in the DP-SGD literature).
   """
 
   dataset: str
@@ -75,10 +87,13 @@ class DPSGDConfig:
   download: bool = False
   log_private_diagnostics: bool = False
   clipping: str = "vmap"
+  features: str = "pixels"
+  validation_examples: int = 0
 
   def __post_init__(self):
     for name, table in (("dataset", data.DATASETS), ("model", models.CLASSIFIERS),
-                        ("optimizer", _OPTIMIZERS), ("clipping", CLIPPINGS)):
+                        ("optimizer", _OPTIMIZERS), ("clipping", CLIPPINGS),
+                        ("features", FEATURES)):
       config_checks.one_of(name, getattr(self, name), table)
     if self.norm not in _DP_NORMS:
       why = (": BatchNorm mixes the examples of a batch, so clipping would not bound one "
@@ -89,6 +104,7 @@ class DPSGDConfig:
         raise ValueError(f"give exactly one of {first} and {second}, got {first}="
                          f"{getattr(self, first)!r}, {second}={getattr(self, second)!r}")
     config_checks.integers(self, "expected_batch_size")
+    config_checks.integer("validation_examples", self.validation_examples, minimum=0)
     for name, minimum in (("max_batch_size", self.expected_batch_size), ("steps", 1)):
       if getattr(self, name) is not None:
         config_checks.integer(name, getattr(self, name), minimum=minimum)
@@ -98,8 +114,14 @@ class DPSGDConfig:
     config_checks.delta(self.delta)
     config_checks.fraction("momentum", self.momentum, open_low=False)
     config_checks.seed(self.seed)
+    if self.features == "scatternet":
+      try:
+        self.input_shape  # pylint: disable=pointless-statement
+      except ValueError as err:
+        raise errors.UserError(f"features='scatternet' cannot read {self.dataset}: {err}") from None
     if self.clipping == "ghost":
-      check_ghost_clipping(self.model, norm=self.norm, info=self.info)
+      check_ghost_clipping(self.model, norm=self.norm, info=self.info,
+                           input_shape=self.input_shape)
 
   def _given(self, *names: str) -> tuple[str, ...]:
     """The optional fields among `names` that are set (not None)."""
@@ -108,6 +130,13 @@ class DPSGDConfig:
   @property
   def info(self) -> data.DatasetInfo:
     return data.DATASETS[self.dataset]
+
+  @property
+  def input_shape(self) -> tuple[int, int, int]:
+    """(H, W, C) of one model input: the image's, or its ScatterNet features'."""
+    if self.features == "scatternet":
+      return scatternet.ScatterNetConfig().output_shape(self.info.image_shape)
+    return self.info.image_shape
 
   def to_json(self) -> dict[str, Any]:
     """The fields as a JSON dict, without those of `_OMITTED_AT_DEFAULT` left at their default
@@ -119,7 +148,8 @@ class DPSGDConfig:
     return out
 
 
-def check_ghost_clipping(model: str, *, norm: str, info: data.DatasetInfo) -> None:
+def check_ghost_clipping(model: str, *, norm: str, info: data.DatasetInfo,
+                         input_shape: tuple[int, int, int] | None = None) -> None:
   """Raises UserError (one line) unless ghost clipping can train `model` with `norm` on `info`.
 
   Traces the clipped sum of a batch of two abstractly (shapes only: no computation, no JAX
@@ -128,8 +158,9 @@ def check_ghost_clipping(model: str, *, norm: str, info: data.DatasetInfo) -> No
   data is loaded or workdir touched. Two examples, not one: a batch of one cannot mix examples,
   so `models.ghost` only looks for mixing ops from two on.
   """
+  input_shape = info.image_shape if input_shape is None else input_shape
   parts = core.split(nnx.eval_shape(lambda: models.create_classifier(
-      model, num_classes=info.num_classes, input_shape=info.image_shape, norm=norm,
+      model, num_classes=info.num_classes, input_shape=input_shape, norm=norm,
       rngs=nnx.Rngs(0))))
   shape = jax.ShapeDtypeStruct
 
@@ -141,7 +172,7 @@ def check_ghost_clipping(model: str, *, norm: str, info: data.DatasetInfo) -> No
                                     loss_fn=_cross_entropy, l2_clip_norm=1.0)
 
   try:
-    jax.eval_shape(clipped_sum, parts.params, shape((2, *info.image_shape), jnp.float32),
+    jax.eval_shape(clipped_sum, parts.params, shape((2, *input_shape), jnp.float32),
                    shape((2,), jnp.int32), shape((2,), jnp.bool_))
   except errors.UserError as err:
     raise errors.UserError(f"clipping='ghost' cannot train model={model!r} with norm={norm!r} "

@@ -22,15 +22,18 @@ import time
 from typing import Any, Callable
 
 import jax
+import numpy as np
 import tqdm
 from jax.sharding import Mesh
 
 import dpkd_jax
 from dpkd_jax import data
+from dpkd_jax import errors
 from dpkd_jax import models
 from dpkd_jax.privacy import accounting
 from dpkd_jax.privacy import ledger as ledger_lib
 from dpkd_jax.privacy import seeds
+from dpkd_jax.representations import scatternet
 from dpkd_jax import config_checks
 from dpkd_jax.train import evaluate as evaluate_lib
 from dpkd_jax.train import metrics as metrics_lib
@@ -44,6 +47,8 @@ from dpkd_jax.methods.dpsgd.privacy import DPSGDPlan
 from dpkd_jax.methods.dpsgd.privacy import make_plan
 
 _LOG_EVERY_STEPS = 50
+# The validation hold-out is data bookkeeping, fixed so that tuning runs share one split.
+_VALIDATION_SEED = 0
 
 
 @workdir_lib.run_scope
@@ -76,9 +81,13 @@ def train_dpsgd(config: DPSGDConfig, workdir: str, *, resume: bool = False,
   config_json = config.to_json()
   run = workdir_lib.open_run(workdir, kind="DP-SGD", config=config_json, resume=resume)
   mesh = sharding.data_mesh() if mesh is None else mesh
-  # 2. Data: the private training split (Poisson-sampled) and the public test split.
+  # 2. Data: the private training split (Poisson-sampled), the public test split and the
+  #    optional validation hold-out, as pixels or as ScatterNet features.
   train, test = (data.load(config.dataset, split, data_dir=config.data_dir,
                            download=config.download) for split in ("train", "test"))
+  train, validation = hold_out(train, config.validation_examples)
+  train, test, validation = (None if part is None else model_inputs(part, config.features)
+                             for part in (train, test, validation))
   # 3. Plan and ledger: q, T, M and z resolved once (the step and the ledger both read it).
   plan = make_plan(config, num_examples=len(train), num_devices=mesh.shape[sharding.DATA_AXIS])
   ledger = run.ledger(plan.new_ledger())  # None without noise; a resumed run's own ledger
@@ -87,7 +96,7 @@ def train_dpsgd(config: DPSGDConfig, workdir: str, *, resume: bool = False,
   state, root_key = _initial_state(run, config, seeds.root_key(root_seed))
   # 5. Train: charge -> release -> seal -> evaluate -> save, one expected epoch at a time.
   loop = _Loop(run=run, config=config, plan=plan, mesh=mesh, train=train, test=test,
-               root_key=root_key, root_seed=root_seed, ledger=ledger)
+               validation=validation, root_key=root_key, root_seed=root_seed, ledger=ledger)
   stop = plan.steps if stop_at_step is None else min(stop_at_step, plan.steps)
   start_time = time.time()
   state, test_metrics = loop.train_until(sharding.replicate(state, mesh), stop=stop,
@@ -100,6 +109,31 @@ def train_dpsgd(config: DPSGDConfig, workdir: str, *, resume: bool = False,
                      delta=plan.delta, target_epsilon=config.target_epsilon,
                      neighbouring=plan.relation)
   return results
+
+
+def hold_out(train: data.ArrayDataset, count: int
+             ) -> tuple[data.ArrayDataset, data.ArrayDataset | None]:
+  """(training records, validation records): `count` records held out by a fixed split (seed
+  `_VALIDATION_SEED`, sorted indices); (train, None) for count = 0."""
+  if count == 0:
+    return train, None
+  if count >= len(train):
+    raise errors.UserError(f"validation_examples={count} leaves no training records out of "
+                           f"{len(train)}")
+  held = np.zeros(len(train), bool)
+  held[np.random.default_rng(_VALIDATION_SEED).permutation(len(train))[:count]] = True
+  return train.subset(np.flatnonzero(~held)), train.subset(np.flatnonzero(held))
+
+
+def model_inputs(dataset: data.ArrayDataset, features: str
+                 ) -> data.ArrayDataset | data.FeatureDataset:
+  """The dataset as the model reads it: its pixels, or their ScatterNet features (computed
+  once here rather than at every step: the transform is fixed)."""
+  if features == "pixels":
+    return dataset
+  return data.FeatureDataset(
+      images=scatternet.features(dataset.images, dataset.info, scatternet.ScatterNetConfig()),
+      labels=dataset.labels, info=dataset.info)
 
 
 def _initial_state(run: workdir_lib.Run, config: DPSGDConfig,
@@ -122,8 +156,9 @@ class _Loop:
   config: DPSGDConfig
   plan: DPSGDPlan
   mesh: Mesh
-  train: data.ArrayDataset
-  test: data.ArrayDataset
+  train: data.ArrayDataset | data.FeatureDataset
+  test: data.ArrayDataset | data.FeatureDataset
+  validation: data.ArrayDataset | data.FeatureDataset | None
   root_key: jax.Array
   root_seed: seeds.ResolvedSeed
   ledger: ledger_lib.PrivacyLedger | None
@@ -173,8 +208,17 @@ class _Loop:
       if closing is not None:
         closing.close()
     if test_metrics is None:  # nothing ran in this invocation
-      test_metrics = evaluate_lib.evaluate(state.parts, self.test)
+      test_metrics = self.evaluate(state)
     return state, test_metrics
+
+  def evaluate(self, state: TrainState) -> dict[str, float]:
+    """Accuracy and loss on the test split, and on the validation hold-out if there is one
+    (keys `validation_accuracy`, `validation_loss`)."""
+    metrics = evaluate_lib.evaluate(state.parts, self.test)
+    if self.validation is not None:
+      metrics.update({f"validation_{k}": v
+                      for k, v in evaluate_lib.evaluate(state.parts, self.validation).items()})
+    return metrics
 
   def _release(self, train_step: Callable, state: TrainState) -> tuple[TrainState, Any]:
     """One DP-SGD step (one release, charged already): Poisson batch, noisy clipped sum."""
@@ -194,10 +238,14 @@ class _Loop:
     split, write the released metrics, checkpoint. Returns the test metrics."""
     host_arrays = self.run.seal({"state": state.arrays(),
                                  "rng": jax.random.key_data(self.root_key)})
-    test_metrics = evaluate_lib.evaluate(state.parts, self.test)
+    test_metrics = self.evaluate(state)
+    released = {"accuracy": test_metrics["accuracy"], "loss": test_metrics["loss"]}
     # A non-private run has no finite ε to plot: results.json says inf.
-    writer.write(self.step, {**test_metrics, **({"epsilon": self.spent()} if self.ledger else {})},
+    writer.write(self.step, {**released, **({"epsilon": self.spent()} if self.ledger else {})},
                  prefix="test/")
+    if self.validation is not None:  # tuning runs only: a noiseless statistic of private records
+      writer.write(self.step, {"accuracy": test_metrics["validation_accuracy"]},
+                   prefix="validation/")
     self.run.save(self.step, host_arrays, {
         "config": self.config.to_json(), "plan": self.plan.to_json(),
         "root_seed": list(self.root_seed),
@@ -214,6 +262,10 @@ def _results(loop: _Loop, state: TrainState, test_metrics: dict[str, float], *, 
   return {
       "method": "dpsgd", "dataset": config.dataset, "model": config.model, "norm": config.norm,
       "test_accuracy": test_metrics["accuracy"], "test_loss": test_metrics["loss"],
+      **({} if loop.validation is None else {
+          "validation_accuracy": test_metrics["validation_accuracy"],
+          "validation_examples": len(loop.validation)}),
+      "features": config.features,
       "epsilon": epsilon, "neighbouring_relation": plan.relation,
       "epsilon_add_remove": epsilon if ledger is None else accounting.epsilon(
           plan.event(step, relation=accounting.ADD_REMOVE), delta=plan.delta),

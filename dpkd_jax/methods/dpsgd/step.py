@@ -96,7 +96,7 @@ def clipped_sum(graphdef: nnx.GraphDef, params: PyTree, batch_stats: PyTree, x: 
 
 def build_train_step(plan: DPSGDPlan, info: data.DatasetInfo, mesh: Mesh, *,
                      clipping: str = "vmap") -> Callable:
-  """The pure `train_step(state, images_uint8, labels, mask, noise_key) -> (state, metrics)`.
+  """The pure `train_step(state, inputs, labels, mask, noise_key) -> (state, metrics)`.
 
   `make_train_step` jits it; tests wrap it (`chex.assert_max_traces`) first.
 
@@ -109,7 +109,8 @@ def build_train_step(plan: DPSGDPlan, info: data.DatasetInfo, mesh: Mesh, *,
       computed (`clipped_sum`); the noise is the same.
 
   Returns:
-    The step: images (M, H, W, C) uint8, labels (M,) int32, mask (M,) bool (False: padding),
+    The step: inputs (M, H, W, C) uint8 images or float32 features (`data.model_inputs`),
+    labels (M,) int32, mask (M,) bool (False: padding),
     noise_key a replicated key for this step only. Metrics: loss, accuracy, batch_size,
     clipped_fraction, grad_norm (pre-clip), all noiseless functions of the private batch, so
     NOT covered by ε: `train_dpsgd` writes them only to `private_diagnostics.csv`, and only
@@ -128,7 +129,7 @@ def build_train_step(plan: DPSGDPlan, info: data.DatasetInfo, mesh: Mesh, *,
       # implicitly. 'varying' keeps the gradients per device (and per example under vmap).
       params = jax.tree.map(lambda p: jax.lax.pcast(p, axis, to="varying"), params)
       grad_sum, norms, losses, logits = clipped_sum(  # norms, losses: (m,)
-          state.graphdef, params, batch_stats, data.normalize(images, info), labels, mask,
+          state.graphdef, params, batch_stats, data.model_inputs(images, info), labels, mask,
           l2_clip_norm=clip_norm, clipping=clipping)
       stats = {"loss": losses, "accuracy": jnp.argmax(logits, -1) == labels,
                "batch_size": mask.astype(jnp.float32), "clipped_fraction": norms > clip_norm,
@@ -190,7 +191,7 @@ def _optimizer(name: str, learning_rate: float, momentum: float) -> optax.Gradie
 def init_model(config: DPSGDConfig, key: jax.Array) -> core.ModelParts:
   """The config's classifier, initialised from `key` and split."""
   return core.split(models.create_classifier(
-      config.model, num_classes=config.info.num_classes, input_shape=config.info.image_shape,
+      config.model, num_classes=config.info.num_classes, input_shape=config.input_shape,
       norm=config.norm, rngs=nnx.Rngs(key)))
 
 

@@ -1,0 +1,112 @@
+"""ScatterNet features: a fixed wavelet scattering transform (Mallat 2012; Oyallon & Mallat 2015).
+
+Tramèr & Boneh (2021, "Differentially private learning needs better features") train DP-SGD
+on these features instead of pixels: the transform has no parameters and reads no data, so it
+costs no privacy, and a linear model or a small CNN on top learns from far fewer noisy steps
+than an end-to-end CNN. Here the transform is kymatio's (its JAX frontend), not a copy of it.
+
+For an (H, W, C) image, scales J and L orientations, the features are (H / 2^J, W / 2^J, C K)
+with K = 1 + J L + L² J (J − 1) / 2 coefficients per channel (K = 81 for J = 2, L = 8): the
+low-pass average, the first-order wavelet moduli and the second-order ones, each averaged over
+2^J × 2^J pixels. Inputs are the normalized images (`data.normalize`), as in the paper's code.
+Channel layout: channel c's K coefficients are contiguous (index c K + k), so a GroupNorm with
+groups of whole coefficient families is what the paper's normalization does.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from dpkd_jax import config_checks
+from dpkd_jax.data import arrays
+from dpkd_jax.data import pipeline
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class ScatterNetConfig:
+  """The scattering transform's settings.
+
+  Attributes:
+    scales: J, the number of dyadic scales; the image sides must be multiples of 2^J.
+    orientations: L, the number of wavelet orientations.
+  """
+
+  scales: int = 2
+  orientations: int = 8
+
+  def __post_init__(self):
+    config_checks.integer("scales", self.scales, minimum=1)
+    config_checks.integer("orientations", self.orientations, minimum=1)
+
+  @property
+  def coefficients(self) -> int:
+    """K, the coefficients per input channel."""
+    j, l = self.scales, self.orientations
+    return 1 + j * l + l * l * j * (j - 1) // 2
+
+  def output_shape(self, image_shape: tuple[int, int, int]) -> tuple[int, int, int]:
+    """(H / 2^J, W / 2^J, C K) for an (H, W, C) image; ValueError if 2^J does not divide H, W."""
+    height, width, channels = image_shape
+    step = 2 ** self.scales
+    if height % step or width % step:
+      raise ValueError(f"the scattering transform with scales={self.scales} needs image sides "
+                       f"that are multiples of {step}, got {height}x{width}")
+    return height // step, width // step, channels * self.coefficients
+
+
+@functools.cache
+def _transform(config: ScatterNetConfig, height: int, width: int):
+  """kymatio's jitted JAX scattering for (B, H, W) images -> (B, K, H / 2^J, W / 2^J)."""
+  # kymatio.jax also imports its 3-D frontend, which needs scipy's removed `sph_harm`: import
+  # the 2-D JAX frontend directly.
+  from kymatio.scattering2d.frontend.jax_frontend import ScatteringJax2D  # pylint: disable=g-import-not-at-top
+  scattering = ScatteringJax2D(J=config.scales, shape=(height, width), L=config.orientations)
+  return jax.jit(scattering.scattering)
+
+
+def transform(x: jax.Array, config: ScatterNetConfig) -> jax.Array:
+  """ScatterNet features of normalized images.
+
+  Args:
+    x: (B, H, W, C) float32 normalized images.
+    config: J and L.
+
+  Returns:
+    (B, H / 2^J, W / 2^J, C K) float32 features; channel c's coefficients at c K ... c K + K − 1.
+  """
+  batch, height, width, channels = x.shape
+  out_h, out_w, features = config.output_shape((height, width, channels))
+  planes = jnp.moveaxis(x, -1, 1).reshape(batch * channels, height, width)  # (B C, H, W)
+  coefficients = _transform(config, height, width)(planes)  # (B C, K, h, w)
+  coefficients = coefficients.reshape(batch, features, out_h, out_w)
+  return jnp.moveaxis(coefficients, 1, -1)
+
+
+def features(images: np.ndarray, info: arrays.DatasetInfo, config: ScatterNetConfig, *,
+             chunk: int = 1000) -> np.ndarray:
+  """ScatterNet features of uint8 images, computed in fixed-size chunks on the host's device.
+
+  Args:
+    images: (N, H, W, C) uint8 images of the dataset `info`.
+    info: the dataset (its normalization).
+    config: J and L.
+    chunk: images per call (the last chunk is zero-padded, so one shape compiles).
+
+  Returns:
+    (N, H / 2^J, W / 2^J, C K) float32 features.
+  """
+  config.output_shape(tuple(images.shape[1:]))  # the divisibility check, before any compute
+  outs = []
+  for start in range(0, len(images), chunk):
+    part = images[start:start + chunk]
+    real = len(part)
+    if real < chunk:
+      part = np.concatenate([part, np.zeros((chunk - real, *part.shape[1:]), part.dtype)])
+    outs.append(np.asarray(transform(pipeline.normalize(jnp.asarray(part), info), config))[:real])
+  return np.concatenate(outs) if outs else np.zeros((0, *config.output_shape(
+      tuple(images.shape[1:]))), np.float32)

@@ -1,0 +1,95 @@
+"""DP-SGD on ScatterNet features and with a validation hold-out (`features`,
+`validation_examples`): the data path, the results keys, the saved config."""
+
+import dataclasses
+import json
+import os
+
+import numpy as np
+import pytest
+
+from dpkd_jax import data
+from dpkd_jax import errors
+from dpkd_jax.methods import dpsgd
+from dpkd_jax.methods.dpsgd import run as run_lib
+from dpkd_jax.release import students
+from dpkd_jax.train import metrics as metrics_lib
+
+
+def _config(**kw):
+  base = dict(dataset="digits", model="scatter_linear", features="scatternet",
+              expected_batch_size=64, l2_clip_norm=0.1, noise_multiplier=1.0, steps=6,
+              learning_rate=4.0, momentum=0.9, seed=0, clipping="ghost",
+              validation_examples=100)
+  base.update(kw)
+  return dpsgd.DPSGDConfig(**base)
+
+
+def test_hold_out_is_a_fixed_disjoint_split():
+  train = data.load("digits", "train")
+  kept, held = run_lib.hold_out(train, 100)
+  again, held_again = run_lib.hold_out(train, 100)
+  assert len(kept) == len(train) - 100 and len(held) == 100
+  np.testing.assert_array_equal(held.images, held_again.images)
+  np.testing.assert_array_equal(kept.labels, again.labels)
+  rows = {row.tobytes() for row in train.images.reshape(len(train), -1)}
+  assert len(rows) == len(train)  # digits has no duplicate images: rows identify records
+  kept_rows = {row.tobytes() for row in kept.images.reshape(len(kept), -1)}
+  assert not kept_rows & {row.tobytes() for row in held.images.reshape(100, -1)}
+  assert run_lib.hold_out(train, 0) == (train, None)
+  with pytest.raises(errors.UserError, match="leaves no training records"):
+    run_lib.hold_out(train, len(train))
+
+
+def test_model_inputs_normalize_pixels_and_pass_features_through():
+  info = data.DATASETS["digits"]
+  pixels = np.full((2, 28, 28, 1), 255, np.uint8)
+  np.testing.assert_allclose(data.model_inputs(pixels, info), data.normalize(pixels, info))
+  features = np.ones((2, 7, 7, 81), np.float32)
+  assert data.model_inputs(features, info) is features
+  with pytest.raises(ValueError, match="uint8 pixels or float32 features"):
+    data.model_inputs(features.astype(np.float64), info)
+  with pytest.raises(ValueError, match="float32"):
+    data.FeatureDataset(images=features.astype(np.float64), labels=np.zeros(2, np.int32),
+                        info=info)
+
+
+def test_config_input_shape_and_saved_config():
+  config = _config()
+  assert config.input_shape == (7, 7, 81)
+  assert dpsgd.DPSGDConfig(dataset="digits", model="lenet5", noise_multiplier=1.0,
+                           steps=1).input_shape == (28, 28, 1)
+  plain = dpsgd.DPSGDConfig(dataset="digits", model="lenet5", noise_multiplier=1.0, steps=1)
+  assert "features" not in plain.to_json() and "validation_examples" not in plain.to_json()
+  assert config.to_json()["features"] == "scatternet"
+  for bad in (dict(features="pixelz"), dict(validation_examples=-1)):
+    with pytest.raises(ValueError):
+      _config(**bad)
+
+
+def test_a_run_on_features_reports_validation_and_resumes(tmp_path):
+  config = _config()
+  one_go = dpsgd.train_dpsgd(config, str(tmp_path / "a"), progress=False)
+  assert one_go["features"] == "scatternet" and one_go["finished"]
+  assert one_go["validation_examples"] == 100
+  assert one_go["num_examples"] == 1442 - 100  # N of the plan: the records trained on
+  assert 0.0 <= one_go["validation_accuracy"] <= 1.0
+  assert one_go["test_accuracy"] > 0.5  # six noisy steps on ScatterNet features already learn
+  series = metrics_lib.read_metrics(str(tmp_path / "a"))
+  assert series["validation/accuracy"][-1] == (6, one_go["validation_accuracy"])
+  dpsgd.train_dpsgd(config, str(tmp_path / "b"), stop_at_step=3, progress=False)
+  resumed = dpsgd.train_dpsgd(config, str(tmp_path / "b"), resume=True, progress=False)
+  assert resumed["test_accuracy"] == one_go["test_accuracy"]
+  assert resumed["validation_accuracy"] == one_go["validation_accuracy"]
+  with open(os.path.join(tmp_path, "a", "record.json")) as f:
+    assert json.load(f)["test_accuracy"] == one_go["test_accuracy"]
+  with pytest.raises(errors.UserError, match="reads scatternet features, not images") as err:
+    students.load_student(str(tmp_path / "a"))  # the checkpoint holds the head only
+  assert "\n" not in str(err.value)
+
+
+def test_pixels_and_features_share_the_plan():
+  pixels = dataclasses.replace(_config(), features="pixels", model="lenet5", clipping="vmap")
+  plans = [dpsgd.make_plan(c, num_examples=1342, num_devices=8) for c in (_config(), pixels)]
+  assert plans[0].sound_epsilon == plans[1].sound_epsilon
+  assert plans[0].noise_multiplier == plans[1].noise_multiplier
