@@ -93,3 +93,26 @@ def test_pixels_and_features_share_the_plan():
   plans = [dpsgd.make_plan(c, num_examples=1342, num_devices=8) for c in (_config(), pixels)]
   assert plans[0].sound_epsilon == plans[1].sound_epsilon
   assert plans[0].noise_multiplier == plans[1].noise_multiplier
+
+
+def test_cosine_schedule_decays_over_the_planned_steps():
+  import jax
+  import optax
+  from dpkd_jax.methods.dpsgd import step as step_lib
+  config = _config(lr_schedule="cosine", optimizer="sgd", momentum=0.0)
+  with pytest.raises(ValueError, match="give total_steps"):
+    step_lib.make_optimizer(config)
+  tx = step_lib.make_optimizer(config, total_steps=10)
+  assert tx is step_lib.make_optimizer(config, total_steps=10)  # cached: one compiled step
+  params = {"w": jax.numpy.zeros(())}
+  state = tx.init(params)
+  rates = []
+  for _ in range(11):
+    updates, state = tx.update({"w": jax.numpy.ones(())}, state, params)
+    rates.append(-float(updates["w"]))
+  np.testing.assert_allclose(rates[0], 4.0)
+  np.testing.assert_allclose(rates[5], 2.0, rtol=1e-5)
+  np.testing.assert_allclose(rates[10], 0.0, atol=1e-6)
+  assert optax.tree_utils.tree_get(state, "count") is not None
+  run = dpsgd.DPSGDConfig(**{**dataclasses.asdict(config), "lr_schedule": "cosine"})
+  assert run.to_json()["lr_schedule"] == "cosine"

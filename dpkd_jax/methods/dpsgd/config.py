@@ -24,6 +24,7 @@ from dpkd_jax.models import ghost
 from dpkd_jax.representations import scatternet
 
 _OPTIMIZERS = ("sgd", "adam")
+LR_SCHEDULES = ("constant", "cosine")
 _DP_NORMS = ("group", "none")
 CLIPPINGS = ("vmap", "ghost")
 # What the model reads: the normalized pixels, or fixed ScatterNet features of them (no
@@ -31,7 +32,9 @@ CLIPPINGS = ("vmap", "ghost")
 FEATURES = ("pixels", "scatternet")
 # Fields added after workdirs were first saved: left out of `to_json` at their default, so that
 # a default run saves the same config as before and older workdirs keep resuming.
-_OMITTED_AT_DEFAULT = ("clipping", "features", "validation_examples")
+_OMITTED_AT_DEFAULT = ("clipping", "features", "validation_examples",
+                       "standardize_noise_multiplier", "standardize_mean_clip",
+                       "standardize_second_moment_clip", "lr_schedule")
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -48,7 +51,8 @@ class DPSGDConfig:
     target_epsilon: instead of z: the budget (replace-one ε); z is calibrated for the whole run.
     delta: δ of every reported ε.
     steps: T, or epochs: expected passes over the data (T = ceil(epochs / q)); give one.
-    optimizer: "sgd" (with `momentum` in [0, 1)) or "adam", constant `learning_rate`.
+    optimizer: "sgd" (with `momentum` in [0, 1)) or "adam" at `learning_rate`.
+    lr_schedule: "constant" (default) or "cosine" (decayed to 0 over the planned steps).
     seed: root of model init, Poisson sampling and noise; None (default) draws a secret one
       from OS entropy (`privacy.seeds.resolve_seed`); an integer makes the noise public.
     data_dir, download: as for `data.load`.
@@ -66,6 +70,11 @@ class DPSGDConfig:
       that never reads the test split. The held-out records are not trained on (N shrinks and
       ε is of the remaining records); the validation accuracy is a noiseless statistic of
       private records, NOT covered by ε (as for the tuning in the DP-SGD literature).
+    standardize_noise_multiplier: with features, standardize each feature channel by its mean
+      and variance over the private training records, released once before training by
+      `privacy.feature_moments` (two Gaussian sums, noise std this z times the clip norms
+      `standardize_mean_clip`, `standardize_second_moment_clip`) and composed into ε (the
+      DP-SGD z is calibrated for what is left of a target). None (default): no standardization.
   """
 
   dataset: str
@@ -89,11 +98,15 @@ class DPSGDConfig:
   clipping: str = "vmap"
   features: str = "pixels"
   validation_examples: int = 0
+  standardize_noise_multiplier: float | None = None
+  standardize_mean_clip: float = 1.0
+  standardize_second_moment_clip: float = 1.0
+  lr_schedule: str = "constant"
 
   def __post_init__(self):
     for name, table in (("dataset", data.DATASETS), ("model", models.CLASSIFIERS),
                         ("optimizer", _OPTIMIZERS), ("clipping", CLIPPINGS),
-                        ("features", FEATURES)):
+                        ("features", FEATURES), ("lr_schedule", LR_SCHEDULES)):
       config_checks.one_of(name, getattr(self, name), table)
     if self.norm not in _DP_NORMS:
       why = (": BatchNorm mixes the examples of a batch, so clipping would not bound one "
@@ -111,6 +124,11 @@ class DPSGDConfig:
     config_checks.positive(self, "l2_clip_norm", "learning_rate", *self._given(
         "target_epsilon", "epochs"))
     config_checks.non_negative(self, *self._given("noise_multiplier"))
+    config_checks.positive(self, "standardize_mean_clip", "standardize_second_moment_clip",
+                           *self._given("standardize_noise_multiplier"))
+    if self.standardize_noise_multiplier is not None and self.features == "pixels":
+      raise ValueError("standardize_noise_multiplier standardizes features: give features="
+                       "'scatternet' too (pixels are normalized with public statistics)")
     config_checks.delta(self.delta)
     config_checks.fraction("momentum", self.momentum, open_low=False)
     config_checks.seed(self.seed)

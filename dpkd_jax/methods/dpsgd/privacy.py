@@ -19,6 +19,7 @@ from dpkd_jax import data
 from dpkd_jax import errors
 from dpkd_jax.privacy import accounting
 from dpkd_jax.privacy import calibration
+from dpkd_jax.privacy import feature_moments
 from dpkd_jax.privacy import plan as plan_lib
 from dpkd_jax.methods.dpsgd.config import DPSGDConfig
 
@@ -28,6 +29,15 @@ def _event(noise_multiplier: float, sampling_rate: float, steps: int,
   """The tagged event of `steps` DP-SGD steps (the plan's and the calibration's, alike)."""
   return accounting.dpsgd_event(noise_multiplier=noise_multiplier, sampling_rate=sampling_rate,
                                 steps=steps, relation=relation)
+
+
+def _with_setup(setup_noise_multiplier: float | None, event: dp_event.DpEvent,
+                relation: str) -> dp_event.DpEvent:
+  """`event` composed after the run's one-off feature-moments release (if it has one)."""
+  if setup_noise_multiplier is None:
+    return event
+  return dp_event.ComposedDpEvent([feature_moments.moments_event(
+      noise_multiplier=setup_noise_multiplier, relation=relation), event])
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -48,6 +58,9 @@ class DPSGDPlan(plan_lib.Plan):
     l2_clip_norm: C, the per-example clipping bound.
     target_epsilon: the user's budget (replace-one), or None when z was given.
     epsilon_add_remove: ε at δ of all T steps under add/remove (inf for z = 0).
+    standardize_noise_multiplier: z of the one-off feature-moments release before the steps
+      (`setup_event`), or None without one; `sound_epsilon`, the calibration and the
+      add/remove figure compose it with the steps.
   """
 
   num_examples: int
@@ -59,6 +72,7 @@ class DPSGDPlan(plan_lib.Plan):
   l2_clip_norm: float
   target_epsilon: float | None = None
   epsilon_add_remove: float
+  standardize_noise_multiplier: float | None = None
 
   @property
   def steps(self) -> int:
@@ -70,6 +84,20 @@ class DPSGDPlan(plan_lib.Plan):
     (the add/remove figure reported beside the ledger's)."""
     return _event(self.noise_multiplier, self.sampling_rate, releases,
                   self.relation if relation is None else relation)
+
+  def setup_event(self, *, relation: str | None = None) -> dp_event.DpEvent | None:
+    """The event of the feature-moments release charged once before the first step (None
+    without one), under the plan's relation unless `relation` is given."""
+    if self.standardize_noise_multiplier is None:
+      return None
+    return feature_moments.moments_event(noise_multiplier=self.standardize_noise_multiplier,
+                                         relation=self.relation if relation is None else relation)
+
+  def run_event(self, steps: int, *, relation: str | None = None) -> dp_event.DpEvent:
+    """The whole event of a run that took `steps` steps: the setup release, then the steps."""
+    relation = self.relation if relation is None else relation
+    return _with_setup(self.standardize_noise_multiplier, self.event(steps, relation=relation),
+                       relation)
 
 
 def make_plan(config: DPSGDConfig, *, num_examples: int, num_devices: int) -> DPSGDPlan:
@@ -97,14 +125,15 @@ def make_plan(config: DPSGDConfig, *, num_examples: int, num_devices: int) -> DP
     raise ValueError(f"max_batch_size={max_batch_size} is not divisible by the {num_devices} "
                      f"devices of the 'data' mesh axis; use a multiple of {num_devices}")
   relation = accounting.REPLACE_ONE  # the budget's and the comparison tables' relation
+  setup = config.standardize_noise_multiplier
   noise_multiplier = float(config.noise_multiplier) if config.target_epsilon is None else (
       calibration.calibrate_noise_multiplier(
-          lambda z: _event(z, q, steps, relation), target_epsilon=config.target_epsilon,
-          delta=config.delta))
+          lambda z: _with_setup(setup, _event(z, q, steps, relation), relation),
+          target_epsilon=config.target_epsilon, delta=config.delta))
 
   def epsilon(of: str) -> float:
-    return (math.inf if noise_multiplier == 0 else
-            accounting.epsilon(_event(noise_multiplier, q, steps, of), delta=config.delta))
+    return (math.inf if noise_multiplier == 0 else accounting.epsilon(
+        _with_setup(setup, _event(noise_multiplier, q, steps, of), of), delta=config.delta))
 
   sound = epsilon(relation)
   return DPSGDPlan(
@@ -117,4 +146,5 @@ def make_plan(config: DPSGDConfig, *, num_examples: int, num_devices: int) -> DP
       max_batch_size=max_batch_size, noise_multiplier=noise_multiplier,
       l2_clip_norm=float(config.l2_clip_norm),
       target_epsilon=None if config.target_epsilon is None else float(config.target_epsilon),
-      epsilon_add_remove=epsilon(accounting.ADD_REMOVE))
+      epsilon_add_remove=epsilon(accounting.ADD_REMOVE),
+      standardize_noise_multiplier=None if setup is None else float(setup))

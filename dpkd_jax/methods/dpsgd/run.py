@@ -31,6 +31,7 @@ from dpkd_jax import data
 from dpkd_jax import errors
 from dpkd_jax import models
 from dpkd_jax.privacy import accounting
+from dpkd_jax.privacy import feature_moments
 from dpkd_jax.privacy import ledger as ledger_lib
 from dpkd_jax.privacy import seeds
 from dpkd_jax.representations import scatternet
@@ -49,6 +50,9 @@ from dpkd_jax.methods.dpsgd.privacy import make_plan
 _LOG_EVERY_STEPS = 50
 # The validation hold-out is data bookkeeping, fixed so that tuning runs share one split.
 _VALIDATION_SEED = 0
+# fold_in tag of the feature-moments release's key under the root key. Far above the 3 of
+# `jax.random.split(root_key, 3)`, whose i-th child may equal fold_in(root_key, i).
+MOMENTS_KEY_TAG = 0x6D6F6D
 
 
 @workdir_lib.run_scope
@@ -93,7 +97,11 @@ def train_dpsgd(config: DPSGDConfig, workdir: str, *, resume: bool = False,
   ledger = run.ledger(plan.new_ledger())  # None without noise; a resumed run's own ledger
   # 4. State: root seed, model and optimizer, or the resumed checkpoint's.
   root_seed = run.root_seed(config.seed)  # a resumed run also restores its key data below
-  state, root_key = _initial_state(run, config, seeds.root_key(root_seed))
+  state, root_key = _initial_state(run, config, seeds.root_key(root_seed), plan.steps)
+  # 4b. Features standardized by their DP moments: one release, charged once before it is made
+  #     (a resumed run recomputes the same release from the same key and data).
+  train, test, validation = standardize(run, config, plan, root_key, (train, test, validation),
+                                        first_release=int(state.step) == 0)
   # 5. Train: charge -> release -> seal -> evaluate -> save, one expected epoch at a time.
   loop = _Loop(run=run, config=config, plan=plan, mesh=mesh, train=train, test=test,
                validation=validation, root_key=root_key, root_seed=root_seed, ledger=ledger)
@@ -136,11 +144,34 @@ def model_inputs(dataset: data.ArrayDataset, features: str
       labels=dataset.labels, info=dataset.info)
 
 
-def _initial_state(run: workdir_lib.Run, config: DPSGDConfig,
-                   root_key: jax.Array) -> tuple[TrainState, jax.Array]:
+def standardize(run: workdir_lib.Run, config: DPSGDConfig, plan: DPSGDPlan, root_key: jax.Array,
+                parts: tuple[Any, ...], *, first_release: bool) -> tuple[Any, ...]:
+  """(train, test, validation) features standardized per channel by the moments of the
+  training features, released by `privacy.feature_moments` (unchanged without a setup event).
+
+  `first_release`: charge the release to the ledger (a run resumed past step 0 charged it).
+  """
+  setup_event = plan.setup_event()
+  if setup_event is None:
+    return parts
+  if first_release:
+    run.charge(setup_event, step=0, note="dpsgd feature moments")
+  train = parts[0]
+  moments = feature_moments.dp_feature_moments(
+      jax.random.fold_in(root_key, MOMENTS_KEY_TAG), train.images,
+      mean_clip_norm=config.standardize_mean_clip,
+      second_moment_clip_norm=config.standardize_second_moment_clip,
+      noise_multiplier=plan.standardize_noise_multiplier)
+  return tuple(None if part is None else data.FeatureDataset(
+      images=moments.standardize(part.images), labels=part.labels, info=part.info)
+      for part in parts)
+
+
+def _initial_state(run: workdir_lib.Run, config: DPSGDConfig, root_key: jax.Array,
+                   total_steps: int) -> tuple[TrainState, jax.Array]:
   """(state, root key): fresh from `root_key`, or the resumed checkpoint's (its key data
   included, so a secret seed's noise continues)."""
-  state = step_lib.init_state(config, jax.random.split(root_key, 3)[0])
+  state = step_lib.init_state(config, jax.random.split(root_key, 3)[0], total_steps=total_steps)
   if run.resuming:
     arrays, _ = run.restore({"state": state.arrays(), "rng": jax.random.key_data(root_key)})
     state = state.with_arrays(arrays["state"])
@@ -268,7 +299,7 @@ def _results(loop: _Loop, state: TrainState, test_metrics: dict[str, float], *, 
       "features": config.features,
       "epsilon": epsilon, "neighbouring_relation": plan.relation,
       "epsilon_add_remove": epsilon if ledger is None else accounting.epsilon(
-          plan.event(step, relation=accounting.ADD_REMOVE), delta=plan.delta),
+          plan.run_event(step, relation=accounting.ADD_REMOVE), delta=plan.delta),
       "delta": plan.delta, "accountant": "none" if ledger is None else ledger.accountant,
       "num_examples": plan.num_examples, "sampling_rate": plan.sampling_rate,
       "steps": step, "steps_per_epoch": plan.steps_per_epoch,

@@ -174,18 +174,26 @@ def _jitted_train_step(plan: DPSGDPlan, info: data.DatasetInfo, mesh: Mesh,
 make_train_step.cache_clear = _jitted_train_step.cache_clear  # type: ignore[attr-defined]
 
 
-def make_optimizer(config: DPSGDConfig) -> optax.GradientTransformation:
-  """Constant-rate SGD (optional momentum) or Adam: post-processing of the noisy gradient."""
-  return _optimizer(config.optimizer, config.learning_rate, config.momentum)
+def make_optimizer(config: DPSGDConfig, total_steps: int | None = None
+                   ) -> optax.GradientTransformation:
+  """SGD (optional momentum) or Adam at `learning_rate`, constant or cosine-decayed to 0 over
+  `total_steps` (`lr_schedule`): post-processing of the noisy gradient."""
+  if config.lr_schedule == "cosine" and total_steps is None:
+    raise ValueError("lr_schedule='cosine' decays over the run: give total_steps (the plan's T)")
+  return _optimizer(config.optimizer, config.learning_rate, config.momentum, config.lr_schedule,
+                    total_steps if config.lr_schedule == "cosine" else None)
 
 
 @functools.cache
-def _optimizer(name: str, learning_rate: float, momentum: float) -> optax.GradientTransformation:
+def _optimizer(name: str, learning_rate: float, momentum: float, schedule: str = "constant",
+               total_steps: int | None = None) -> optax.GradientTransformation:
   # One object per setting: TrainState's static `tx` is compared by identity under jit, so
   # repeated runs in one process (resume, sweeps, tests) then reuse the compiled step.
+  rate = (learning_rate if schedule == "constant"
+          else optax.cosine_decay_schedule(learning_rate, decay_steps=max(total_steps, 1)))
   if name == "adam":
-    return optax.adam(learning_rate)
-  return optax.sgd(learning_rate, momentum=momentum or None)
+    return optax.adam(rate)
+  return optax.sgd(rate, momentum=momentum or None)
 
 
 def init_model(config: DPSGDConfig, key: jax.Array) -> core.ModelParts:
@@ -195,6 +203,8 @@ def init_model(config: DPSGDConfig, key: jax.Array) -> core.ModelParts:
       norm=config.norm, rngs=nnx.Rngs(key)))
 
 
-def init_state(config: DPSGDConfig, key: jax.Array) -> TrainState:
-  """A fresh training state: the model initialised from `key` and the config's optimizer."""
-  return TrainState.create(init_model(config, key), make_optimizer(config))
+def init_state(config: DPSGDConfig, key: jax.Array, *,
+               total_steps: int | None = None) -> TrainState:
+  """A fresh training state: the model initialised from `key` and the config's optimizer
+  (`total_steps`, the plan's T, is needed by a cosine schedule)."""
+  return TrainState.create(init_model(config, key), make_optimizer(config, total_steps))
