@@ -1,9 +1,7 @@
 """DP feature moments (`privacy/feature_moments.py`): clipping, noise scale, event, and their
 use by DP-SGD (`standardize_noise_multiplier`): composed into ε, charged once, keys apart."""
 
-import dataclasses
 import json
-import math
 import os
 
 import jax
