@@ -11,6 +11,11 @@ Every reported run is one JSON record in docs/results/ (schema: dpkd_jax/train/r
           --paper_row="DPDFD Table 1, MNIST, eps=10" --paper_accuracy=0.9751 --table=dpdfd_session4
     then `render`. A table's row template (in its begin marker) names the keys a row needs;
     give the ones the run's record lacks with --column KEY=VALUE or --text KEY=VALUE.
+  combine           one record for a run repeated over seeds (mean accuracy, spread), from
+                    published seed records, which are then marked `seed_of` it (the frontier
+                    plots the mean, never a lucky seed):
+      python -m experiments.results combine --records=dpsgd__mnist__a_s0,dpsgd__mnist__a_s1,\
+          dpsgd__mnist__a_s2 --name=dpsgd__mnist__a --table=dpsgd_full_scale
   report --run=DIR  (re)writes DIR/report.md (`dpkd_jax.train.report`; every run writes one
                     when it finishes): curves, ε spent, samples, the run among the records
 """
@@ -120,6 +125,33 @@ def _publish(a: argparse.Namespace) -> int:
   return 0
 
 
+def _combine(a: argparse.Namespace) -> int:
+  if not _NAME.match(a.name):
+    raise UserError(f"--name={a.name!r}: use letters, digits, '_', '.', '-'")
+  dest = os.path.join(a.results_dir, a.name + ".json")
+  if os.path.exists(dest) and not a.force:
+    raise UserError(f"{dest} exists; pass --force to replace it")
+  names = [n for n in a.records.split(",") if n]
+  seeds = {n: records_lib.read_record(os.path.join(a.results_dir, n + ".json")) for n in names}
+  record = records_lib.combine_seeds(seeds, name=a.name)
+  record["tables"] = {}
+  for spec in a.table:
+    table, pos = _table_position(spec, a.results_dir, a.name)
+    record["tables"][table] = pos
+  for flag, field in (("column", "columns"), ("text", "text")):
+    for item in getattr(a, flag):
+      key, value = _key_value(item, "--" + flag)
+      record.setdefault(field, {})[key] = value if field == "columns" else str(value)
+  record.update(regenerated=True, source=[f"docs/results/{n}.json" for n in names])
+  records_lib.write_record(dest, record)
+  for n, seed in seeds.items():  # the seeds point at their mean: no frontier point of their own
+    records_lib.write_record(os.path.join(a.results_dir, n + ".json"), {**seed, "seed_of": a.name})
+  print(f"wrote {os.path.relpath(dest)} (mean {record['test_accuracy']:.4f} ± "
+        f"{record['columns']['accuracy_std']:.4f} over {len(names)} seeds); now run: "
+        "python -m experiments.results render")
+  return 0
+
+
 def _report(a: argparse.Namespace) -> int:
   if not os.path.isdir(a.run):
     raise UserError(f"--run: {a.run!r} is not a directory; give a finished run's workdir")
@@ -151,6 +183,13 @@ def _parser() -> argparse.ArgumentParser:
   u.add_argument("--column", action="append", default=[], help="KEY=VALUE (repeatable)")
   u.add_argument("--text", action="append", default=[], help="KEY=VALUE label (repeatable)")
   u.add_argument("--force", action="store_true", help="replace an existing record")
+  c = sub.add_parser("combine", help="one record for a run over seeds (mean and spread)")
+  c.add_argument("--records", required=True, help="comma-separated names of the seed records")
+  c.add_argument("--name", required=True, help="the combined record's name")
+  c.add_argument("--table", action="append", default=[], help="NAME or NAME:POSITION")
+  c.add_argument("--column", action="append", default=[], help="KEY=VALUE (repeatable)")
+  c.add_argument("--text", action="append", default=[], help="KEY=VALUE label (repeatable)")
+  c.add_argument("--force", action="store_true", help="replace an existing combined record")
   o = sub.add_parser("report", help="write a run's report.md (curves, ε spent, records)")
   o.add_argument("--run", required=True, help="the run's workdir (holds results.json)")
   return p
@@ -159,7 +198,8 @@ def _parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
   a = _parser().parse_args(sys.argv[1:] if argv is None else argv)
   try:
-    return {"render": _render, "publish": _publish, "report": _report}[a.command](a)
+    return {"render": _render, "publish": _publish, "combine": _combine,
+            "report": _report}[a.command](a)
   except UserError as e:
     print(f"error: {e}", file=sys.stderr)
     return 2

@@ -104,3 +104,47 @@ def test_committed_record(path):
   assert record["neighbouring"] == "replace-one"
   if record["method"] == "dpsgd":
     assert record["epsilon_add_remove"] <= record["sound_epsilon"]
+
+
+def test_combine_seeds_gives_the_mean_and_its_spread():
+  seeds = {f"dpdfd__digits__a_s{i}": _record(test_accuracy=acc, sound_epsilon=eps)
+           for i, (acc, eps) in enumerate(((0.9, 2.0), (0.8, 2.5), (0.7, 2.0)))}
+  combined = records.combine_seeds(seeds, name="dpdfd__digits__a")
+  assert combined["test_accuracy"] == pytest.approx(0.8)
+  assert combined["columns"]["accuracy_std"] == pytest.approx(0.1)
+  assert combined["columns"]["accuracy_seeds"] == [0.9, 0.8, 0.7]
+  assert combined["sound_epsilon"] == 2.5 and combined["cpu_seconds"] == 36.0
+  assert combined["single_seed"] is False and len(combined["combined_from"]) == 3
+  with pytest.raises(UserError, match="at least two"):
+    records.combine_seeds(dict(list(seeds.items())[:1]), name="x")
+  with pytest.raises(UserError, match="differ in dataset"):
+    records.combine_seeds({**seeds, "dpdfd__mnist__b": _record(dataset="mnist")}, name="x")
+
+
+def test_combine_cli_writes_the_mean_and_marks_the_seeds(tmp_path, capsys):
+  from experiments import results as results_cli
+  for i, acc in enumerate((0.9, 0.8)):
+    records.write_record(str(tmp_path / f"dpdfd__digits__a_s{i}.json"),
+                         {**_record(test_accuracy=acc), "single_seed": True,
+                          "regenerated": True, "source": "runs/x"})
+  code = results_cli.main(["--results_dir", str(tmp_path), "combine", "--records",
+                           "dpdfd__digits__a_s0,dpdfd__digits__a_s1", "--name",
+                           "dpdfd__digits__a", "--text", "label=two seeds"])
+  assert code == 0 and "mean 0.8500" in capsys.readouterr().out
+  combined = records.read_record(str(tmp_path / "dpdfd__digits__a.json"))
+  assert combined["test_accuracy"] == pytest.approx(0.85) and combined["text"]["label"]
+  for i in range(2):
+    assert records.read_record(str(tmp_path / f"dpdfd__digits__a_s{i}.json"))[
+        "seed_of"] == "dpdfd__digits__a"
+  assert results_cli.main(["--results_dir", str(tmp_path), "combine", "--records",
+                           "dpdfd__digits__a_s0,dpdfd__digits__a_s1", "--name",
+                           "dpdfd__digits__a"]) == 2  # exists: needs --force
+
+
+def test_committed_combined_records_point_at_their_seeds():
+  names = {os.path.basename(p)[:-len(".json")]: records.read_record(p) for p in _COMMITTED}
+  for name, record in names.items():
+    for seed in record.get("combined_from", []):
+      assert names[seed]["seed_of"] == name
+    if record.get("seed_of"):
+      assert name in names[record["seed_of"]]["combined_from"]

@@ -180,3 +180,45 @@ def read_record(path: str, **json_kwargs: Any) -> dict[str, Any]:
   except ValueError as e:
     raise UserError(f"{path}: {e}") from e
   return record
+
+
+def combine_seeds(records: dict[str, dict[str, Any]], *, name: str) -> dict[str, Any]:
+  """One record for the same run repeated over seeds: the mean test accuracy and its spread.
+
+  Args:
+    records: seed record name -> record (at least two; the same method, dataset, δ,
+      neighbouring relation and accounting).
+    name: the combined record's name (each seed record then says `seed_of: name`).
+
+  Returns:
+    The combined record: `test_accuracy` the mean over the seeds, `sound_epsilon` the largest
+    of theirs, cpu/wall seconds the sums, the first seed's command and commit, `single_seed`
+    false, `combined_from` the seed names, and `columns` accuracy_seeds (in name order),
+    accuracy_std (sample standard deviation), accuracy_min, accuracy_max, seeds.
+  """
+  if len(records) < 2:
+    raise UserError(f"combining seeds needs at least two records, got {len(records)}")
+  names = sorted(records)
+  first = records[names[0]]
+  for field in ("method", "dataset", "delta", "neighbouring", "accounting", "paper_row"):
+    values = {json.dumps(records[n][field]) for n in names}
+    if len(values) > 1:
+      raise UserError(f"the records to combine differ in {field}: {sorted(values)}")
+  accuracies = [records[n]["test_accuracy"] for n in names]
+  if any(a is None for a in accuracies):
+    raise UserError("every record to combine needs a test accuracy")
+  epsilons = [records[n]["sound_epsilon"] for n in names]
+  mean = sum(accuracies) / len(accuracies)
+  std = math.sqrt(sum((a - mean) ** 2 for a in accuracies) / (len(accuracies) - 1))
+  combined = {field: first[field] for field in RECORD_FIELDS}
+  combined.update(
+      test_accuracy=mean,
+      sound_epsilon="inf" if "inf" in epsilons else max(epsilons),
+      cpu_seconds=sum(records[n]["cpu_seconds"] for n in names),
+      wall_seconds=sum(records[n]["wall_seconds"] for n in names),
+      single_seed=False, combined_from=names,
+      columns={"accuracy_seeds": accuracies, "accuracy_std": std, "accuracy_min": min(accuracies),
+               "accuracy_max": max(accuracies), "seeds": len(names)})
+  if name in records:
+    raise UserError(f"the combined record {name!r} cannot be one of its seeds")
+  return validate_record(combined)
