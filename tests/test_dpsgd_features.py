@@ -82,7 +82,11 @@ def test_a_run_on_features_reports_validation_and_resumes(tmp_path):
   assert resumed["test_accuracy"] == one_go["test_accuracy"]
   assert resumed["validation_accuracy"] == one_go["validation_accuracy"]
   with open(os.path.join(tmp_path, "a", "record.json")) as f:
-    assert json.load(f)["test_accuracy"] == one_go["test_accuracy"]
+    record = json.load(f)
+  assert record["test_accuracy"] == one_go["test_accuracy"]
+  assert record["validation_accuracy"] == one_go["validation_accuracy"]  # the tables show it
+  assert (record["features"], record["model"], record["learning_rate"]) == (
+      "scatternet", "scatter_linear", 4.0)
   with pytest.raises(errors.UserError, match="reads scatternet features, not images") as err:
     students.load_student(str(tmp_path / "a"))  # the checkpoint holds the head only
   assert "\n" not in str(err.value)

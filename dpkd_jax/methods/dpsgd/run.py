@@ -115,8 +115,22 @@ def train_dpsgd(config: DPSGDConfig, workdir: str, *, resume: bool = False,
   outputs.finish_run(workdir, results, clock=clock, dataset=config.dataset,
                      test_accuracy=results["test_accuracy"], sound_epsilon=results["epsilon"],
                      delta=plan.delta, target_epsilon=config.target_epsilon,
-                     neighbouring=plan.relation)
+                     neighbouring=plan.relation, extra=_record_extra(results))
   return results
+
+
+def _record_extra(results: dict[str, Any]) -> dict[str, Any]:
+  """What a DP-SGD record keeps beside the common fields: the settings its tables show, the
+  add/remove ε, and the validation accuracy of a tuning run (NOT covered by ε)."""
+  config = results["config"]
+  extra = {key: results[key] for key in ("model", "features", "noise_multiplier",
+                                         "epsilon_add_remove", "steps", "expected_batch_size",
+                                         "l2_clip_norm", "validation_accuracy",
+                                         "validation_examples") if key in results}
+  extra.update({key: config[key] for key in ("learning_rate", "norm", "epochs",
+                                            "lr_schedule", "standardize_noise_multiplier")
+                if key in config})
+  return extra
 
 
 def hold_out(train: data.ArrayDataset, count: int
