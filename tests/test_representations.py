@@ -92,7 +92,7 @@ def test_registry_rejects_unknown_kind_and_mismatched_config(digits):
     representations.fit("hog", public, jax.random.key(0))
   with pytest.raises(ValueError, match="needs a SimCLRConfig"):
     representations.fit("simclr", public, jax.random.key(0), pca.PCAConfig())
-  assert set(representations.REPRESENTATIONS) == {"pca", "simclr"}
+  assert set(representations.REPRESENTATIONS) == {"pca", "simclr", "scatternet"}
   assert isinstance(representations.default_config("pca"), pca.PCAConfig)
 
 
@@ -128,3 +128,22 @@ def test_random_affine_identity_and_shapes(digits):
   assert not np.allclose(moved, images)
   photo = augment.random_photometric(jax.random.key(1), images / 255.0)
   assert float(photo.min()) >= 0.0 and float(photo.max()) <= 1.0
+
+
+def test_scatternet_embeds_unit_vectors_without_fitting_anything(digits):
+  from dpkd_jax.representations import scatternet
+  public, other_images = digits
+  rep = representations.fit("scatternet", public[:3], jax.random.key(0))
+  assert rep.kind == "scatternet" and rep.params == {} and rep.dim == 7 * 7 * 81
+  images = public[:5]
+  emb = rep.embed(images, batch_size=2)
+  np.testing.assert_allclose(np.linalg.norm(emb, axis=1), 1.0, rtol=1e-5)
+  other = representations.fit("scatternet", other_images, jax.random.key(1))
+  np.testing.assert_allclose(other.embed(images), emb, rtol=1e-5, atol=1e-6)  # reads no data
+  x = jnp.asarray(images, jnp.float32) / 255.0
+  flat = np.log1p(10.0 * np.abs(np.asarray(
+      scatternet.transform(x, scatternet.ScatterNetConfig())))).reshape(5, -1)
+  np.testing.assert_allclose(emb, flat / np.linalg.norm(flat, axis=1, keepdims=True),
+                             rtol=1e-4, atol=1e-6)
+  with pytest.raises(ValueError, match="log_scale"):
+    scatternet.ScatterNetEmbeddingConfig(log_scale=0.0)

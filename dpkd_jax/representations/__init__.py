@@ -5,6 +5,8 @@ any (N, H, W, C) uint8 images to (N, d) float32 embeddings. Kinds (explicit regi
 
 * "pca": PCA of the public pixels (fast, deterministic; `pca.PCAConfig`).
 * "simclr": a small SimCLR encoder trained on the public images (`simclr.SimCLRConfig`).
+* "scatternet": log-scaled ScatterNet features (`scatternet.ScatterNetEmbeddingConfig`); a
+  fixed transform that reads no data at all.
 
 Only public images are passed to `fit`, so the representation, and anything computed from it
 and public data alone (e.g. the reverse k-NN queries), is public.
@@ -19,6 +21,7 @@ import jax
 import numpy as np
 
 from dpkd_jax.representations import pca
+from dpkd_jax.representations import scatternet
 from dpkd_jax.representations import simclr
 from dpkd_jax.representations.base import Representation
 
@@ -33,6 +36,7 @@ class RepresentationKind(NamedTuple):
 REPRESENTATIONS: dict[str, RepresentationKind] = {
     "pca": RepresentationKind(pca.PCAConfig, pca.fit),
     "simclr": RepresentationKind(simclr.SimCLRConfig, simclr.fit),
+    "scatternet": RepresentationKind(scatternet.ScatterNetEmbeddingConfig, scatternet.fit),
 }
 
 
@@ -70,4 +74,4 @@ def fit(kind: str, public_images: np.ndarray, key: jax.Array,
 
 
 __all__ = ["REPRESENTATIONS", "Representation", "RepresentationKind", "default_config", "fit",
-           "pca", "simclr"]
+           "pca", "scatternet", "simclr"]

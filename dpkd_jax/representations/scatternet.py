@@ -25,6 +25,7 @@ import numpy as np
 from dpkd_jax import config_checks
 from dpkd_jax.data import arrays
 from dpkd_jax.data import pipeline
+from dpkd_jax.representations import base
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -110,3 +111,63 @@ def features(images: np.ndarray, info: arrays.DatasetInfo, config: ScatterNetCon
     outs.append(np.asarray(transform(pipeline.normalize(jnp.asarray(part), info), config))[:real])
   return np.concatenate(outs) if outs else np.zeros((0, *config.output_shape(
       tuple(images.shape[1:]))), np.float32)
+
+
+# --- As a representation for clustering (`representations.fit("scatternet", ...)`). ---
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class ScatterNetEmbeddingConfig:
+  """ScatterNet features as a clustering representation (reverse k-NN queries).
+
+  The embedding of an image is log(1 + c |S(x / 255)|), flattened and L2-normalised: the log
+  compresses the heavy-tailed second-order coefficients so that k-means compares shapes, not
+  ink. Nothing is fitted: the representation reads no data at all.
+
+  Attributes:
+    scales, orientations: J and L of the transform.
+    log_scale: c.
+  """
+
+  scales: int = 2
+  orientations: int = 8
+  log_scale: float = 10.0
+
+  def __post_init__(self):
+    ScatterNetConfig(scales=self.scales, orientations=self.orientations)  # validates J, L
+    config_checks.positive(self, "log_scale")
+
+
+def _embed(params: dict, images: jax.Array, *, config: ScatterNetConfig,
+           log_scale: float) -> jax.Array:
+  """(B, H, W, C) uint8 -> (B, d) float32 L2-normalised log-scattering embeddings."""
+  del params  # nothing fitted
+  features = transform(images.astype(jnp.float32) / 255.0, config)  # (B, h, w, C K)
+  flat = jnp.log1p(log_scale * jnp.abs(features)).reshape(images.shape[0], -1)
+  return flat / jnp.maximum(jnp.linalg.norm(flat, axis=-1, keepdims=True), 1e-12)
+
+
+def fit(public_images: np.ndarray, key: jax.Array | None = None,
+        config: ScatterNetEmbeddingConfig | None = None, *, progress: bool = False):
+  """The ScatterNet representation: nothing is fitted (the images only fix the shape).
+
+  Args:
+    public_images: (n, H, W, C) uint8 images (only their shape is read).
+    key, progress: unused; accepted so every kind has the same signature.
+    config: `ScatterNetEmbeddingConfig` (defaults if None).
+
+  Returns:
+    A `Representation` of dimension (H / 2^J)(W / 2^J) C K.
+  """
+  del key, progress
+  config = ScatterNetEmbeddingConfig() if config is None else config
+  if public_images.ndim != 4:
+    raise ValueError(f"need (n, H, W, C) images, got shape {public_images.shape}")
+  transform_config = ScatterNetConfig(scales=config.scales, orientations=config.orientations)
+  out_h, out_w, features = transform_config.output_shape(tuple(public_images.shape[1:]))
+  embed = jax.jit(functools.partial(_embed, config=transform_config,
+                                    log_scale=float(config.log_scale)))
+  return base.Representation(
+      kind="scatternet", dim=out_h * out_w * features, params={}, embed_fn=embed,
+      description={"kind": "scatternet", "config": dataclasses.asdict(config),
+                   "num_fit_images": 0})
