@@ -107,9 +107,11 @@ def test_committed_record(path):
 
 
 def test_combine_seeds_gives_the_mean_and_its_spread():
-  seeds = {f"dpdfd__digits__a_s{i}": _record(test_accuracy=acc, sound_epsilon=eps)
+  seeds = {f"dpdfd__digits__a_s{i}": _record(test_accuracy=acc, sound_epsilon=eps,
+                                             extra={"sigma": 1.5, "seed": i})
            for i, (acc, eps) in enumerate(((0.9, 2.0), (0.8, 2.5), (0.7, 2.0)))}
   combined = records.combine_seeds(seeds, name="dpdfd__digits__a")
+  assert combined["sigma"] == 1.5 and "seed" not in combined  # shared settings only
   assert combined["test_accuracy"] == pytest.approx(0.8)
   assert combined["columns"]["accuracy_std"] == pytest.approx(0.1)
   assert combined["columns"]["accuracy_seeds"] == [0.9, 0.8, 0.7]

@@ -193,8 +193,9 @@ def combine_seeds(records: dict[str, dict[str, Any]], *, name: str) -> dict[str,
   Returns:
     The combined record: `test_accuracy` the mean over the seeds, `sound_epsilon` the largest
     of theirs, cpu/wall seconds the sums, the first seed's command and commit, `single_seed`
-    false, `combined_from` the seed names, and `columns` accuracy_seeds (in name order),
-    accuracy_std (sample standard deviation), accuracy_min, accuracy_max, seeds.
+    false, `combined_from` the seed names, every further field the seeds share (settings
+    such as the noise multiplier), and `columns` accuracy_seeds (in name order), accuracy_std
+    (sample standard deviation), accuracy_min, accuracy_max, seeds.
   """
   if len(records) < 2:
     raise UserError(f"combining seeds needs at least two records, got {len(records)}")
@@ -211,6 +212,12 @@ def combine_seeds(records: dict[str, dict[str, Any]], *, name: str) -> dict[str,
   mean = sum(accuracies) / len(accuracies)
   std = math.sqrt(sum((a - mean) ** 2 for a in accuracies) / (len(accuracies) - 1))
   combined = {field: first[field] for field in RECORD_FIELDS}
+  # Settings every seed shares; not the publishing fields (tables, labels, sources).
+  publishing = {"tables", "columns", "text", "bold", "source", "regenerated", "single_seed",
+                "seed_of", "combined_from", "warnings"}
+  combined.update({key: value for key, value in first.items()
+                   if key not in combined and key not in publishing
+                   and all(json.dumps(records[n].get(key)) == json.dumps(value) for n in names)})
   combined.update(
       test_accuracy=mean,
       sound_epsilon="inf" if "inf" in epsilons else max(epsilons),
