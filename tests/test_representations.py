@@ -141,7 +141,7 @@ def test_scatternet_embeds_unit_vectors_without_fitting_anything(digits):
   other = representations.fit("scatternet", other_images, jax.random.key(1))
   np.testing.assert_allclose(other.embed(images), emb, rtol=1e-5, atol=1e-6)  # reads no data
   x = jnp.asarray(images, jnp.float32) / 255.0
-  flat = np.log1p(10.0 * np.abs(np.asarray(
+  flat = np.log1p(3.0 * np.abs(np.asarray(
       scatternet.transform(x, scatternet.ScatterNetConfig())))).reshape(5, -1)
   np.testing.assert_allclose(emb, flat / np.linalg.norm(flat, axis=1, keepdims=True),
                              rtol=1e-4, atol=1e-6)

@@ -131,7 +131,7 @@ class ScatterNetEmbeddingConfig:
 
   scales: int = 2
   orientations: int = 8
-  log_scale: float = 10.0
+  log_scale: float = 3.0
 
   def __post_init__(self):
     ScatterNetConfig(scales=self.scales, orientations=self.orientations)  # validates J, L
