@@ -152,3 +152,19 @@ def test_cli_representation_overrides():
   assert args.workdir == os.path.join("runs", "rknn", "digits_simclr_central_s40_k1_eps0.1")
   config, _ = rknn_cli.parse_config(["--pca_components=12"])
   assert dataclasses.asdict(config)["representation_config"]["num_components"] == 12
+
+
+def test_self_training_relabels_the_public_set_without_a_release(tmp_path):
+  workdir = str(tmp_path / "run")
+  config = _config(student=dataclasses.replace(TINY_STUDENT, self_training_rounds=2))
+  results = rknn.train_rknn(config, workdir, progress=False)
+  labelling, *self_training = results["per_round"]
+  assert [r["self_training_round"] for r in self_training] == [1, 2]
+  assert results["label_accuracy"] == labelling["label_accuracy"]  # Acc_pl: the DP labels
+  assert results["student_accuracy"] == self_training[-1]["student_accuracy"]
+  ledger = ledger_lib.PrivacyLedger.load(os.path.join(workdir, "privacy_ledger.json"))
+  assert len(ledger.entries) == 1  # the one release; self-training charges nothing
+  assert results["ledger_epsilon"] == labelling["ledger_epsilon"]
+  assert checkpoint.latest_step(os.path.join(workdir, "checkpoints")) == 3
+  plain = rknn.train_rknn(_config(), str(tmp_path / "plain"), progress=False)
+  assert plain["per_round"][0]["student_accuracy"] == labelling["student_accuracy"]

@@ -34,6 +34,9 @@ class StudentConfig:
     label_smoothing: in [0, 1), mass spread uniformly over the classes.
     augment: random rotation in [-rotation_degrees, rotation_degrees] and shifts up to
       `translate_fraction` of the image size (flips too for flip-invariant datasets).
+    self_training_rounds: after the last labelling round, this many times: relabel every
+      public image with the student's prediction and train a fresh student on those labels.
+      Post-processing of the released labels (public images only): no privacy cost.
   """
 
   model: str = "lenet5"
@@ -46,11 +49,13 @@ class StudentConfig:
   augment: bool = True
   rotation_degrees: float = 15.0
   translate_fraction: float = 0.1
+  self_training_rounds: int = 0
 
   def __post_init__(self):
     checks.one_of("student model", self.model, models.CLASSIFIERS)
     classifiers.validate_norm(self.norm)
     checks.integers(self, "epochs", "batch_size")
+    checks.integer("self_training_rounds", self.self_training_rounds, minimum=0)
     checks.positive(self, "learning_rate")
     checks.non_negative(self, "weight_decay", "rotation_degrees", "translate_fraction")
     checks.fraction("label_smoothing", self.label_smoothing, open_low=False)

@@ -49,6 +49,10 @@ class _Data(NamedTuple):
   private_embeddings: np.ndarray  # (N, d)
 
 
+# fold_in tags of the self-training students' keys under the student stream: above every
+# labelling round's index (round r's student uses fold_in(student key, r)).
+_SELF_TRAINING_TAG = 1_000_000
+
 def public_evaluation_split(num_examples: int, num_public: int, *,
                             seed: int) -> tuple[np.ndarray, np.ndarray]:
   """Sorted (public, evaluation) indices: `num_public` of a seeded permutation, then the rest.
@@ -137,12 +141,14 @@ def _results(config: config_lib.RKNNConfig, plan: privacy.RKNNPlan, ledger: Any,
              per_round: list[dict[str, Any]], seed: seeds.ResolvedSeed,
              started: tuple[float, float], workdir: str) -> dict[str, Any]:
   """results.json: the last round's accuracies, the privacy figures and the run's facts."""
-  last = per_round[-1]
+  last = per_round[-1]  # the released student: the last labelling or self-training round
+  labelled = [r for r in per_round if "self_training_round" not in r][-1]
   return {
       "method": "rknn", "dataset": config.dataset, "mode": config.mode,
       "representation": representation.description, "representation_dim": representation.dim,
       "num_queries": config.num_queries, "k": config.k, "rounds": config.rounds,
-      "label_accuracy": last["label_accuracy"],  # Acc_pl
+      "label_accuracy": labelled["label_accuracy"],  # Acc_pl, of the DP labels
+      "self_training_rounds": config.student.self_training_rounds,
       "student_accuracy": last["student_accuracy"],  # Acc_pc
       "student_loss": last["student_loss"],
       "epsilon": plan.paper_epsilon, "delta": 0.0, "epsilon_per_round": plan.epsilon_per_round,
@@ -212,8 +218,32 @@ def train_rknn(config: config_lib.RKNNConfig, workdir: str, *,
                                    "epsilon": spent}, prefix="round/")
     run.save(round_index + 1, arrays, {"config": config_json, "round": round_index + 1,
                                        "plan": plan.to_json(), "ledger": ledger.to_json()})
+  # 6. Self-training: the student relabels the public set, a fresh student learns it (no
+  #    release, no charge: public images and the released labels only)
+  labels = public_labels
+  for extra_round in range(config.student.self_training_rounds):
+    labels = np.argmax(evaluate_lib.predict_logits(student, splits.public.images, config.info),
+                       axis=-1).astype(np.int32)
+    student = student_lib.train_student(
+        jax.random.fold_in(keys.student, _SELF_TRAINING_TAG + extra_round), splits.public.images,
+        labels, info=config.info, config=config.student, progress=progress, writer=writer,
+        step_offset=(plan.releases + extra_round) * steps_per_round,
+        desc=f"rknn self-training {extra_round + 1}/{config.student.self_training_rounds}")
+    test_metrics = evaluate_lib.evaluate(student, splits.evaluation)
+    per_round.append({"self_training_round": extra_round + 1,
+                      "label_accuracy": float(np.mean(labels == splits.public.labels)),
+                      "student_accuracy": test_metrics["accuracy"],
+                      "student_loss": test_metrics["loss"], "ledger_epsilon": spent})
+    writer.write(plan.releases + extra_round + 1, {"student_accuracy": test_metrics["accuracy"]},
+                 prefix="self_training/")
+    arrays = run.seal({"student": {"params": student.params,
+                                   "batch_stats": student.batch_stats},
+                       "public_labels": public_labels, "rng": jax.random.key_data(root_key)})
+    run.save(plan.releases + extra_round + 1, arrays, {
+        "config": config_json, "round": plan.releases, "self_training_round": extra_round + 1,
+        "plan": plan.to_json(), "ledger": ledger.to_json()})
   writer.close()
-  # 6. Results record: the ledger's ε (dp_accounting, at δ), the paper's pure ε (δ = 0) beside
+  # 7. Results record: the ledger's ε (dp_accounting, at δ), the paper's pure ε (δ = 0) beside
   results = _results(config, plan, ledger, representation, splits, per_round, seed, started,
                      workdir)
   return outputs.finish_run(
