@@ -195,6 +195,9 @@ def exclusion(record: Record) -> str | None:
     return EXCLUDED_METHODS[record["method"]]
   if record.get("seed_of"):
     return f"one seed of {record['seed_of']} (the mean over its seeds is the point)"
+  if record.get("validation_examples"):
+    return "a tuning run (trained beside a validation hold-out; picking it by test accuracy "\
+           "would tune on the test split)"
   if record["accounting"] != "sound":
     return "paper accounting (its ε is not a guarantee)"
   if math.isinf(_epsilon(record["sound_epsilon"])):
