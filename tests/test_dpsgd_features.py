@@ -87,6 +87,9 @@ def test_a_run_on_features_reports_validation_and_resumes(tmp_path):
   assert record["validation_accuracy"] == one_go["validation_accuracy"]  # the tables show it
   assert (record["features"], record["model"], record["learning_rate"]) == (
       "scatternet", "scatter_linear", 4.0)
+  with open(os.path.join(tmp_path, "a", "model_card.json")) as f:
+    card_input = json.load(f)["io"]["input"]
+  assert card_input["name"] == "scatternet" and card_input["shape"] == ["batch", 7, 7, 81]
   with pytest.raises(errors.UserError, match="reads scatternet features, not images") as err:
     students.load_student(str(tmp_path / "a"))  # the checkpoint holds the head only
   assert "\n" not in str(err.value)

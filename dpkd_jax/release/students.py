@@ -74,6 +74,7 @@ class StudentSpec:
   model: str
   norm: str
   info: data.DatasetInfo
+  features: str = "pixels"  # or "scatternet": the student reads those features of the images
 
 
 @dataclasses.dataclass(frozen=True)
@@ -97,7 +98,7 @@ def spec_of(method: str, dataset: str, config: dict[str, Any] | None) -> Student
     return None
   if model not in ARCHITECTURES:
     return None
-  return StudentSpec(method, model, norm, info)
+  return StudentSpec(method, model, norm, info, features=config.get("features", "pixels"))
 
 
 def _read_json(path: str, what: str) -> dict[str, Any]:
