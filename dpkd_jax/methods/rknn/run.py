@@ -166,6 +166,38 @@ def _results(config: config_lib.RKNNConfig, plan: privacy.RKNNPlan, ledger: Any,
   }
 
 
+def _self_training_round(run: workdir_lib.Run, config: config_lib.RKNNConfig,
+                         plan: privacy.RKNNPlan, keys: Any, splits: Any,
+                         student: core.ModelParts, extra_round: int, *,
+                         writer: metrics_lib.MetricsWriter, progress: bool,
+                         per_round: list[dict[str, Any]], arrays_meta: tuple[Any, ...],
+                         step_offset: int) -> core.ModelParts:
+  """One self-training round: `student`'s predictions relabel the public images, a fresh
+  student learns them; evaluated, appended to `per_round`, checkpointed. Returns it."""
+  public_labels, root_key, config_json, ledger = arrays_meta
+  labels = np.argmax(evaluate_lib.predict_logits(student, splits.public.images, config.info),
+                     axis=-1).astype(np.int32)
+  student = student_lib.train_student(
+      jax.random.fold_in(keys.student, _SELF_TRAINING_TAG + extra_round), splits.public.images,
+      labels, info=config.info, config=config.student, progress=progress, writer=writer,
+      step_offset=step_offset,
+      desc=f"rknn self-training {extra_round + 1}/{config.student.self_training_rounds}")
+  test_metrics = evaluate_lib.evaluate(student, splits.evaluation)
+  per_round.append({"self_training_round": extra_round + 1,
+                    "label_accuracy": float(np.mean(labels == splits.public.labels)),
+                    "student_accuracy": test_metrics["accuracy"],
+                    "student_loss": test_metrics["loss"],
+                    "ledger_epsilon": ledger.spent_epsilon()})
+  writer.write(plan.releases + extra_round + 1, {"student_accuracy": test_metrics["accuracy"]},
+               prefix="self_training/")
+  arrays = run.seal({"student": {"params": student.params, "batch_stats": student.batch_stats},
+                     "public_labels": public_labels, "rng": jax.random.key_data(root_key)})
+  run.save(plan.releases + extra_round + 1, arrays, {
+      "config": config_json, "round": plan.releases, "self_training_round": extra_round + 1,
+      "plan": plan.to_json(), "ledger": ledger.to_json()})
+  return student
+
+
 @workdir_lib.run_scope
 def train_rknn(config: config_lib.RKNNConfig, workdir: str, *,
                progress: bool = True) -> dict[str, Any]:
@@ -220,28 +252,11 @@ def train_rknn(config: config_lib.RKNNConfig, workdir: str, *,
                                        "plan": plan.to_json(), "ledger": ledger.to_json()})
   # 6. Self-training: the student relabels the public set, a fresh student learns it (no
   #    release, no charge: public images and the released labels only)
-  labels = public_labels
   for extra_round in range(config.student.self_training_rounds):
-    labels = np.argmax(evaluate_lib.predict_logits(student, splits.public.images, config.info),
-                       axis=-1).astype(np.int32)
-    student = student_lib.train_student(
-        jax.random.fold_in(keys.student, _SELF_TRAINING_TAG + extra_round), splits.public.images,
-        labels, info=config.info, config=config.student, progress=progress, writer=writer,
-        step_offset=(plan.releases + extra_round) * steps_per_round,
-        desc=f"rknn self-training {extra_round + 1}/{config.student.self_training_rounds}")
-    test_metrics = evaluate_lib.evaluate(student, splits.evaluation)
-    per_round.append({"self_training_round": extra_round + 1,
-                      "label_accuracy": float(np.mean(labels == splits.public.labels)),
-                      "student_accuracy": test_metrics["accuracy"],
-                      "student_loss": test_metrics["loss"], "ledger_epsilon": spent})
-    writer.write(plan.releases + extra_round + 1, {"student_accuracy": test_metrics["accuracy"]},
-                 prefix="self_training/")
-    arrays = run.seal({"student": {"params": student.params,
-                                   "batch_stats": student.batch_stats},
-                       "public_labels": public_labels, "rng": jax.random.key_data(root_key)})
-    run.save(plan.releases + extra_round + 1, arrays, {
-        "config": config_json, "round": plan.releases, "self_training_round": extra_round + 1,
-        "plan": plan.to_json(), "ledger": ledger.to_json()})
+    student = _self_training_round(run, config, plan, keys, splits, student, extra_round,
+                                   writer=writer, progress=progress, per_round=per_round,
+                                   arrays_meta=(public_labels, root_key, config_json, ledger),
+                                   step_offset=(plan.releases + extra_round) * steps_per_round)
   writer.close()
   # 7. Results record: the ledger's ε (dp_accounting, at δ), the paper's pure ε (δ = 0) beside
   results = _results(config, plan, ledger, representation, splits, per_round, seed, started,
