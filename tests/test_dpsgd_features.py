@@ -89,9 +89,24 @@ def test_a_run_on_features_reports_validation_and_resumes(tmp_path):
       "scatternet", "scatter_linear", 4.0)
   with open(os.path.join(tmp_path, "a", "model_card.json")) as f:
     card_input = json.load(f)["io"]["input"]
-  assert card_input["name"] == "scatternet" and card_input["shape"] == ["batch", 7, 7, 81]
-  with pytest.raises(errors.UserError, match="reads scatternet features, not images") as err:
-    students.load_student(str(tmp_path / "a"))  # the checkpoint holds the head only
+  assert card_input["shape"] == ["batch", 28, 28, 1]  # the released student reads images
+  assert "ScatterNet features" in card_input["normalisation"]
+  # Released as a model of images: the transform in front of the trained head, the head's
+  # parameters unchanged, the run's test accuracy on the test images.
+  student = students.load_student(str(tmp_path / "a"))
+  assert student.spec.features == "scatternet"
+  from dpkd_jax.train import evaluate as evaluate_lib
+  test = data.load("digits", "test")
+  assert evaluate_lib.evaluate(student.parts, test)["accuracy"] == pytest.approx(
+      one_go["test_accuracy"], abs=1e-9)
+  from dpkd_jax.release import bundle
+  out = bundle.export_run(str(tmp_path / "a"), str(tmp_path / "release"),
+                          formats=("stablehlo",), measure_latency=False)
+  assert [e["format"] for e in out["exports"]] == ["stablehlo"]
+  pytest.importorskip("jax2onnx")
+  with pytest.raises(errors.UserError, match="jax2onnx cannot convert this student") as err:
+    bundle.export_run(str(tmp_path / "a"), str(tmp_path / "onnx"), formats=("onnx",),
+                      measure_latency=False)  # its 2-D FFTs have no ONNX lowering
   assert "\n" not in str(err.value)
 
 

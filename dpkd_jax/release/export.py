@@ -141,8 +141,13 @@ def _convert_onnx(fn: Callable, info: data.DatasetInfo, path: str, skip: str | N
     with _without_pass(skip) as found:
       if not found:
         return False
-      proto = to_onnx(fn, [("batch", *info.image_shape)], model_name="dpkd_student",
-                      opset=ONNX_OPSET, input_names=[INPUT_NAME], output_names=[OUTPUT_NAME])
+      try:
+        proto = to_onnx(fn, [("batch", *info.image_shape)], model_name="dpkd_student",
+                        opset=ONNX_OPSET, input_names=[INPUT_NAME], output_names=[OUTPUT_NAME])
+      except NotImplementedError as error:  # an op jax2onnx cannot lower (e.g. 2-D FFTs)
+        first_line = str(error).splitlines()[0] if str(error) else type(error).__name__
+        raise ExportError(f"ONNX: jax2onnx cannot convert this student ({first_line}); use "
+                          "--format=stablehlo") from None
   finally:
     quiet.setLevel(level)
   with open(path, "wb") as f:

@@ -30,7 +30,6 @@ from typing import Any
 
 import dpkd_jax
 from dpkd_jax.release import students
-from dpkd_jax.representations import scatternet
 from dpkd_jax.train import records
 
 CARD_MD, CARD_JSON = "model_card.md", "model_card.json"
@@ -141,21 +140,11 @@ def _io(spec: students.StudentSpec | None) -> dict[str, Any] | None:
   if spec is None:
     return None
   info = spec.info
-  if spec.features != "pixels":  # DP-SGD on fixed features: the head reads the features
-    shape = scatternet.ScatterNetConfig().output_shape(info.image_shape)
-    return {"input": {"name": spec.features, "shape": ["batch", *shape], "dtype": "float32",
-                      "layout": "NHWC", "normalisation": (
-                          "ScatterNet features (J = 2, L = 8) of the normalised images: "
-                          "dpkd_jax.representations.scatternet.features(images, info, "
-                          "ScatterNetConfig()); not the pixels"),
-                      "mean": list(info.mean), "std": list(info.std)},
-            "output": {"name": "logits", "shape": ["batch", info.num_classes],
-                       "dtype": "float32",
-                       "meaning": "unnormalised class scores; argmax is the predicted class",
-                       "class_names": list(info.class_names)}}
+  inside = ("; the model computes their ScatterNet features (J = 2, L = 8) itself"
+            if spec.features == "scatternet" else "")
   return {"input": {"name": "images", "shape": ["batch", *info.image_shape], "dtype": "float32",
                     "layout": "NHWC", "normalisation": "(pixels / 255 - mean) / std per "
-                    "channel, pixels uint8 in [0, 255]", "mean": list(info.mean),
+                    f"channel, pixels uint8 in [0, 255]{inside}", "mean": list(info.mean),
                     "std": list(info.std)},
           "output": {"name": "logits", "shape": ["batch", info.num_classes], "dtype": "float32",
                      "meaning": "unnormalised class scores; argmax is the predicted class",

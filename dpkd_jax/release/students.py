@@ -21,6 +21,7 @@ shapes against it (`checkpoint.read_verified`, `checkpoint.into_target`) and ret
 from __future__ import annotations
 
 import dataclasses
+import functools
 import json
 import os
 from typing import Any, Callable
@@ -32,6 +33,7 @@ from dpkd_jax import errors
 from dpkd_jax import models
 from dpkd_jax.models import compact
 from dpkd_jax.models import core
+from dpkd_jax.representations import scatternet
 from dpkd_jax.train import checkpoint
 
 # Every classifier a student can be: the registry plus RONA's compact students.
@@ -101,6 +103,27 @@ def spec_of(method: str, dataset: str, config: dict[str, Any] | None) -> Student
   return StudentSpec(method, model, norm, info, features=config.get("features", "pixels"))
 
 
+@functools.cache
+def reading_images(head_class: type[nnx.Module]) -> type[nnx.Module]:
+  """`head_class` with the ScatterNet transform in front of it: a classifier of normalised
+  images whose parameters are exactly the head's, so a DP-SGD run on ScatterNet features
+  (`--features=scatternet`, which checkpoints only the head) is released as a model of images.
+  """
+
+  class ScatterNetOnImages(head_class):  # pylint: disable=missing-class-docstring
+    def __init__(self, *, num_classes: int, input_shape, norm: str, rngs: nnx.Rngs):
+      feature_shape = scatternet.ScatterNetConfig().output_shape(tuple(input_shape))
+      super().__init__(num_classes=num_classes, input_shape=feature_shape, norm=norm, rngs=rngs)
+
+    def __call__(self, x, *, train: bool = False):
+      return super().__call__(scatternet.transform(x, scatternet.ScatterNetConfig()),
+                              train=train)
+
+  ScatterNetOnImages.__name__ = ScatterNetOnImages.__qualname__ = (
+      f"ScatterNetOnImages{head_class.__name__}")
+  return ScatterNetOnImages
+
+
 def _read_json(path: str, what: str) -> dict[str, Any]:
   try:
     with open(path, encoding="utf-8") as f:
@@ -165,14 +188,14 @@ def load_student(workdir: str) -> Student:
   if spec is None:
     raise errors.UserError(f"--run: the checkpoint in {ckpt_dir!r} names no known student model "
                            f"or dataset; {_RUN_HINT}")
-  features = (verified.meta.get("config") or {}).get("features", "pixels")
-  if features != "pixels":  # DP-SGD on fixed features: the checkpoint holds only the head
-    raise errors.UserError(
-        f"--run: this student reads {features} features, not images; releasing it with its "
-        f"feature transform is not supported yet (apply dpkd_jax.representations.{features} "
-        f"to the images, then the head in {ckpt_dir!r})")
+  constructor = ARCHITECTURES[spec.model]
+  if spec.features == "scatternet":  # DP-SGD on features: the checkpoint holds the head
+    constructor = reading_images(constructor)
+  elif spec.features != "pixels":
+    raise errors.UserError(f"--run: the student reads {spec.features!r} features, which this "
+                           f"release does not know how to compute from images")
   layout = LAYOUTS[spec.method]
-  template = core.split(nnx.eval_shape(lambda: ARCHITECTURES[spec.model](
+  template = core.split(nnx.eval_shape(lambda: constructor(
       num_classes=spec.info.num_classes, input_shape=spec.info.image_shape, norm=spec.norm,
       rngs=nnx.Rngs(0))))  # shapes only (no initialisation): the saved arrays fill it
   saved = {"params": _subtree(verified.arrays, layout.params, ckpt_dir),
