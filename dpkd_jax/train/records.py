@@ -195,7 +195,7 @@ def combine_seeds(records: dict[str, dict[str, Any]], *, name: str) -> dict[str,
     of theirs, cpu/wall seconds the sums, the first seed's command and commit, `single_seed`
     false, `combined_from` the seed names, every further field the seeds share (settings
     such as the noise multiplier), and `columns` accuracy_seeds (in name order), accuracy_std
-    (sample standard deviation), accuracy_min, accuracy_max, seeds.
+    (sample standard deviation, rounded to 4 decimals), accuracy_min, accuracy_max, seeds.
   """
   if len(records) < 2:
     raise UserError(f"combining seeds needs at least two records, got {len(records)}")
@@ -224,7 +224,8 @@ def combine_seeds(records: dict[str, dict[str, Any]], *, name: str) -> dict[str,
       cpu_seconds=sum(records[n]["cpu_seconds"] for n in names),
       wall_seconds=sum(records[n]["wall_seconds"] for n in names),
       single_seed=False, combined_from=names,
-      columns={"accuracy_seeds": accuracies, "accuracy_std": std, "accuracy_min": min(accuracies),
+      columns={"accuracy_seeds": accuracies, "accuracy_std": round(std, 4),
+               "accuracy_min": min(accuracies),
                "accuracy_max": max(accuracies), "seeds": len(names)})
   if name in records:
     raise UserError(f"the combined record {name!r} cannot be one of its seeds")
