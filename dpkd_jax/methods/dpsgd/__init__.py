@@ -22,6 +22,12 @@ with BatchNorm or layers ghost clipping does not know are refused when the confi
 The saved config (`DPSGDConfig.to_json`) omits `clipping` at its default "vmap", so workdirs
 saved before the flag existed resume; a workdir resumes only with the clipping it ran with.
 
+Features (`--features=scatternet`): the model reads ScatterNet features of the images
+(`representations.scatternet`, a fixed transform: no privacy cost), computed once by `run.py`;
+optionally standardized per channel with moments released by `privacy.feature_moments`
+(`--standardize_noise_multiplier`, composed into the plan's ε and charged once). A validation
+hold-out (`--validation_examples`) serves tuning; its accuracy is not covered by ε.
+
 Rooms, in the order the data flows (flags -> config -> plan -> step -> mechanism -> ledger ->
 record):
 * `config.py`: `DPSGDConfig`, the user's flags, validated at construction.
