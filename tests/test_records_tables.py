@@ -67,6 +67,7 @@ def test_every_committed_record_is_a_row_of_a_table_or_referenced():
   text = _DOC.read_text(encoding="utf-8")
   referenced = {v for r in recs.values() for v in r.get("columns", {}).values()
                 if isinstance(v, str) and v in recs}
+  referenced |= {seed for r in recs.values() for seed in r.get("combined_from", [])}
   for name, record in recs.items():
     assert record.get("tables") or f"@{name}." in text or name in referenced, name
 
