@@ -89,13 +89,31 @@ def _add_curve(record: dict, run: str) -> None:
     columns["eval_steps"] = [step for step, _ in curve]
 
 
-def _publish(a: argparse.Namespace) -> int:
+def _destination(a: argparse.Namespace) -> str:
+  """docs/results/<--name>.json, after checking the name and that --force allows replacing."""
   if not _NAME.match(a.name):
     raise UserError(f"--name={a.name!r}: use letters, digits, '_', '.', '-' (e.g. "
                     "dpdfd__mnist__m_s10)")
   dest = os.path.join(a.results_dir, a.name + ".json")
   if os.path.exists(dest) and not a.force:
     raise UserError(f"{dest} exists; pass --force to replace it")
+  return dest
+
+
+def _add_rows_and_labels(record: dict, a: argparse.Namespace) -> None:
+  """The --table positions and the --column / --text entries of `a`, into `record`."""
+  record["tables"] = dict(record.get("tables", {}))
+  for spec in a.table:
+    name, pos = _table_position(spec, a.results_dir, a.name)
+    record["tables"][name] = pos
+  for flag, field in (("column", "columns"), ("text", "text")):
+    for item in getattr(a, flag):
+      key, value = _key_value(item, "--" + flag)
+      record.setdefault(field, {})[key] = value if field == "columns" else str(value)
+
+
+def _publish(a: argparse.Namespace) -> int:
+  dest = _destination(a)
   source = os.path.join(a.run, "record.json")
   record = records_lib.read_record(source)
   for field in ("paper_row", "paper_accuracy"):
@@ -106,14 +124,7 @@ def _publish(a: argparse.Namespace) -> int:
       record["paper_epsilon"] = "inf" if a.paper_epsilon == "inf" else float(a.paper_epsilon)
     except ValueError:
       raise UserError(f"--paper_epsilon wants a number or inf, got {a.paper_epsilon!r}") from None
-  record["tables"] = dict(record.get("tables", {}))
-  for spec in a.table:
-    name, pos = _table_position(spec, a.results_dir, a.name)
-    record["tables"][name] = pos
-  for flag, field in (("column", "columns"), ("text", "text")):
-    for item in getattr(a, flag):
-      key, value = _key_value(item, "--" + flag)
-      record.setdefault(field, {})[key] = value if field == "columns" else str(value)
+  _add_rows_and_labels(record, a)
   _add_curve(record, a.run)
   record.update(single_seed=record.get("single_seed", True), regenerated=True, source=source)
   try:
@@ -126,22 +137,11 @@ def _publish(a: argparse.Namespace) -> int:
 
 
 def _combine(a: argparse.Namespace) -> int:
-  if not _NAME.match(a.name):
-    raise UserError(f"--name={a.name!r}: use letters, digits, '_', '.', '-'")
-  dest = os.path.join(a.results_dir, a.name + ".json")
-  if os.path.exists(dest) and not a.force:
-    raise UserError(f"{dest} exists; pass --force to replace it")
+  dest = _destination(a)
   names = [n for n in a.records.split(",") if n]
   seeds = {n: records_lib.read_record(os.path.join(a.results_dir, n + ".json")) for n in names}
   record = records_lib.combine_seeds(seeds, name=a.name)
-  record["tables"] = {}
-  for spec in a.table:
-    table, pos = _table_position(spec, a.results_dir, a.name)
-    record["tables"][table] = pos
-  for flag, field in (("column", "columns"), ("text", "text")):
-    for item in getattr(a, flag):
-      key, value = _key_value(item, "--" + flag)
-      record.setdefault(field, {})[key] = value if field == "columns" else str(value)
+  _add_rows_and_labels(record, a)
   record.update(regenerated=True, source=[f"docs/results/{n}.json" for n in names])
   records_lib.write_record(dest, record)
   for n, seed in seeds.items():  # the seeds point at their mean: no frontier point of their own
