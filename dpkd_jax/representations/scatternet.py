@@ -26,6 +26,7 @@ from dpkd_jax import config_checks
 from dpkd_jax.data import arrays
 from dpkd_jax.data import pipeline
 from dpkd_jax.representations import base
+from dpkd_jax.train import evaluate
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -101,16 +102,11 @@ def features(images: np.ndarray, info: arrays.DatasetInfo, config: ScatterNetCon
   Returns:
     (N, H / 2^J, W / 2^J, C K) float32 features.
   """
-  config.output_shape(tuple(images.shape[1:]))  # the divisibility check, before any compute
-  outs = []
-  for start in range(0, len(images), chunk):
-    part = images[start:start + chunk]
-    real = len(part)
-    if real < chunk:
-      part = np.concatenate([part, np.zeros((chunk - real, *part.shape[1:]), part.dtype)])
-    outs.append(np.asarray(transform(pipeline.normalize(jnp.asarray(part), info), config))[:real])
-  return np.concatenate(outs) if outs else np.zeros((0, *config.output_shape(
-      tuple(images.shape[1:]))), np.float32)
+  shape = config.output_shape(tuple(images.shape[1:]))  # the divisibility check, first
+  if len(images) == 0:
+    return np.zeros((0, *shape), np.float32)
+  return evaluate.map_padded(
+      lambda part: transform(pipeline.normalize(jnp.asarray(part), info), config), images, chunk)
 
 
 # --- As a representation for clustering (`representations.fit("scatternet", ...)`). ---

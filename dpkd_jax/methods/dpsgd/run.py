@@ -90,7 +90,7 @@ def train_dpsgd(config: DPSGDConfig, workdir: str, *, resume: bool = False,
   train, test = (data.load(config.dataset, split, data_dir=config.data_dir,
                            download=config.download) for split in ("train", "test"))
   train, validation = hold_out(train, config.validation_examples)
-  train, test, validation = (None if part is None else model_inputs(part, config.features)
+  train, test, validation = (None if part is None else featurized(part, config.features)
                              for part in (train, test, validation))
   # 3. Plan and ledger: q, T, M and z resolved once (the step and the ledger both read it).
   plan = make_plan(config, num_examples=len(train), num_devices=mesh.shape[sharding.DATA_AXIS])
@@ -147,7 +147,7 @@ def hold_out(train: data.ArrayDataset, count: int
   return train.subset(np.flatnonzero(~held)), train.subset(np.flatnonzero(held))
 
 
-def model_inputs(dataset: data.ArrayDataset, features: str
+def featurized(dataset: data.ArrayDataset, features: str
                  ) -> data.ArrayDataset | data.FeatureDataset:
   """The dataset as the model reads it: its pixels, or their ScatterNet features (computed
   once here rather than at every step: the transform is fixed)."""
