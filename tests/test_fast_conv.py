@@ -22,6 +22,14 @@ from test_classifiers import fill_surrogate
 NHWC = ("NHWC", "HWIO", "NHWC")
 CONV_TOLERANCE = 1e-5
 MODEL_TOLERANCE = 1e-4
+DEFAULT_MIN_CHANNEL_PRODUCT = fast_conv._MIN_CHANNEL_PRODUCT
+
+
+@pytest.fixture(autouse=True)
+def gemm_kernel_grad_for_every_width(monkeypatch):
+  """The tests' kernels are narrow, so that they run fast: lower the width threshold so that
+  they take the GEMM kernel gradient that wide kernels take by default."""
+  monkeypatch.setattr(fast_conv, "_MIN_CHANNEL_PRODUCT", 1)
 
 
 def assert_close(actual, expected, tolerance=CONV_TOLERANCE):
@@ -161,6 +169,18 @@ def test_cpu_path_only_on_cpu():
   cuda = jax.export.export(grad, platforms=["cuda"])(w).mlir_module()
   assert "dot_general" in cpu and "dot_general" not in cuda
   assert cuda.count("stablehlo.convolution") == cpu.count("stablehlo.convolution") + 1
+
+
+@pytest.mark.parametrize("kernel_shape,gemm", [((3, 3, 32, 64), False), ((3, 3, 64, 128), True),
+                                               ((3, 3, 128, 1), False)])
+def test_default_width_threshold_picks_the_kernel_grad(monkeypatch, kernel_shape, gemm):
+  # Below C·O = 64·128 XLA's own dW (YNNPACK) was as fast or faster inside whole steps.
+  monkeypatch.setattr(fast_conv, "_MIN_CHANNEL_PRODUCT", DEFAULT_MIN_CHANNEL_PRODUCT)
+  x, w = random_conv_inputs(2, 4, 4, kernel_shape)
+  grad = jax.jit(jax.grad(lambda w: jnp.sum(fast_conv.conv_general_dilated(
+      x, w, (1, 1), "SAME", dimension_numbers=NHWC) ** 2)))
+  cpu = jax.export.export(grad, platforms=["cpu"])(w).mlir_module()
+  assert ("dot_general" in cpu) == gemm
 
 
 def test_single_input_channel_keeps_xla_kernel_grad():

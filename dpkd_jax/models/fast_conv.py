@@ -1,8 +1,8 @@
 """A drop-in `lax.conv_general_dilated` whose kernel gradient is fast on XLA CPU.
 
-XLA CPU computes the kernel gradient (dW) of a 2-D convolution 2.5–10× slower than the forward
-pass (issue #10): it lowers dW to a convolution whose window is the whole output map, which its
-convolution kernels handle badly. This module keeps XLA's forward pass and input gradient and,
+XLA CPU used to compute the kernel gradient (dW) of a 2-D convolution several times slower than
+the forward pass (issue #10): it lowered dW to a convolution whose window is the whole output
+map, which its convolution kernels handled badly. This module keeps XLA's forward pass and input gradient and,
 on CPU, computes dW with matrix products instead:
 
   dW[i, j, c, o] = Σ_{b, y, x} x_pad[b, s·y + i, s·x + j, c] · dy[b, y, x, o].
@@ -14,10 +14,13 @@ a shift of di·Wg + dj along the flat pixel axis: the zeros absorb what wraps in
 example. The operand with more channels is transposed once to (channels, pixels); the other one
 is sliced once per tap; each tap (or all taps of a phase, stacked, when the sliced operand has few
 channels) is one GEMM. The batch is walked in chunks of about `_CHUNK_PIXELS` grid pixels by a
-`lax.scan`, so the copies stay in cache. On a 2-core CPU this is 1.3–8× faster than XLA's dW for
-the 3×3 convolutions of our models with 32 or more channels, and about as fast for those with 1-3
-output channels (`benchmarks/conv_grads.py`, docs/PERFORMANCE.md); for kernels with a single
-input channel (an image layer) XLA's own dW is as fast and is kept.
+`lax.scan`, so the copies stay in cache.
+
+Which dW is faster depends on XLA's version. Before XLA CPU ran convolutions through YNNPACK,
+the GEMM form was faster for all our 3×3 convolutions with 32 or more channels. With jax
+0.10's XLA, its own dW is as fast or faster inside whole steps unless the kernel is wide, so
+the GEMM form is only taken when C·O ≥ `_MIN_CHANNEL_PRODUCT` (the DAFL generator at width 128),
+and never for a single input channel (`benchmarks/conv_grads.py`; docs/PERFORMANCE.md).
 
 The fast path is chosen inside the backward pass with `lax.platform_dependent`, so GPU and TPU
 keep XLA's (cuDNN's) kernel gradient. Cases it does not cover (not 2-D NHWC/HWIO, dilation,
@@ -53,6 +56,10 @@ _CHUNK_PIXELS = 2048
 _STACK_BELOW_CHANNELS = 16
 # With a single input channel XLA's own dW measured as fast or faster (batch and vmapped).
 _MIN_IN_CHANNELS = 2
+# Since XLA CPU runs its convolutions through YNNPACK (jax 0.10), its own dW wins inside whole
+# steps unless the kernel is wide: the GEMM form is kept for C·O >= 64·128 (the DAFL generator
+# at width 128), XLA's dW is used below it (small_cnn, LeNet-5, the generator at width 64).
+_MIN_CHANNEL_PRODUCT = 64 * 128
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -224,7 +231,8 @@ def _conv_bwd(spec: _ConvSpec, residuals: tuple[jax.Array, jax.Array],
   lhs, rhs = residuals
   _, input_vjp = jax.vjp(lambda inputs: _xla_conv(inputs, rhs, spec), lhs)
   input_grad = input_vjp(cotangent)[0]
-  if rhs.shape[2] < _MIN_IN_CHANNELS:
+  in_channels, out_channels = rhs.shape[2], rhs.shape[3]
+  if in_channels < _MIN_IN_CHANNELS or in_channels * out_channels < _MIN_CHANNEL_PRODUCT:
     return input_grad, _xla_kernel_grad(lhs, cotangent, rhs, spec)
   # Decided when lowering, per platform: only CPU takes the GEMM formulation.
   kernel_grad = lax.platform_dependent(

@@ -48,11 +48,50 @@ def _tiles(x: jax.Array, window: tuple[int, int]) -> jax.Array:
   return x.reshape(batch, out_h, kernel_h, out_w, kernel_w, channels)
 
 
+_INT32_MIN, _INT32_MAX = jnp.iinfo(jnp.int32).min, jnp.iinfo(jnp.int32).max
+
+
+def _ordered_bits(values: jax.Array) -> jax.Array:
+  """int32 keys that order non-NaN float32 values as `>=` does (-0 equals +0)."""
+  bits = jax.lax.bitcast_convert_type(jnp.where(values == 0, 0.0, values), jnp.int32)
+  # Negative floats order backwards as integers: flip every bit but the sign.
+  return jnp.where(bits < 0, bits ^ _INT32_MAX, bits)
+
+
+def _selected_index(tiles: jax.Array) -> jax.Array:
+  """Row-major window position of the element XLA's select-and-scatter picks, per window.
+
+  Select-and-scatter walks a window in row-major order and keeps the element selected so far
+  while `selected >= candidate`. Since `NaN >= y` and `y >= NaN` are both false, a NaN is taken
+  and then replaced by the very next element. So it picks the first maximum among the elements
+  after the window's last NaN, or that NaN if it is the window's last element. Here each
+  element gets an int32 key (the lowest for elements that cannot be picked, the highest for a
+  pickable NaN, else its value's order) and `argmax` takes the first largest key: one reduction,
+  which XLA materialises, where the replayed scan (one select per window element) was fused into
+  every consumer and recomputed there, four times per window in the backward pass.
+
+  Args:
+    tiles: (B, Ho, kh, Wo, kw, C) from `_tiles`.
+
+  Returns:
+    int32 (B, Ho, Wo, C), values in [0, kh·kw).
+  """
+  batch, out_h, kernel_h, out_w, kernel_w, channels = tiles.shape
+  size = kernel_h * kernel_w
+  window = tiles.transpose(0, 1, 3, 5, 2, 4).reshape(batch, out_h, out_w, channels, size)
+  is_nan = jnp.isnan(window)
+  # NaN at this position or after it, then strictly after it.
+  nan_from_here = jax.lax.cummax(is_nan.astype(jnp.int8), axis=4, reverse=True) > 0
+  nan_after = jnp.concatenate([nan_from_here[..., 1:], jnp.zeros_like(nan_from_here[..., :1])],
+                              axis=4)
+  is_last = jnp.arange(size) == size - 1
+  pickable = ~nan_after & (~is_nan | is_last)
+  key = jnp.where(pickable, jnp.where(is_nan, _INT32_MAX, _ordered_bits(window)), _INT32_MIN)
+  return jnp.argmax(key, axis=4).astype(jnp.int32)
+
+
 def _first_max_mask(tiles: jax.Array) -> jax.Array:
   """One-hot mask of the element XLA's select-and-scatter picks in each window.
-
-  Replays XLA's scan over the window in row-major order: keep the element selected so far
-  while `selected >= candidate`, else take the candidate.
 
   Args:
     tiles: (B, Ho, kh, Wo, kw, C) from `_tiles`.
@@ -61,13 +100,7 @@ def _first_max_mask(tiles: jax.Array) -> jax.Array:
     Boolean (B, Ho, kh, Wo, kw, C), exactly one True per window and channel.
   """
   kernel_h, kernel_w = tiles.shape[2], tiles.shape[4]
-  selected = tiles[:, :, 0, :, 0, :]  # (B, Ho, Wo, C)
-  index = jnp.zeros(selected.shape, jnp.int32)
-  for k in range(1, kernel_h * kernel_w):
-    candidate = tiles[:, :, k // kernel_w, :, k % kernel_w, :]
-    keep = selected >= candidate
-    selected = jnp.where(keep, selected, candidate)
-    index = jnp.where(keep, index, k)
+  index = _selected_index(tiles)
   # Row-major position of every window element, (1, 1, kh, 1, kw, 1).
   position = (jnp.arange(kernel_h, dtype=jnp.int32)[:, None, None] * kernel_w
               + jnp.arange(kernel_w, dtype=jnp.int32)[None, None, :])[None, None, :, :, :, None]
