@@ -18,7 +18,7 @@ Therefore:
 * among equal maxima, the first in row-major order gets the whole gradient;
 * a NaN selected so far is replaced by the next candidate, since `NaN >= y` is false.
 
-`_first_max_mask` replays that scan, one window element after the other. A plain `jnp.max`
+`_selected_index` finds the element that scan picks with one `argmax` (see there). A plain `jnp.max`
 differs here: its JVP splits a tie's gradient evenly among the tied elements.
 
 **Per-example gradients.** Each mask depends only on its own window of its own example. Under
