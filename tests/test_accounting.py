@@ -12,6 +12,7 @@ from scipy import optimize
 from scipy import stats
 
 from dpkd_jax.privacy import accounting
+from dpkd_jax.privacy import evaluation
 
 DELTA = 1e-5
 
@@ -70,6 +71,36 @@ def test_laplace_is_pure_epsilon(eps_round, rounds):
   if rounds == 1:
     assert accounting.epsilon(event, delta=1e-10) == pytest.approx(pure,
                                                                    abs=2e-3)
+
+
+@pytest.mark.parametrize("eps_round,rounds", [(0.1, 1), (0.7, 1), (0.3, 5)])
+def test_pure_laplace_tree_costs_exactly_its_pure_epsilon(eps_round, rounds):
+  # The PLD grid alone charged a pure release up to one grid step more (0.1 → 0.1002). The
+  # closed-form cap is the pure ε; at δ > 0 the grid may find slightly less, never more.
+  event = accounting.laplace_counts_event(epsilon_per_round=eps_round, rounds=rounds)
+  pure = eps_round * rounds
+  for delta in (1e-5, 1e-10):
+    eps = accounting.epsilon(event, delta=delta)
+    assert eps <= pure
+    assert eps == pytest.approx(pure, abs=1e-3)
+  assert accounting.delta_for_epsilon(event, epsilon=pure) == 0.0
+  if (eps_round, rounds) == (0.1, 1):  # the rknn release: the grid said 0.1002 here
+    assert accounting.epsilon(event, delta=1e-5) == pytest.approx(0.1, rel=1e-12)
+
+
+def test_closed_form_cap_is_never_above_the_grid():
+  # A mixed tree (Laplace beside Gaussians): the cap only ever lowers ε, and composing more
+  # Laplace releases still costs more.
+  def event(laplace_rounds):
+    return dp_event.ComposedDpEvent([
+        dp_event.SelfComposedDpEvent(dp_event.LaplaceDpEvent(10.0), laplace_rounds),
+        dp_event.GaussianDpEvent(5.0)])
+  grid = evaluation.pld_grid.evaluate(
+      evaluation._parts(event(1)), lambda pld: float(pld.get_epsilon_for_delta(1e-5)), None,
+      epsilon_scale=1.0)
+  eps = [accounting.epsilon(event(n), delta=1e-5) for n in (1, 2, 4)]
+  assert eps[0] <= grid
+  assert eps[0] < eps[1] < eps[2]
 
 
 @pytest.mark.parametrize("num_classes", [None, 5, 10])

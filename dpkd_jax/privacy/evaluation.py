@@ -11,7 +11,9 @@ whole tree is under ONE neighbouring relation:
    pessimistic grid would charge small ε0 up to one step per query).
 3. Anything else (Laplace, RR of several ε0 or beside other events, Poisson-subsampled
    Gaussians): PLD on a grid that is sized before it is built and refined until stable
-   (`pld_grid`). A Poisson-subsampled Gaussian is analysed under the tree's relation
+   (`pld_grid`), capped by the closed-form bound of `_loose_bound` (the pure ε of the Laplace
+   and RR parts added to the exact ε of the Gaussians, subsampling ignored): both bounds are
+   sound, and the cap makes a pure-DP-only tree cost exactly its pure ε. A Poisson-subsampled Gaussian is analysed under the tree's relation
    (dp_accounting's REPLACE_ONE or ADD_OR_REMOVE_ONE PLD); the Gaussians of case 1 are merged
    into one Gaussian part first.
 
@@ -226,10 +228,15 @@ def _evaluate(event: dp_event.DpEvent, accountant: str, interval: float | None, 
   # ε of the composition is at least ε of its Gaussian part (exact, cheap): a scale for the grid.
   scale = (gaussian_exact.epsilon_for_delta(delta, parts[0][1])
            if delta is not None and parts[0][0] == "gaussian" else 1.0)
+  loose = _loose_bound(parts, delta=delta, target_epsilon=target_epsilon)
   try:
-    return pld_grid.evaluate(parts, read, interval, epsilon_scale=scale)
+    grid = pld_grid.evaluate(parts, read, interval, epsilon_scale=scale)
   except pld_grid.GridTooCoarse:
-    return _loose_bound(parts, delta=delta, target_epsilon=target_epsilon)
+    return loose
+  # Both are upper bounds, so the smaller is sound. The closed form wins where the grid's
+  # pessimistic rounding costs more than it saves: e.g. a pure Laplace release, whose grid ε
+  # exceeds its exact pure ε by up to one grid step per composed release.
+  return min(grid, loose)
 
 
 def epsilon(event: dp_event.DpEvent, *, delta: float, accountant: AccountantName = "pld",
