@@ -162,13 +162,29 @@ def time_interleaved(steps: dict[str, Callable[[int], None]], warmup: int,
   return times
 
 
+def compiled_memory(fn: Callable, *args) -> float | None:
+  """Bytes XLA allocates for one call of `fn` on `args`: its temporaries plus its arguments and
+  outputs, less the outputs that alias (donated) arguments; None where the backend reports
+  none. The step's device memory (on CPU, host memory in XLA's buffers). A PyTorch eager step
+  has no such static plan."""
+  try:
+    stats = jax.jit(lambda *a: fn(*a)).lower(*args).compile().memory_analysis()
+  except Exception:  # pylint: disable=broad-except  (a missing figure is reported as n/a)
+    return None
+  if stats is None:
+    return None
+  return float(stats.temp_size_in_bytes + stats.argument_size_in_bytes
+               + stats.output_size_in_bytes - stats.alias_size_in_bytes)
+
+
 def jax_steps(images_uint8: jax.Array, labels: jax.Array, key: jax.Array,
               model: str = "lenet5") -> tuple[dict[str, Callable[[int], None]], int]:
   """Ours (DP-SGD, DPDFD direct), jax-privacy's DP-SGD step and a non-private batch gradient,
   each on its own copy of one initialisation of `model` (GroupNorm).
 
   Returns:
-    (name -> step(call_index), the model's parameter count).
+    (name -> step(call_index), the model's parameter count). Each step of ours and the plain
+    one carries `step.memory`, its `compiled_memory` in bytes.
   """
   config = dpsgd.DPSGDConfig(dataset="mnist", model=model, norm="group",
                              expected_batch_size=BATCH_SIZE, l2_clip_norm=L2_CLIP_NORM,
@@ -193,6 +209,7 @@ def jax_steps(images_uint8: jax.Array, labels: jax.Array, key: jax.Array,
     jax.block_until_ready((holder["ours"], metrics))
 
   steps["ours DP-SGD"] = ours_step
+  ours_step.memory = compiled_memory(ours, holder["ours"], images_uint8, labels, mask, ours_key)
 
   # The same step with ghost clipping (`--clipping=ghost`): no per-example gradients.
   ghost_config = dataclasses.replace(config, clipping="ghost")
@@ -207,6 +224,8 @@ def jax_steps(images_uint8: jax.Array, labels: jax.Array, key: jax.Array,
     jax.block_until_ready((holder["ghost"], metrics))
 
   steps[GHOST] = ghost_step
+  ghost_step.memory = compiled_memory(ghost, holder["ghost"], images_uint8, labels, mask,
+                                      ours_key)
 
   try:
     import jax_privacy  # pylint: disable=g-import-not-at-top
@@ -258,6 +277,7 @@ def jax_steps(images_uint8: jax.Array, labels: jax.Array, key: jax.Array,
     jax.block_until_ready((holder["direct"], metrics))
 
   steps["ours DPDFD direct"] = direct_step
+  direct_step.memory = compiled_memory(direct, holder["direct"], images, labels, mask, direct_key)
 
   # The floor of any step that trains on the batch: one non-private batch gradient + update.
   @jax.jit
@@ -277,6 +297,7 @@ def jax_steps(images_uint8: jax.Array, labels: jax.Array, key: jax.Array,
     holder["plain"] = jax.block_until_ready(plain(*holder["plain"], images, labels))
 
   steps[PLAIN] = plain_step
+  plain_step.memory = compiled_memory(plain, *holder["plain"], images, labels)
   return steps, models.count_params(parts.params)
 
 

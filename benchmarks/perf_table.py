@@ -73,10 +73,11 @@ Step = Callable[[int], None]
 
 
 class Timed:
-  """A step to time: `call(i)` blocks until done; `flops` per call from XLA, or None."""
+  """A step to time: `call(i)` blocks until done; `flops` per call from XLA, or None; `memory`:
+  the bytes XLA allocates for one call (`peers_dpsgd.compiled_memory`), or None."""
 
-  def __init__(self, call: Step, flops: float | None = None):
-    self.call, self.flops = call, flops
+  def __init__(self, call: Step, flops: float | None = None, memory: float | None = None):
+    self.call, self.flops, self.memory = call, flops, memory
 
 
 def compiled_flops(fn: Callable, *args) -> float | None:
@@ -174,7 +175,8 @@ def jax_train_step(model: str, images: jax.Array, labels: jax.Array) -> tuple[Ti
 
   call(0)  # traced now, so that `reference_layers` applies when the caller uses it
   flops = compiled_flops(step_fn, *holder["state"], images, labels)
-  return Timed(call, flops), models.count_params(parts.params)
+  memory = peers_dpsgd.compiled_memory(step_fn, *holder["state"], images, labels)
+  return Timed(call, flops, memory), models.count_params(parts.params)
 
 
 def torch_train_step(model: str, images: jax.Array, labels: jax.Array) -> tuple[Timed, int]:
@@ -239,7 +241,8 @@ def dpdfd_steps(batch_size: int, generator_channels: int, image_shape: tuple[int
       jax.block_until_ready(step(state, ensemble.params, ensemble.batch_stats,
                                  jax.random.fold_in(key, i)))
     call(0)  # traced here, inside any patch the caller holds
-    return Timed(call, compiled_flops(step_fn, state, ensemble.params, ensemble.batch_stats, key))
+    args = (state, ensemble.params, ensemble.batch_stats, key)
+    return Timed(call, compiled_flops(step_fn, *args), peers_dpsgd.compiled_memory(step_fn, *args))
 
   steps = {"private": timed(dpdfd_step.build_train_step(plan, config, ensemble.graphdef), keys[0])}
   if twin:
@@ -268,6 +271,13 @@ def _flops_cells(step: Timed | None, times: list[float] | None, peak: float) -> 
   return f"{step.flops / 1e9:.2f}, {rate / 1e9:.1f} ({rate / peak:.0%})"
 
 
+def _memory_cell(step: Timed | None) -> str:
+  """XLA's MiB per call of one side, or n/a."""
+  if step is None or step.memory is None:
+    return "n/a"
+  return f"{step.memory / 2 ** 20:,.1f}"
+
+
 class Table:
   """Rows "A vs B": timings of both, ratio median(B) / median(A), FLOPs and FLOP/s of both."""
 
@@ -283,14 +293,15 @@ class Table:
       ratio = f"{median:.2f}× [{low:.2f}, {high:.2f}]"
     self.rows.append(f"| {label} | {_cells(a)} | {_cells(b)} | {ratio} | "
                      f"{_flops_cells(steps.get(a_name), a, self.peak)} | "
-                     f"{_flops_cells(steps.get(b_name), b, self.peak)} |")
+                     f"{_flops_cells(steps.get(b_name), b, self.peak)} | "
+                     f"{_memory_cell(steps.get(a_name))} / {_memory_cell(steps.get(b_name))} |")
     print(self.rows[-1], flush=True)
 
   def markdown(self) -> str:
     header = ("| comparison: A vs B | A s (min / median / max) | B s (min / median / max) "
               "| B / A (median) [95% interval] | A GFLOP/step, GFLOP/s (% of peak) "
-              "| B GFLOP/step, GFLOP/s (% of peak) |\n"
-              "|---|---|---|---|---|---|")
+              "| B GFLOP/step, GFLOP/s (% of peak) | XLA memory MiB per step, A / B |\n"
+              "|---|---|---|---|---|---|---|")
     return "\n".join([header, *self.rows])
 
 
@@ -365,7 +376,7 @@ def clipping_rows(table: Table, warmup: int, repeats: int) -> None:
   plain, vmap, ghost = peers_dpsgd.PLAIN, "ours DP-SGD", peers_dpsgd.GHOST
   for model in ("lenet5", "small_cnn"):
     calls, _ = peers_dpsgd.jax_steps(images_uint8, labels, model_key, model)
-    steps = {name: Timed(calls[name]) for name in (plain, vmap, ghost)}
+    steps = {name: Timed(calls[name], memory=calls[name].memory) for name in (plain, vmap, ghost)}
     times = time_interleaved(steps, warmup, repeats, [(plain, vmap), (plain, ghost)])
     label = f"{model} (GroupNorm, B={batch})"
     table.add(f"{label}: non-private step vs DP-SGD, vmap clipping", plain, vmap, steps, times)
@@ -377,7 +388,8 @@ def peer_rows(table: Table, warmup: int, repeats: int) -> None:
   batch = peers_dpsgd.BATCH_SIZE
   model_key, images_uint8, labels = _dpsgd_batch(batch)
   calls, _ = peers_dpsgd.jax_steps(images_uint8, labels, model_key, "lenet5")
-  steps = {name: Timed(call) for name, call in calls.items()}
+  steps = {name: Timed(call, memory=getattr(call, "memory", None))
+           for name, call in calls.items()}
   try:
     steps["Opacus DP-SGD (CPU)"] = Timed(peers_dpsgd.opacus_step(images_uint8, labels)[0])
   except ImportError:

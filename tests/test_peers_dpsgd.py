@@ -139,6 +139,17 @@ def test_time_interleaved_warms_up_then_round_robins(bench):
   assert {name: len(t) for name, t in times.items()} == {"a": 3, "b": 3}
 
 
+def test_compiled_memory_counts_arguments_outputs_and_temporaries(bench):
+  # f32 (256, 256) in and out: at least 2 × 256 KiB; a donated (aliased) output is not counted
+  # twice.
+  x = jnp.ones((256, 256))
+  plain = bench.compiled_memory(lambda a: jnp.tanh(a @ a), x)
+  assert plain >= 2 * x.nbytes
+  donated = bench.compiled_memory(jax.jit(lambda a: a + 1, donate_argnums=0), x)
+  assert x.nbytes <= donated <= plain
+  assert bench.compiled_memory(lambda a: a.undefined_attribute, x) is None
+
+
 # ---- Peers (benchmark extra): skipped when not installed. ----------------------------------
 
 
