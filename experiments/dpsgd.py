@@ -5,6 +5,8 @@ Give `--noise_multiplier` or `--target_epsilon` (z is then calibrated for the wh
 `--steps` or `--epochs`. `--resume` continues an interrupted run in the same workdir;
 `--stop_at_step` ends an invocation early (checkpointed) to split a long run. `--download` lets
 tensorflow-datasets fetch a dataset that is neither in --data_dir nor prepared (needs internet).
+`--param_averaging_decay=0.99` evaluates and releases a bias-corrected moving average of the
+iterates (same ε), optionally from `--param_averaging_start_step`.
 """
 
 from __future__ import annotations

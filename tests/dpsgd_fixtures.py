@@ -76,6 +76,15 @@ def key(seed, mesh=None):
   return sharding.replicate(jax.random.key(seed), sharding.data_mesh() if mesh is None else mesh)
 
 
+def hand_ema(iterates, decay, start_step=0):
+  """The bias-corrected EMA of the iterates p_1..p_t after `start_step`, in float64:
+  Σ_i d^(k-i) p_{s+i} / Σ_i d^(k-i) (the last iterate itself while k <= 0)."""
+  averaged = iterates[start_step:] or iterates[-1:]
+  weights = decay ** np.arange(len(averaged) - 1, -1, -1, dtype=np.float64)
+  return jax.tree.map(lambda *ps: sum(w * np.float64(p) for w, p in zip(weights, ps))
+                      / weights.sum(), *averaged)
+
+
 _GUARDED_STEPS = []  # the steps built under the trace guard in this process
 
 

@@ -42,6 +42,11 @@ from experiments import dpsgd as dpsgd_cli
     (dict(learning_rate=0.0), "learning_rate"),
     (dict(momentum=1.0), "momentum"),
     (dict(clipping="opacus"), "unknown clipping 'opacus'"),
+    (dict(param_averaging_decay=1.0), r"param_averaging_decay must be in \[0, 1\)"),
+    (dict(param_averaging_decay=-0.1), "param_averaging_decay"),
+    (dict(param_averaging_decay=0.9, param_averaging_start_step=-1),
+     "param_averaging_start_step"),
+    (dict(param_averaging_start_step=10), "give param_averaging_decay > 0"),
 ])
 def test_bad_config_raises(kwargs, match):
   with pytest.raises(ValueError, match=match):
@@ -132,7 +137,25 @@ def test_saved_json_of_a_default_config_is_unchanged():
   # existed, so their workdirs keep resuming.
   config = make_config()
   later = ("clipping", "features", "validation_examples", "standardize_noise_multiplier",
-           "standardize_mean_clip", "standardize_second_moment_clip", "lr_schedule")
+           "standardize_mean_clip", "standardize_second_moment_clip", "lr_schedule",
+           "param_averaging_decay", "param_averaging_start_step")
   saved_before = {k: v for k, v in dataclasses.asdict(config).items() if k not in later}
   assert config.to_json() == saved_before
   assert make_config(clipping="ghost").to_json() == {**saved_before, "clipping": "ghost"}
+  assert make_config(param_averaging_decay=0.0).to_json() == saved_before
+  assert make_config(param_averaging_decay=0.99, param_averaging_start_step=5).to_json() == {
+      **saved_before, "param_averaging_decay": 0.99, "param_averaging_start_step": 5}
+
+
+def test_cli_param_averaging_flags_make_the_config(capsys):
+  config, _ = dpsgd_cli.parse_config(["--noise_multiplier=1", "--steps=10",
+                                      "--param_averaging_decay=0.99",
+                                      "--param_averaging_start_step=3"])
+  assert (config.param_averaging_decay, config.param_averaging_start_step) == (0.99, 3)
+  default, _ = dpsgd_cli.parse_config(["--noise_multiplier=1", "--steps=10"])
+  assert default.param_averaging_decay == 0 and "param_averaging_decay" not in default.to_json()
+  with pytest.raises(SystemExit):
+    dpsgd_cli.parse_config(["--noise_multiplier=1", "--steps=10", "--param_averaging_decay=1"])
+  with pytest.raises(SystemExit):
+    dpsgd_cli.parse_config(["--help"])
+  assert "bias-corrected" in capsys.readouterr().out

@@ -62,6 +62,15 @@ def test_target_epsilon_calibrates_noise_for_the_whole_run():
   assert plan.event(200) == event
 
 
+def test_param_averaging_leaves_the_plan_unchanged():
+  # Post-processing of the iterates: the same z (given or calibrated), T, events and ε.
+  averaging = dict(param_averaging_decay=0.99, param_averaging_start_step=2)
+  for kw in (dict(), dict(noise_multiplier=None, target_epsilon=2.0, steps=200)):
+    plain, averaged = make_plan(make_config(**kw)), make_plan(make_config(**kw, **averaging))
+    assert averaged == plain and averaged.to_json() == plain.to_json()
+    assert averaged.event(3) == plain.event(3)
+
+
 def test_plan_from_epochs_and_max_batch_size():
   plan = dpsgd.make_plan(make_config(steps=None, epochs=2.0), num_examples=1000, num_devices=8)
   assert plan.steps == math.ceil(2.0 * 1000 / 16) and plan.steps_per_epoch == 63

@@ -11,7 +11,9 @@ run's config). The student is one sub-tree of those arrays, built from names in 
 | rona | student_model, student_norm | state/params/student, state/batch_stats/student |
 
 (RONA's adaptation layer, `state/params/adapter`, is not part of the deployed student; a DFPATE
-student is always built with the registry's default norm "batch".) Other runs release no
+student is always built with the registry's default norm "batch"; a DP-SGD run with parameter
+averaging, `param_averaging_decay` > 0 in its config, releases the average its optimizer state
+keeps, `state/opt_state/average`, the parameters it evaluated.) Other runs release no
 classifier student: a teacher (trained without privacy), DPDFD's direct mode (no checkpoint).
 
 `load_student(workdir)` rebuilds the architecture, checks the saved leaves' checksum, paths and
@@ -48,17 +50,26 @@ class Layout:
   Attributes:
     names: config (the JSON saved with the run) -> (model name, norm).
     params, batch_stats: key paths of the student's sub-trees in the checkpoint's arrays.
+    averaged_params: where the averaged parameters are, released instead of `params` when the
+      config averages (`param_averaging_decay` > 0, DP-SGD's `step.param_averaging`).
   """
 
   names: Callable[[dict[str, Any]], tuple[str, str]]
   params: tuple[str, ...]
   batch_stats: tuple[str, ...]
+  averaged_params: tuple[str, ...] | None = None
+
+  def params_path(self, config: dict[str, Any]) -> tuple[str, ...]:
+    """The key path of the parameters to release for a run of `config`."""
+    if self.averaged_params is not None and config.get("param_averaging_decay", 0.0) > 0:
+      return self.averaged_params
+    return self.params
 
 
 _STUDENT = (("student", "params"), ("student", "batch_stats"))
 LAYOUTS: dict[str, Layout] = {
     "dpsgd": Layout(lambda c: (c["model"], c["norm"]), ("state", "params"),
-                    ("state", "batch_stats")),
+                    ("state", "batch_stats"), ("state", "opt_state", "average")),
     "dpdfd": Layout(lambda c: (c["student_model"], c["student_norm"]), *_STUDENT),
     "srr": Layout(lambda c: (c["student_model"], c["student_norm"]), *_STUDENT),
     "dfpate": Layout(lambda c: (c["student_model"], c.get("student_norm", "batch")), *_STUDENT),
@@ -198,7 +209,8 @@ def load_student(workdir: str) -> Student:
   template = core.split(nnx.eval_shape(lambda: constructor(
       num_classes=spec.info.num_classes, input_shape=spec.info.image_shape, norm=spec.norm,
       rngs=nnx.Rngs(0))))  # shapes only (no initialisation): the saved arrays fill it
-  saved = {"params": _subtree(verified.arrays, layout.params, ckpt_dir),
+  saved = {"params": _subtree(verified.arrays, layout.params_path(verified.meta["config"]),
+                             ckpt_dir),
            "batch_stats": _subtree(verified.arrays, layout.batch_stats, ckpt_dir)}
   restored = checkpoint.into_target(
       saved, {"params": template.params, "batch_stats": template.batch_stats}, ckpt_dir)

@@ -28,6 +28,11 @@ optionally standardized per channel with moments released by `privacy.feature_mo
 (`--standardize_noise_multiplier`, composed into the plan's ε and charged once). A validation
 hold-out (`--validation_examples`) serves tuning; its accuracy is not covered by ε.
 
+Parameter averaging (`--param_averaging_decay=d`, De et al. 2022): the optimizer state keeps a
+bias-corrected EMA of the iterates (`step.param_averaging`, optionally from
+`--param_averaging_start_step`), and the run evaluates, checkpoints and releases it instead of the
+last iterate; post-processing, so σ, the events and ε are unchanged. Off (0) by default.
+
 Rooms, in the order the data flows (flags -> config -> plan -> step -> mechanism -> ledger ->
 record):
 * `config.py`: `DPSGDConfig`, the user's flags, validated at construction.
@@ -37,7 +42,7 @@ record):
 * `step.py`: `build_train_step(plan, ..., clipping=...)` (the clipped sum by `clipped_sum`,
   vmap or ghost, then the single noise draw of `dpkd_jax.privacy.dpsgd_mechanism`, with z
   and C from the plan), `make_train_step` (jitted, cached), `init_state` / `init_model` /
-  `make_optimizer`.
+  `make_optimizer` (with `param_averaging`), `released_parts` (the averaged model, if any).
 * `run.py`: `train_dpsgd`: workdir, data, plan, state, then per expected epoch charge ->
   releases -> seal -> evaluate -> checkpoint, and the results record.
 """
@@ -51,7 +56,9 @@ from dpkd_jax.methods.dpsgd.step import init_model
 from dpkd_jax.methods.dpsgd.step import init_state
 from dpkd_jax.methods.dpsgd.step import make_optimizer
 from dpkd_jax.methods.dpsgd.step import make_train_step
+from dpkd_jax.methods.dpsgd.step import param_averaging
 from dpkd_jax.methods.dpsgd.step import per_example_gradients
+from dpkd_jax.methods.dpsgd.step import released_parts
 
 __all__ = [
     "DPSGDConfig",
@@ -62,6 +69,8 @@ __all__ = [
     "make_optimizer",
     "make_plan",
     "make_train_step",
+    "param_averaging",
     "per_example_gradients",
+    "released_parts",
     "train_dpsgd",
 ]

@@ -34,7 +34,8 @@ FEATURES = ("pixels", "scatternet")
 # a default run saves the same config as before and older workdirs keep resuming.
 _OMITTED_AT_DEFAULT = ("clipping", "features", "validation_examples",
                        "standardize_noise_multiplier", "standardize_mean_clip",
-                       "standardize_second_moment_clip", "lr_schedule")
+                       "standardize_second_moment_clip", "lr_schedule",
+                       "param_averaging_decay", "param_averaging_start_step")
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -75,6 +76,12 @@ class DPSGDConfig:
       `privacy.feature_moments` (two Gaussian sums, noise std this z times the clip norms
       `standardize_mean_clip`, `standardize_second_moment_clip`) and composed into ε (the
       DP-SGD z is calibrated for what is left of a target). None (default): no standardization.
+    param_averaging_decay: d in [0, 1): evaluate, checkpoint and release an exponential moving
+      average of the iterates (De et al. 2022), bias-corrected (`step.param_averaging`), instead
+      of the last iterate; 0 (default): no averaging. Post-processing of the noisy iterates:
+      same mechanism, noise and ε.
+    param_averaging_start_step: average the iterates after this many steps only (the average
+      is the iterate until then); 0 (default): from the first step. Needs a decay > 0.
   """
 
   dataset: str
@@ -102,6 +109,8 @@ class DPSGDConfig:
   standardize_mean_clip: float = 1.0
   standardize_second_moment_clip: float = 1.0
   lr_schedule: str = "constant"
+  param_averaging_decay: float = 0.0
+  param_averaging_start_step: int = 0
 
   def __post_init__(self):
     for name, table in (("dataset", data.DATASETS), ("model", models.CLASSIFIERS),
@@ -131,6 +140,12 @@ class DPSGDConfig:
                        "'scatternet' too (pixels are normalized with public statistics)")
     config_checks.delta(self.delta)
     config_checks.fraction("momentum", self.momentum, open_low=False)
+    config_checks.fraction("param_averaging_decay", self.param_averaging_decay, open_low=False)
+    config_checks.integer("param_averaging_start_step", self.param_averaging_start_step,
+                          minimum=0)
+    if self.param_averaging_start_step and not self.param_averaging_decay:
+      raise ValueError(f"param_averaging_start_step={self.param_averaging_start_step} starts an "
+                       "average that is off: give param_averaging_decay > 0 too")
     config_checks.seed(self.seed)
     if self.features == "scatternet":
       try:

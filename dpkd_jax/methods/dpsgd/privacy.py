@@ -6,6 +6,8 @@ relation=...)` (N public, as in Opacus / jax_privacy; the mechanism and its sens
 other method here and so of the comparison tables (one record's clipped gradient moves from g
 to g' in its sample slot): the ledger, its budget and a `target_epsilon` calibration use it.
 The add/remove figure (a record joins or leaves the sample, Opacus' figure) is kept beside it.
+Parameter averaging (`param_averaging_decay`) is post-processing of the noisy iterates: the plan
+ignores it (same z, T, events and ε).
 """
 
 from __future__ import annotations

@@ -5,7 +5,9 @@ it runs, then the state is sealed, evaluated on the public test split and checkp
 noise derives from the run's root seed: without `seed` it is drawn from OS entropy and kept
 only in the checkpoint (`privacy.seeds`), which is then as secret as the data; an explicit
 `seed` makes the noise reproducible by anyone who knows it (research runs only). Only the
-parameters are released (and their accuracy and loss on the public test split); the training
+parameters are released (and their accuracy and loss on the public test split): with
+`param_averaging_decay` > 0 the average of the iterates kept in the optimizer state
+(`step.param_averaging`, post-processing), which is what is evaluated and exported; the training
 metrics (loss, accuracy, batch size, fraction clipped, gradient norm) are noiseless functions of
 private batches, written to `private_diagnostics.csv` only with `log_private_diagnostics=True`.
 
@@ -120,15 +122,18 @@ def train_dpsgd(config: DPSGDConfig, workdir: str, *, resume: bool = False,
 
 
 def _record_extra(results: dict[str, Any]) -> dict[str, Any]:
-  """What a DP-SGD record keeps beside the common fields: the settings its tables show, the
-  add/remove ε, and the validation accuracy of a tuning run (NOT covered by ε)."""
+  """What a DP-SGD record keeps beside the common fields: the settings its tables show (the
+  averaging decay only when on: `to_json` omits it at 0), the add/remove ε, and the validation
+  accuracy of a tuning run (NOT covered by ε)."""
   config = results["config"]
   extra = {key: results[key] for key in ("model", "features", "noise_multiplier",
                                          "epsilon_add_remove", "steps", "expected_batch_size",
                                          "l2_clip_norm", "validation_accuracy",
                                          "validation_examples") if key in results}
   extra.update({key: config[key] for key in ("learning_rate", "norm", "epochs",
-                                            "lr_schedule", "standardize_noise_multiplier")
+                                            "lr_schedule", "standardize_noise_multiplier",
+                                            "param_averaging_decay",
+                                            "param_averaging_start_step")
                 if key in config})
   return extra
 
@@ -257,12 +262,13 @@ class _Loop:
     return state, test_metrics
 
   def evaluate(self, state: TrainState) -> dict[str, float]:
-    """Accuracy and loss on the test split, and on the validation hold-out if there is one
-    (keys `validation_accuracy`, `validation_loss`)."""
-    metrics = evaluate_lib.evaluate(state.parts, self.test)
+    """Accuracy and loss of the released parameters (`step.released_parts`) on the test
+    split, and on the validation hold-out if there is one (`validation_accuracy`, `_loss`)."""
+    parts = step_lib.released_parts(state)  # the average with param averaging
+    metrics = evaluate_lib.evaluate(parts, self.test)
     if self.validation is not None:
       metrics.update({f"validation_{k}": v
-                      for k, v in evaluate_lib.evaluate(state.parts, self.validation).items()})
+                      for k, v in evaluate_lib.evaluate(parts, self.validation).items()})
     return metrics
 
   def _release(self, train_step: Callable, state: TrainState) -> tuple[TrainState, Any]:
