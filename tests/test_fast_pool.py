@@ -133,3 +133,21 @@ def test_models_pool_through_fast_pool(model_class):
   jaxpr = str(jax.make_jaxpr(lambda p, v: core.apply(parts.graphdef, p, parts.batch_stats, v,
                                                      train=True)[0].logits)(parts.params, x))
   assert "custom_jvp" in jaxpr and "reduce_window_max" not in jaxpr
+
+
+@pytest.mark.parametrize("dtype", ["float64", "bfloat16", "float16"])
+def test_other_float_widths_equal_nnx_max_pool(dtype):
+  # The picked element's key is an integer as wide as the float: int64 for float64 (x64 on),
+  # int16 for the half types. Ties, NaN and ±inf as in the float32 test.
+  values = np.random.default_rng(4).integers(0, 3, size=(2, 6, 6, 3)).astype(np.float64)
+  values[0, 0, 0, 0] = np.nan
+  values[1, :2, :2, 2] = np.inf
+  values[1, 2:4, :2, 1] = -np.inf
+  values[0, 2, 2, :] = -0.0
+  with jax.enable_x64(dtype == "float64"):
+    x = jnp.asarray(values, dtype=dtype)
+    assert x.dtype == jnp.dtype(dtype)
+    cotangent = jnp.asarray(np.random.default_rng(5).standard_normal((2, 3, 3, 3)), dtype=dtype)
+    expected = value_and_input_grad(reference_pool, x, cotangent)
+    actual = value_and_input_grad(fast, x, cotangent)
+    chex.assert_trees_all_equal(actual, expected)

@@ -48,14 +48,18 @@ def _tiles(x: jax.Array, window: tuple[int, int]) -> jax.Array:
   return x.reshape(batch, out_h, kernel_h, out_w, kernel_w, channels)
 
 
-_INT32_MIN, _INT32_MAX = jnp.iinfo(jnp.int32).min, jnp.iinfo(jnp.int32).max
+def _key_dtype(dtype: jnp.dtype) -> jnp.dtype:
+  """The signed integer type as wide as the float `dtype` (int32 for float32)."""
+  return jnp.dtype(f"int{8 * jnp.dtype(dtype).itemsize}")
 
 
 def _ordered_bits(values: jax.Array) -> jax.Array:
-  """int32 keys that order non-NaN float32 values as `>=` does (-0 equals +0)."""
-  bits = jax.lax.bitcast_convert_type(jnp.where(values == 0, 0.0, values), jnp.int32)
+  """Integer keys, as wide as the floats, that order non-NaN `values` as `>=` does (-0
+  equals +0)."""
+  key_dtype = _key_dtype(values.dtype)
+  bits = jax.lax.bitcast_convert_type(jnp.where(values == 0, 0, values), key_dtype)
   # Negative floats order backwards as integers: flip every bit but the sign.
-  return jnp.where(bits < 0, bits ^ _INT32_MAX, bits)
+  return jnp.where(bits < 0, bits ^ jnp.iinfo(key_dtype).max, bits)
 
 
 def _selected_index(tiles: jax.Array) -> jax.Array:
@@ -65,10 +69,11 @@ def _selected_index(tiles: jax.Array) -> jax.Array:
   while `selected >= candidate`. Since `NaN >= y` and `y >= NaN` are both false, a NaN is taken
   and then replaced by the very next element. So it picks the first maximum among the elements
   after the window's last NaN, or that NaN if it is the window's last element. Here each
-  element gets an int32 key (the lowest for elements that cannot be picked, the highest for a
-  pickable NaN, else its value's order) and `argmax` takes the first largest key: one reduction,
-  which XLA materialises, where the replayed scan (one select per window element) was fused into
-  every consumer and recomputed there, four times per window in the backward pass.
+  element gets an integer key as wide as the floats (the lowest for elements that cannot be
+  picked, the highest for a pickable NaN, else its value's order) and `argmax` takes the first
+  largest key: one reduction, which XLA materialises, where the replayed scan (one select per
+  window element) was fused into every consumer and recomputed there, four times per window in
+  the backward pass.
 
   Args:
     tiles: (B, Ho, kh, Wo, kw, C) from `_tiles`.
@@ -86,7 +91,8 @@ def _selected_index(tiles: jax.Array) -> jax.Array:
                               axis=4)
   is_last = jnp.arange(size) == size - 1
   pickable = ~nan_after & (~is_nan | is_last)
-  key = jnp.where(pickable, jnp.where(is_nan, _INT32_MAX, _ordered_bits(window)), _INT32_MIN)
+  limits = jnp.iinfo(_key_dtype(tiles.dtype))
+  key = jnp.where(pickable, jnp.where(is_nan, limits.max, _ordered_bits(window)), limits.min)
   return jnp.argmax(key, axis=4).astype(jnp.int32)
 
 
