@@ -6,7 +6,9 @@ Give `--noise_multiplier` or `--target_epsilon` (z is then calibrated for the wh
 `--stop_at_step` ends an invocation early (checkpointed) to split a long run. `--download` lets
 tensorflow-datasets fetch a dataset that is neither in --data_dir nor prepared (needs internet).
 `--param_averaging_decay=0.99` evaluates and releases a bias-corrected moving average of the
-iterates (same ε), optionally from `--param_averaging_start_step`.
+iterates (same ε), optionally from `--param_averaging_start_step`. `--augmult=4` (with
+`--features=scatternet --clipping=vmap`) averages each record's gradient over 4 views of it
+(itself and 3 copies shifted by up to `--augmult_max_shift` pixels) before clipping (same ε).
 """
 
 from __future__ import annotations

@@ -138,13 +138,15 @@ def test_saved_json_of_a_default_config_is_unchanged():
   config = make_config()
   later = ("clipping", "features", "validation_examples", "standardize_noise_multiplier",
            "standardize_mean_clip", "standardize_second_moment_clip", "lr_schedule",
-           "param_averaging_decay", "param_averaging_start_step")
+           "param_averaging_decay", "param_averaging_start_step", "augmult",
+           "augmult_max_shift")
   saved_before = {k: v for k, v in dataclasses.asdict(config).items() if k not in later}
   assert config.to_json() == saved_before
   assert make_config(clipping="ghost").to_json() == {**saved_before, "clipping": "ghost"}
   assert make_config(param_averaging_decay=0.0).to_json() == saved_before
   assert make_config(param_averaging_decay=0.99, param_averaging_start_step=5).to_json() == {
       **saved_before, "param_averaging_decay": 0.99, "param_averaging_start_step": 5}
+  assert make_config(augmult=0, augmult_max_shift=2).to_json() == saved_before
 
 
 def test_cli_param_averaging_flags_make_the_config(capsys):

@@ -153,7 +153,8 @@ def test_saved_config_of_a_default_run_has_no_clipping_field(runs):
   _, meta = _restore_params(config, dirs["a"])
   later = ("clipping", "features", "validation_examples", "standardize_noise_multiplier",
            "standardize_mean_clip", "standardize_second_moment_clip", "lr_schedule",
-           "param_averaging_decay", "param_averaging_start_step")
+           "param_averaging_decay", "param_averaging_start_step", "augmult",
+           "augmult_max_shift")
   before = {k: v for k, v in dataclasses.asdict(config).items() if k not in later}
   assert meta["config"] == before and one_go["config"] == before
   with pytest.raises(ValueError, match="another config"):  # the clipping path is in the config

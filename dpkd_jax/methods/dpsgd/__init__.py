@@ -33,13 +33,20 @@ bias-corrected EMA of the iterates (`step.param_averaging`, optionally from
 `--param_averaging_start_step`), and the run evaluates, checkpoints and releases it instead of the
 last iterate; post-processing, so σ, the events and ε are unchanged. Off (0) by default.
 
+Augmentation multiplicity (`--augmult=V`, De et al. 2022; ScatterNet features, vmap clipping):
+each record's gradient is the mean over V views of it (itself and V − 1 copies translated by
+shifts drawn from the seed, featurized once by `augmult.augmented_features`), averaged BEFORE
+clipping, so a record still contributes one clipped vector: σ, the events and ε are unchanged.
+Validation and test read the unshifted images. Off (0) by default.
+
 Rooms, in the order the data flows (flags -> config -> plan -> step -> mechanism -> ledger ->
 record):
 * `config.py`: `DPSGDConfig`, the user's flags, validated at construction.
 * `privacy.py`: `DPSGDPlan` (q, T, M, z, C, the planned replace-one and add/remove ε, the
   budget) and `make_plan`, the one place z is given or calibrated; `plan.event(n)` is what
   the ledger charges for n steps.
-* `step.py`: `build_train_step(plan, ..., clipping=...)` (the clipped sum by `clipped_sum`,
+* `augmult.py`: the views' shifts (`view_shifts`, data-independent) and their features.
+* `step.py`: `build_train_step(plan, ..., clipping=..., augmult=...)` (the clipped sum by `clipped_sum`,
   vmap or ghost, then the single noise draw of `dpkd_jax.privacy.dpsgd_mechanism`, with z
   and C from the plan), `make_train_step` (jitted, cached), `init_state` / `init_model` /
   `make_optimizer` (with `param_averaging`), `released_parts` (the averaged model, if any).

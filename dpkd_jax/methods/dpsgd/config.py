@@ -30,12 +30,16 @@ CLIPPINGS = ("vmap", "ghost")
 # What the model reads: the normalized pixels, or fixed ScatterNet features of them (no
 # parameters, no data: no privacy cost; `representations.scatternet`).
 FEATURES = ("pixels", "scatternet")
+# Default of `augmult_max_shift`: translations in [−2, 2]² pixels (De et al. 2022 crop
+# 4-pixel-padded 32 x 32 CIFAR images, shifts up to ±4; MNIST digits sit in a ~4-pixel margin).
+AUGMULT_MAX_SHIFT = 2
 # Fields added after workdirs were first saved: left out of `to_json` at their default, so that
 # a default run saves the same config as before and older workdirs keep resuming.
 _OMITTED_AT_DEFAULT = ("clipping", "features", "validation_examples",
                        "standardize_noise_multiplier", "standardize_mean_clip",
                        "standardize_second_moment_clip", "lr_schedule",
-                       "param_averaging_decay", "param_averaging_start_step")
+                       "param_averaging_decay", "param_averaging_start_step", "augmult",
+                       "augmult_max_shift")
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -82,6 +86,13 @@ class DPSGDConfig:
       same mechanism, noise and ε.
     param_averaging_start_step: average the iterates after this many steps only (the average
       is the iterate until then); 0 (default): from the first step. Needs a decay > 0.
+    augmult: V >= 2: augmentation multiplicity (De et al. 2022, `augmult`): each record's
+      gradient is the mean of its loss gradients over V views of it (itself and V − 1 copies
+      translated by shifts drawn from the seed, not from the data), averaged BEFORE clipping,
+      so one record still contributes one clipped vector: same mechanism, noise and ε. Needs
+      features='scatternet' and clipping='vmap'. 0 (default) or 1: off.
+    augmult_max_shift: s >= 1: the views' translations are uniform in [−s, s]² pixels
+      (default 2). Needs augmult >= 2.
   """
 
   dataset: str
@@ -111,6 +122,8 @@ class DPSGDConfig:
   lr_schedule: str = "constant"
   param_averaging_decay: float = 0.0
   param_averaging_start_step: int = 0
+  augmult: int = 0
+  augmult_max_shift: int = AUGMULT_MAX_SHIFT
 
   def __post_init__(self):
     for name, table in (("dataset", data.DATASETS), ("model", models.CLASSIFIERS),
@@ -152,9 +165,36 @@ class DPSGDConfig:
         self.input_shape  # pylint: disable=pointless-statement
       except ValueError as err:
         raise errors.UserError(f"features='scatternet' cannot read {self.dataset}: {err}") from None
+    self._check_augmult()
     if self.clipping == "ghost":
       check_ghost_clipping(self.model, norm=self.norm, info=self.info,
                            input_shape=self.input_shape)
+
+  def _check_augmult(self) -> None:
+    """Raises ValueError (one line) unless `augmult` and `augmult_max_shift` fit the run."""
+    config_checks.integer("augmult", self.augmult, minimum=0)
+    config_checks.integer("augmult_max_shift", self.augmult_max_shift, minimum=1)
+    if not self.augmented:
+      if self.augmult_max_shift != AUGMULT_MAX_SHIFT:
+        raise ValueError(f"augmult_max_shift={self.augmult_max_shift} shifts views that are off:"
+                         " give augmult >= 2 too")
+      return
+    if self.features != "scatternet":
+      raise ValueError(f"augmult={self.augmult} augments the images before the ScatterNet "
+                       f"transform: give features='scatternet' (got {self.features!r})")
+    if self.clipping != "vmap":
+      raise ValueError(f"augmult={self.augmult} averages each example's gradient over its views "
+                       f"before clipping, which clipping={self.clipping!r} does not compute: "
+                       "give clipping='vmap'")
+    if self.augmult_max_shift >= min(self.info.image_shape[:2]):
+      raise ValueError(f"augmult_max_shift={self.augmult_max_shift} would shift the "
+                       f"{self.dataset} images out of their {self.info.image_shape[0]}x"
+                       f"{self.info.image_shape[1]} frame")
+
+  @property
+  def augmented(self) -> bool:
+    """True if each record is trained on `augmult` >= 2 views (augmentation multiplicity)."""
+    return self.augmult >= 2
 
   def _given(self, *names: str) -> tuple[str, ...]:
     """The optional fields among `names` that are set (not None)."""

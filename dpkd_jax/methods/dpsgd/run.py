@@ -44,7 +44,9 @@ from dpkd_jax.train import outputs
 from dpkd_jax.train import sharding
 from dpkd_jax.train import workdir as workdir_lib
 from dpkd_jax.train.state import TrainState
+from dpkd_jax.methods.dpsgd import augmult
 from dpkd_jax.methods.dpsgd import step as step_lib
+from dpkd_jax.methods.dpsgd import config as config_lib
 from dpkd_jax.methods.dpsgd.config import DPSGDConfig
 from dpkd_jax.methods.dpsgd.privacy import DPSGDPlan
 from dpkd_jax.methods.dpsgd.privacy import make_plan
@@ -88,17 +90,21 @@ def train_dpsgd(config: DPSGDConfig, workdir: str, *, resume: bool = False,
   run = workdir_lib.open_run(workdir, kind="DP-SGD", config=config_json, resume=resume)
   mesh = sharding.data_mesh() if mesh is None else mesh
   # 2. Data: the private training split (Poisson-sampled), the public test split and the
-  #    optional validation hold-out, as pixels or as ScatterNet features.
+  #    optional validation hold-out, as pixels or as ScatterNet features (with augmult, the
+  #    training records' V views, their shifts drawn from the root seed: resolved first).
+  root_seed = run.root_seed(config.seed)  # a resumed run also restores its key data below
   train, test = (data.load(config.dataset, split, data_dir=config.data_dir,
                            download=config.download) for split in ("train", "test"))
   train, validation = hold_out(train, config.validation_examples)
-  train, test, validation = (None if part is None else featurized(part, config.features)
-                             for part in (train, test, validation))
+  test, validation = (None if part is None else featurized(part, config.features)
+                      for part in (test, validation))
+  train = (augmult.augmented_features(train, views=config.augmult,
+                                      max_shift=config.augmult_max_shift, seed=root_seed.value)
+           if config.augmented else featurized(train, config.features))
   # 3. Plan and ledger: q, T, M and z resolved once (the step and the ledger both read it).
   plan = make_plan(config, num_examples=len(train), num_devices=mesh.shape[sharding.DATA_AXIS])
   ledger = run.ledger(plan.new_ledger())  # None without noise; a resumed run's own ledger
-  # 4. State: root seed, model and optimizer, or the resumed checkpoint's.
-  root_seed = run.root_seed(config.seed)  # a resumed run also restores its key data below
+  # 4. State: root key, model and optimizer, or the resumed checkpoint's.
   state, root_key = _initial_state(run, config, seeds.root_key(root_seed), plan.steps)
   # 4b. Features standardized by their DP moments: one release, charged once before it is made
   #     (a resumed run recomputes the same release from the same key and data).
@@ -123,8 +129,8 @@ def train_dpsgd(config: DPSGDConfig, workdir: str, *, resume: bool = False,
 
 def _record_extra(results: dict[str, Any]) -> dict[str, Any]:
   """What a DP-SGD record keeps beside the common fields: the settings its tables show (the
-  averaging decay only when on: `to_json` omits it at 0), the add/remove ε, and the validation
-  accuracy of a tuning run (NOT covered by ε)."""
+  averaging decay and augmult only when on: `to_json` omits them at their defaults), the
+  add/remove ε, and the validation accuracy of a tuning run (NOT covered by ε)."""
   config = results["config"]
   extra = {key: results[key] for key in ("model", "features", "noise_multiplier",
                                          "epsilon_add_remove", "steps", "expected_batch_size",
@@ -133,8 +139,10 @@ def _record_extra(results: dict[str, Any]) -> dict[str, Any]:
   extra.update({key: config[key] for key in ("learning_rate", "norm", "epochs",
                                             "lr_schedule", "standardize_noise_multiplier",
                                             "param_averaging_decay",
-                                            "param_averaging_start_step")
+                                            "param_averaging_start_step", "augmult")
                 if key in config})
+  if "augmult" in config:  # its shift too, even at the default `to_json` leaves out
+    extra["augmult_max_shift"] = config.get("augmult_max_shift", config_lib.AUGMULT_MAX_SHIFT)
   return extra
 
 
@@ -176,8 +184,11 @@ def standardize(run: workdir_lib.Run, config: DPSGDConfig, plan: DPSGDPlan, root
   if first_release:
     run.charge(setup_event, step=0, note="dpsgd feature moments")
   train = parts[0]
+  # With augmult, the moments of the records themselves (view 0, (N, h, w, F)): the release
+  # of a run without views; standardizing every view by them is post-processing.
+  records = train.images[:, 0] if config.augmented else train.images
   moments = feature_moments.dp_feature_moments(
-      jax.random.fold_in(root_key, MOMENTS_KEY_TAG), train.images,
+      jax.random.fold_in(root_key, MOMENTS_KEY_TAG), records,
       mean_clip_norm=config.standardize_mean_clip,
       second_moment_clip_norm=config.standardize_second_moment_clip,
       noise_multiplier=plan.standardize_noise_multiplier)
@@ -230,7 +241,7 @@ class _Loop:
     test metrics."""
     config, plan, workdir = self.config, self.plan, self.run.workdir
     train_step = step_lib.make_train_step(plan, config.info, self.mesh,
-                                             clipping=config.clipping)
+                                          clipping=config.clipping, augmult=config.augmented)
     writer = metrics_lib.MetricsWriter(workdir, resume_step=self.run.step)
     # The step's metrics come from private batches: written apart, and only if asked for.
     private_writer = (outputs.PrivateDiagnosticsWriter(workdir, resume_step=self.run.step)

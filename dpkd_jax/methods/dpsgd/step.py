@@ -45,30 +45,40 @@ def _cross_entropy(output: core.ClassifierOutput, label: jax.Array) -> jax.Array
 
 
 def per_example_gradients(graphdef: nnx.GraphDef, params: PyTree, batch_stats: PyTree,
-                          x: jax.Array, labels: jax.Array) -> tuple[jax.Array, jax.Array, PyTree]:
+                          x: jax.Array, labels: jax.Array, *,
+                          augmult: bool = False) -> tuple[jax.Array, jax.Array, PyTree]:
   """Cross-entropy gradients of each example on its own (a batch of one each).
 
   Args:
     graphdef, params, batch_stats: the model (no BatchNorm: examples must not interact).
-    x, labels: (B, H, W, C) normalized float32 images and (B,) int labels.
+    x, labels: (B, H, W, C) normalized float32 inputs and (B,) int labels; with `augmult`,
+      x is (B, V, H, W, C): V views of each example (`augmult.py`).
+    augmult: an example's loss is the mean of its V views' losses (each view a batch of one),
+      so its gradient is the mean of the views' gradients, before any clipping.
 
   Returns:
-    losses (B,), logits (B, K), and grads: `params`' pytree with a leading (B,) axis.
+    losses (B,), logits (B, K) (view 0's with `augmult`), and grads: `params`' pytree with a
+    leading (B,) axis.
   """
 
-  def example_loss(p: PyTree, xi: jax.Array, label: jax.Array):
+  def view_loss(p: PyTree, xi: jax.Array, label: jax.Array):
     out, _ = core.apply(graphdef, p, batch_stats, xi[None], train=True)  # logits (1, K)
     logits = out.logits[0]
     return optax.softmax_cross_entropy_with_integer_labels(logits, label), logits
 
+  def views_loss(p: PyTree, xi: jax.Array, label: jax.Array):
+    losses, logits = jax.vmap(view_loss, in_axes=(None, 0, None))(p, xi, label)  # (V,), (V, K)
+    return jnp.mean(losses), logits[0]
+
+  example_loss = views_loss if augmult else view_loss
   (losses, logits), grads = jax.vmap(jax.value_and_grad(example_loss, has_aux=True),
                                      in_axes=(None, 0, 0))(params, x, labels)
   return losses, logits, grads
 
 
 def clipped_sum(graphdef: nnx.GraphDef, params: PyTree, batch_stats: PyTree, x: jax.Array,
-                labels: jax.Array, mask: jax.Array, *, l2_clip_norm: float,
-                clipping: str) -> tuple[PyTree, jax.Array, jax.Array, jax.Array]:
+                labels: jax.Array, mask: jax.Array, *, l2_clip_norm: float, clipping: str,
+                augmult: bool = False) -> tuple[PyTree, jax.Array, jax.Array, jax.Array]:
   """Σ_i mask_i clip_C(∇ loss_i) over a batch, by per-example gradients or by ghost clipping.
 
   Args:
@@ -77,10 +87,14 @@ def clipped_sum(graphdef: nnx.GraphDef, params: PyTree, batch_stats: PyTree, x: 
     l2_clip_norm: C.
     clipping: "vmap" (`per_example_gradients` + `dpsgd_mechanism.dpsgd_clip_and_sum`) or
       "ghost" (`ghost.ghost_clipped_sum` without the Gram form, equal to float rounding).
+    augmult: x is (B, V, H, W, C) and each example's gradient is the mean over its V views
+      (`per_example_gradients`), clipped as one: "vmap" only.
 
   Returns:
     (clipped sum: `params`' pytree, norms (B,) pre-clip, losses (B,), logits (B, K)).
   """
+  if clipping == "ghost" and augmult:
+    raise ValueError("augmult averages the views' gradients before clipping: clipping='vmap' only")
   if clipping == "ghost":
     # No Gram (ghost-norm) form: its rounding grows with cancellation inside an example, so a
     # clipped contribution could exceed C by more than float rounding (`privacy.ghost_clipping`);
@@ -91,13 +105,14 @@ def clipped_sum(graphdef: nnx.GraphDef, params: PyTree, batch_stats: PyTree, x: 
     return out.clipped_sum, out.norms, out.losses, out.outputs.logits
   if clipping != "vmap":
     raise ValueError(f"clipping must be 'vmap' or 'ghost', got {clipping!r}")
-  losses, logits, grads = per_example_gradients(graphdef, params, batch_stats, x, labels)
+  losses, logits, grads = per_example_gradients(graphdef, params, batch_stats, x, labels,
+                                                augmult=augmult)
   grad_sum, norms = dpsgd_mechanism.dpsgd_clip_and_sum(grads, mask, l2_clip_norm=l2_clip_norm)
   return grad_sum, norms, losses, logits
 
 
 def build_train_step(plan: DPSGDPlan, info: data.DatasetInfo, mesh: Mesh, *,
-                     clipping: str = "vmap") -> Callable:
+                     clipping: str = "vmap", augmult: bool = False) -> Callable:
   """The pure `train_step(state, inputs, labels, mask, noise_key) -> (state, metrics)`.
 
   `make_train_step` jits it; tests wrap it (`chex.assert_max_traces`) first.
@@ -109,9 +124,12 @@ def build_train_step(plan: DPSGDPlan, info: data.DatasetInfo, mesh: Mesh, *,
     mesh: mesh with a 'data' axis; the (M,) batch rows are split over it.
     clipping: "vmap" or "ghost" (`DPSGDConfig.clipping`): how each device's clipped sum is
       computed (`clipped_sum`); the noise is the same.
+    augmult: the inputs hold V views of each example, whose gradients are averaged before
+      clipping (`DPSGDConfig.augmented`); the noise is the same.
 
   Returns:
     The step: inputs (M, H, W, C) uint8 images or float32 features (`data.model_inputs`),
+    (M, V, H, W, C) float32 features with `augmult`,
     labels (M,) int32, mask (M,) bool (False: padding),
     noise_key a replicated key for this step only. Metrics: loss, accuracy, batch_size,
     clipped_fraction, grad_norm (pre-clip), all noiseless functions of the private batch, so
@@ -132,7 +150,7 @@ def build_train_step(plan: DPSGDPlan, info: data.DatasetInfo, mesh: Mesh, *,
       params = jax.tree.map(lambda p: jax.lax.pcast(p, axis, to="varying"), params)
       grad_sum, norms, losses, logits = clipped_sum(  # norms, losses: (m,)
           state.graphdef, params, batch_stats, data.model_inputs(images, info), labels, mask,
-          l2_clip_norm=clip_norm, clipping=clipping)
+          l2_clip_norm=clip_norm, clipping=clipping, augmult=augmult)
       stats = {"loss": losses, "accuracy": jnp.argmax(logits, -1) == labels,
                "batch_size": mask.astype(jnp.float32), "clipped_fraction": norms > clip_norm,
                "grad_norm": norms}
@@ -156,21 +174,23 @@ def build_train_step(plan: DPSGDPlan, info: data.DatasetInfo, mesh: Mesh, *,
 
 
 def make_train_step(plan: DPSGDPlan, info: data.DatasetInfo, mesh: Mesh, *,
-                    clipping: str = "vmap") -> Callable:
+                    clipping: str = "vmap", augmult: bool = False) -> Callable:
   """`build_train_step` jitted: `state` donated, outputs replicated on `mesh` (the layout of
-  the input state, so the loop compiles once). Cached per (plan, dataset, mesh, clipping): keys
+  the input state, so the loop compiles once). Cached per (plan, dataset, mesh, clipping,
+  augmult): keys
   are step inputs and logging happens outside the step, so repeated runs in one process
   (resume, sweeps, tests) reuse the compiled step instead of recompiling it."""
-  return _jitted_train_step(plan, info, mesh, clipping)
+  return _jitted_train_step(plan, info, mesh, clipping, augmult)
 
 
 @functools.cache
 def _jitted_train_step(plan: DPSGDPlan, info: data.DatasetInfo, mesh: Mesh,
-                       clipping: str) -> Callable:
-  # Positional `clipping`: a call with and one without clipping="vmap" share the cache entry.
+                       clipping: str, augmult: bool) -> Callable:
+  # Positional `clipping`, `augmult`: a call with and one without clipping="vmap" (or
+  # augmult=False) share the cache entry.
   replicated = sharding.replicated(mesh)
-  return jax.jit(build_train_step(plan, info, mesh, clipping=clipping), donate_argnums=0,
-                 out_shardings=(replicated, replicated))
+  return jax.jit(build_train_step(plan, info, mesh, clipping=clipping, augmult=augmult),
+                 donate_argnums=0, out_shardings=(replicated, replicated))
 
 
 make_train_step.cache_clear = _jitted_train_step.cache_clear  # type: ignore[attr-defined]
