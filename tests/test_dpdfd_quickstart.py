@@ -177,4 +177,4 @@ def test_readme_quickstart_is_the_main_job_and_the_test_command():
   commands = re.findall(r"```bash\n(.*?)\n```", section, re.S)
   assert commands == ["pip install -e . && python -m experiments.dpdfd --dataset=digits",
                       'pip install -e ".[test,import,export]" && pip install --no-deps '
-                      'jax2onnx==0.17.1 && python -m pytest -q']
+                      'jax2onnx==0.17.1 && python -m pytest -q -n 2 --dist loadfile']

@@ -3,7 +3,7 @@
 kill -9 at a random release then resume, overwritten checkpoint bytes, a concurrent start and a
 dataset missing offline, each on tiny digits runs compared with an uninterrupted run. The kill
 points come from a random seed (set DPKD_FAULT_SEED to replay one); the report of what was
-tried is printed in the pytest summary.
+tried is printed in the pytest summary (single-process runs only) and in every failure message.
 """
 
 import importlib.util
@@ -30,13 +30,15 @@ def injected(tmp_path_factory, request):
   capture = request.config.pluginmanager.get_plugin("capturemanager")
   with capture.global_and_fixture_disabled():  # the report shows even without -s
     print("\n" + "\n".join(report))
-  return module, outcomes
+  return module, outcomes, "\n".join(report)
 
 
 def _check(injected, key):
-  module, outcomes = injected
+  module, outcomes, report = injected
   del module
-  assert not outcomes[key].problems, outcomes[key].line()
+  # The whole report (its seed first) is in the failure message too: under pytest-xdist a
+  # worker's print above never reaches the terminal, and the seed is what replays a failure.
+  assert not outcomes[key].problems, f"{outcomes[key].line()}\n{report}"
 
 
 @pytest.mark.parametrize("method", ["dpsgd", "dpdfd"])
