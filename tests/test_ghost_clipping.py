@@ -97,6 +97,44 @@ def test_conv_patches_give_the_per_example_kernel_gradients(groups, strides, pad
   np.testing.assert_allclose(materialised, expected, rtol=1e-4)
 
 
+@pytest.mark.parametrize("form", ghost_clipping.CONV_GRAD_FORMS)
+@pytest.mark.parametrize("groups,strides,padding,lhs_dilation,rhs_dilation", [
+    (1, (1, 1), "SAME", None, None),
+    (1, (2, 1), ((2, 1), (0, 2)), (1, 2), (2, 1)),
+    (2, (1, 2), "VALID", None, (2, 1)),  # grouped: "taps" takes the patches
+    (4, (1, 1), "SAME", None, None),  # depthwise
+])
+def test_every_conv_grad_form_gives_each_examples_kernel_gradient(form, groups, strides, padding,
+                                                                  lhs_dilation, rhs_dilation):
+  kx, kk, kg = jax.random.split(jax.random.key(2), 3)
+  x = jax.random.normal(kx, (3, 9, 8, 4))
+  kernel = jax.random.normal(kk, (3, 2, 4 // groups, 8))
+
+  def conv(xs, k):
+    return lax.conv_general_dilated(xs, k, strides, padding, lhs_dilation, rhs_dilation,
+                                    dimension_numbers=_NHWC, feature_group_count=groups)
+
+  g = jax.random.normal(kg, jax.eval_shape(conv, x, kernel).shape)
+  direct = jax.jit(jax.vmap(lambda xi, gi: jax.vjp(lambda k: conv(xi[None], k), kernel)[1](
+      gi[None])[0]))(x, g)
+  got = jax.jit(lambda x, g: ghost_clipping.per_example_conv_kernel_grads(
+      x, g, window=kernel.shape[:2], strides=strides, padding=padding, lhs_dilation=lhs_dilation,
+      rhs_dilation=rhs_dilation, dimension_numbers=_NHWC, groups=groups, form=form))(x, g)
+  assert got.shape == (3, *kernel.shape)
+  np.testing.assert_allclose(got, direct, rtol=1e-4, atol=1e-4)
+
+
+def test_conv_grad_form_names_a_form_and_unknown_forms_are_refused():
+  for shape in [((5, 5), 1, 6), ((5, 5), 6, 16), ((3, 3), 1, 32), ((3, 3), 32, 64),
+                ((3, 3), 64, 64)]:
+    assert ghost_clipping.conv_grad_form(*shape, groups=1) in ghost_clipping.CONV_GRAD_FORMS
+  x, g = jnp.zeros((1, 4, 4, 1)), jnp.zeros((1, 4, 4, 1))
+  with pytest.raises(ValueError, match="form must be one of"):
+    ghost_clipping.per_example_conv_kernel_grads(
+        x, g, window=(1, 1), strides=(1, 1), padding="SAME", lhs_dilation=None,
+        rhs_dilation=None, dimension_numbers=_NHWC, groups=1, form="im2col")
+
+
 @pytest.mark.parametrize("shape,window,strides,padding,lhs_dilation,rhs_dilation,groups", [
     ((2, 7, 6, 4), (3, 2), (2, 1), "SAME", None, (1, 2), 2),
     ((2, 7, 6, 3), (2, 3), (1, 2), ((2, -1), (0, 3)), (2, 1), None, 1),  # crop, dilate input

@@ -33,6 +33,7 @@ DP-SGD default and handles any model).
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 from typing import Any, NamedTuple
 
@@ -207,6 +208,37 @@ def _kernel_leaf(grad: jax.Array, spec: ghost_taps.ConvSpec | None) -> jax.Array
   return ghost_clipping.conv_kernel_from_patches(grad, spec.kernel_shape)
 
 
+def _layer_norms(a: jax.Array, g: jax.Array, spec: ghost_taps.ConvSpec | None, *,
+                 allow_gram: bool
+                 ) -> tuple[jax.Array | None, jax.Array, ghost_clipping.KernelNorms]:
+  """One Linear/Conv layer's per-example kernel norms from its recorded input and output grad.
+
+  Returns (a, g, norms): a and g are the (B, T, G, d), (B, T, G, p) operands of the book-keeping
+  sum, or a is None when the
+  layer is a convolution whose per-example gradients were materialised in the kernel's own
+  layout (`ghost_clipping.per_example_conv_kernel_grads`, by the fastest measured form): their
+  weighted sum is then the kernel gradient itself and no patch array is built.
+  """
+  if spec is not None:
+    groups = spec.groups
+    tokens = math.prod(g.shape[1:-1])
+    in_features = a.shape[-1] // groups * math.prod(spec.window)
+    method = ghost_clipping.kernel_method(tokens, in_features, g.shape[-1] // groups,
+                                          allow_gram=allow_gram)
+    if method == "per_example":
+      form = ghost_clipping.conv_grad_form(spec.window, a.shape[-1], g.shape[-1], groups=groups)
+      grads = ghost_clipping.per_example_conv_kernel_grads(
+          a, g, window=spec.window, strides=spec.strides, padding=spec.padding,
+          lhs_dilation=spec.lhs_dilation, rhs_dilation=spec.rhs_dilation,
+          dimension_numbers=spec.dimension_numbers, groups=groups, form=form)
+      norms = ghost_clipping.KernelNorms(
+          jnp.sum(jnp.square(grads.reshape(grads.shape[0], -1)), axis=1), grads)
+      return None, g.reshape(g.shape[0], tokens, groups, -1), norms
+  a, g = _operands(a, g, spec)
+  method = ghost_clipping.kernel_method(a.shape[1], a.shape[3], g.shape[3], allow_gram=allow_gram)
+  return a, g, ghost_clipping.kernel_sq_norms(a, g, method)
+
+
 def _affine_grads(small_paths: list[Path], inputs: dict, grads: dict) -> dict[Path, jax.Array]:
   """(B, C) per-example gradients of the affine layers' scale (Σ_t g x̂) and bias (Σ_t g)."""
   out = {}
@@ -260,10 +292,8 @@ def ghost_clipped_sum(graphdef: nnx.GraphDef, params: PyTree, batch_stats: PyTre
   sq_norms = ghost_clipping.tree_sq_norms(small_grads)  # (B,), or 0 without small params
   operands, kernel_norms, biases = {}, {}, {}
   for path, has_bias in layers.items():
-    a, g = _operands(inputs[path], out_grads[path], specs.get(path))
-    method = ghost_clipping.kernel_method(a.shape[1], a.shape[3], g.shape[3],
-                                          allow_gram=allow_gram)
-    kernel_norms[path] = ghost_clipping.kernel_sq_norms(a, g, method)
+    a, g, kernel_norms[path] = _layer_norms(inputs[path], out_grads[path], specs.get(path),
+                                            allow_gram=allow_gram)
     operands[path] = (a, g)
     sq_norms = sq_norms + kernel_norms[path].sq_norms
     if has_bias:
@@ -274,7 +304,8 @@ def ghost_clipped_sum(graphdef: nnx.GraphDef, params: PyTree, batch_stats: PyTre
           for path, grad in small_grads.items()}
   for path, (a, g) in operands.items():
     kernel = ghost_clipping.weighted_kernel_sum(a, g, kernel_norms[path], weights, keep)
-    sums[path + ("kernel",)] = _kernel_leaf(kernel, specs.get(path))
+    sums[path + ("kernel",)] = (kernel if a is None  # already in the kernel's own layout
+                                else _kernel_leaf(kernel, specs.get(path)))
     if path in biases:
       sums[path + ("bias",)] = ghost_clipping.weighted_sum(biases[path], weights, keep)
   return GhostOutputs(traverse_util.unflatten_dict(sums), norms, losses, outputs)

@@ -52,6 +52,7 @@ from one batched pass, where row i is example i's own only when nothing mixes th
 from __future__ import annotations
 
 import itertools
+import math
 from collections.abc import Sequence
 from typing import Any, NamedTuple
 
@@ -67,8 +68,9 @@ class KernelNorms(NamedTuple):
 
   Attributes:
     sq_norms: (B,) ||a_i^T g_i||²_F summed over the groups.
-    per_example: (B, G, d, p) the per-example gradients when the method materialised them,
-      else None (rank-1 and Gram layers).
+    per_example: the per-example gradients when the method materialised them, else None
+      (rank-1 and Gram layers): (B, G, d, p) from `kernel_sq_norms`, (B, *window, C/G, O) from
+      `per_example_conv_kernel_grads`.
   """
 
   sq_norms: jax.Array
@@ -137,6 +139,36 @@ def bias_grads(g: jax.Array) -> jax.Array:
   return jnp.sum(g, axis=1)
 
 
+def _conv_taps(x: jax.Array, window: Sequence[int], *, strides: Sequence[int],
+               padding: str | Sequence[tuple[int, int]], lhs_dilation: Sequence[int] | None,
+               rhs_dilation: Sequence[int] | None, dimension_numbers: Any) -> list[jax.Array]:
+  """The input each kernel tap sees: prod(window) arrays (B, *out, C), row-major taps.
+
+  Strided slices of the dilated, padded input: pure data movement, no arithmetic.
+  """
+  rank = x.ndim - 2
+  numbers = lax.conv_dimension_numbers(x.shape, (1,) * x.ndim, dimension_numbers)
+  if tuple(numbers.lhs_spec) != (0, x.ndim - 1, *range(1, x.ndim - 1)):
+    raise ValueError(f"conv_patches needs a channels-last input, got {numbers}")
+  window, strides = tuple(window), tuple(strides)
+  lhs_dilation = tuple(lhs_dilation or (1,) * rank)
+  rhs_dilation = tuple(rhs_dilation or (1,) * rank)
+  reach = [(k - 1) * r + 1 for k, r in zip(window, rhs_dilation)]  # the dilated window
+  if isinstance(padding, str):  # as `lax.conv_general_dilated` resolves it
+    padding = lax.padtype_to_pads(x.shape[1:-1], reach, strides, padding)
+  # Dilate (interior zeros) and pad in one go; negative padding crops.
+  x = lax.pad(x, jnp.zeros((), x.dtype), [(0, 0, 0)] + [
+      (lo, hi, d - 1) for (lo, hi), d in zip(padding, lhs_dilation)] + [(0, 0, 0)])
+  out = [(n - k) // s + 1 for n, k, s in zip(x.shape[1:-1], reach, strides)]
+  taps = []
+  for offset in itertools.product(*(range(k) for k in window)):  # row-major, as the kernel
+    start = [o * r for o, r in zip(offset, rhs_dilation)]
+    limit = [b + (n - 1) * s + 1 for b, n, s in zip(start, out, strides)]
+    taps.append(lax.slice(x, (0, *start, 0), (x.shape[0], *limit, x.shape[-1]),
+                          (1, *strides, 1)))  # (B, *out, C)
+  return taps
+
+
 def conv_patches(x: jax.Array, window: Sequence[int], *, strides: Sequence[int],
                  padding: str | Sequence[tuple[int, int]], lhs_dilation: Sequence[int] | None,
                  rhs_dilation: Sequence[int] | None, dimension_numbers: Any,
@@ -160,28 +192,83 @@ def conv_patches(x: jax.Array, window: Sequence[int], *, strides: Sequence[int],
     is ordered (channel, *window), channel major, as `lax.conv_general_dilated_patches` lays it
     out.
   """
-  rank = x.ndim - 2
-  numbers = lax.conv_dimension_numbers(x.shape, (1,) * x.ndim, dimension_numbers)
-  if tuple(numbers.lhs_spec) != (0, x.ndim - 1, *range(1, x.ndim - 1)):
-    raise ValueError(f"conv_patches needs a channels-last input, got {numbers}")
-  window, strides = tuple(window), tuple(strides)
-  lhs_dilation = tuple(lhs_dilation or (1,) * rank)
-  rhs_dilation = tuple(rhs_dilation or (1,) * rank)
-  reach = [(k - 1) * r + 1 for k, r in zip(window, rhs_dilation)]  # the dilated window
-  if isinstance(padding, str):  # as `lax.conv_general_dilated` resolves it
-    padding = lax.padtype_to_pads(x.shape[1:-1], reach, strides, padding)
-  # Dilate (interior zeros) and pad in one go; negative padding crops.
-  x = lax.pad(x, jnp.zeros((), x.dtype), [(0, 0, 0)] + [
-      (lo, hi, d - 1) for (lo, hi), d in zip(padding, lhs_dilation)] + [(0, 0, 0)])
-  out = [(n - k) // s + 1 for n, k, s in zip(x.shape[1:-1], reach, strides)]
-  taps = []
-  for offset in itertools.product(*(range(k) for k in window)):  # row-major, as the kernel
-    start = [o * r for o, r in zip(offset, rhs_dilation)]
-    limit = [b + (n - 1) * s + 1 for b, n, s in zip(start, out, strides)]
-    taps.append(lax.slice(x, (0, *start, 0), (x.shape[0], *limit, x.shape[-1]),
-                          (1, *strides, 1)))  # (B, *out, C)
+  taps = _conv_taps(x, window, strides=strides, padding=padding, lhs_dilation=lhs_dilation,
+                    rhs_dilation=rhs_dilation, dimension_numbers=dimension_numbers)
   patches = jnp.stack(taps, axis=-1)  # (B, *out, C, prod(window)): channel major
   return patches.reshape(x.shape[0], -1, groups, patches.shape[-2] * len(taps) // groups)
+
+
+CONV_GRAD_FORMS = ("patches", "taps", "vmap_dw")
+_MIN_TAPS_PATCH_DEPTH = 16  # C·prod(window); benchmarks/ghost_conv_forms.py
+
+
+def conv_grad_form(window: Sequence[int], in_channels: int, out_channels: int, *,
+                   groups: int) -> str:
+  """The fastest measured form of `per_example_conv_kernel_grads` for a convolution's shape.
+
+  Measured by `benchmarks/ghost_conv_forms.py` on XLA CPU (the table in
+  docs/PERFORMANCE.md); every form is exact, so this only moves time.
+  """
+  del out_channels
+  # Tap by tap, each example's product is a sum of prod(window) thin (C, O) dots and no
+  # (B, T, C·prod(window)) patch array is written; that copy only pays for itself when the
+  # patch rows are short (a one-channel 3×3 input: 9 values per position).
+  depth = in_channels // groups * math.prod(window)
+  return "taps" if groups == 1 and depth >= _MIN_TAPS_PATCH_DEPTH else "patches"
+
+
+def per_example_conv_kernel_grads(x: jax.Array, g: jax.Array, *, window: Sequence[int],
+                                  strides: Sequence[int],
+                                  padding: str | Sequence[tuple[int, int]],
+                                  lhs_dilation: Sequence[int] | None,
+                                  rhs_dilation: Sequence[int] | None, dimension_numbers: Any,
+                                  groups: int, form: str) -> jax.Array:
+  """Every example's kernel gradient G_i = a_i^T g_i of a convolution, in the kernel's layout.
+
+  Three exact forms (equal to float rounding; `conv_grad_form` picks by shape):
+    * "patches": the (B, T, prod(window)·C) patches, tap major, then one batched dot over T;
+    * "taps": one batched dot over T per kernel tap, (B, T, C)ᵀ(B, T, O) → (B, C, O), no patch
+      array (G = 1 only; grouped convolutions take "patches");
+    * "vmap_dw": `vmap` over the examples of XLA's kernel gradient of a one-example
+      convolution.
+
+  Args:
+    x: (B, *spatial, C) channels-last input of the convolution.
+    g: (B, *out, O) the gradient of each example's own loss w.r.t. the convolution's output.
+    window, strides, padding, lhs_dilation, rhs_dilation, dimension_numbers, groups: the
+      convolution's arguments (as for `conv_patches`).
+    form: one of `CONV_GRAD_FORMS`.
+
+  Returns:
+    (B, *window, C/G, O): row i is example i's gradient of the kernel (its HWIO layout).
+  """
+  batch, channels, out_channels = x.shape[0], x.shape[-1], g.shape[-1]
+  kernel_shape = (*window, channels // groups, out_channels)
+  conv = dict(strides=strides, padding=padding, lhs_dilation=lhs_dilation,
+              rhs_dilation=rhs_dilation, dimension_numbers=dimension_numbers)
+  if form == "vmap_dw":
+    def one(x_i, g_i):  # (*spatial, C), (*out, O) → kernel_shape
+      def apply(kernel):
+        return lax.conv_general_dilated(
+            x_i[None], kernel, strides, padding, lhs_dilation, rhs_dilation, dimension_numbers,
+            feature_group_count=groups)
+      return jax.vjp(apply, jnp.zeros(kernel_shape, x.dtype))[1](g_i[None])[0]
+    return jax.vmap(one)(x, g)
+  if form not in CONV_GRAD_FORMS:
+    raise ValueError(f"form must be one of {CONV_GRAD_FORMS}, got {form!r}")
+  g_rows = g.reshape(batch, -1, out_channels)  # (B, T, O)
+  if form == "taps" and groups == 1:
+    taps = _conv_taps(x, window, **conv)
+    grads = [jnp.einsum("btc,bto->bco", tap.reshape(batch, -1, channels), g_rows)
+             for tap in taps]
+    return jnp.stack(grads, axis=1).reshape(batch, *kernel_shape)
+  if groups == 1:  # tap-major patches: the product is already in the kernel's layout
+    patches = jnp.stack(_conv_taps(x, window, **conv), axis=-2)  # (B, *out, taps, C)
+    grads = jnp.einsum("btd,bto->bdo", patches.reshape(batch, g_rows.shape[1], -1), g_rows)
+    return grads.reshape(batch, *kernel_shape)
+  patches = conv_patches(x, window, groups=groups, **conv)  # (B, T, G, d)
+  grads = per_example_kernel_grads(patches, g.reshape(batch, -1, groups, out_channels // groups))
+  return conv_kernel_from_patches(grads, kernel_shape)
 
 
 def conv_kernel_from_patches(grad: jax.Array, kernel_shape: Sequence[int]) -> jax.Array:
