@@ -259,3 +259,13 @@ def test_paper_objective_keeps_its_latents_and_noise(teacher_dir):
   key = jax.random.key(9)
   np.testing.assert_array_equal(jax.random.key_data(jax.random.split(key, 3)[:2]),
                                 jax.random.key_data(jax.random.split(key, 2)))
+
+
+@pytest.mark.parametrize("teacher_loss", ["dkd", "logit"])
+def test_teacher_loss_scale_scales_every_row(teacher_dir, teacher_loss):
+  s = jax.random.normal(jax.random.key(3), (16, 10))
+  t = jax.random.normal(jax.random.key(4), (2, 16, 10))
+  rows = {scale: step_lib.per_sample_output_grads(
+      _config(teacher_dir, teacher_loss=teacher_loss, teacher_loss_scale=scale), s, t)
+      for scale in (1.0, 1e-6)}
+  np.testing.assert_allclose(rows[1e-6], 1e-6 * rows[1.0], rtol=1e-6)

@@ -78,6 +78,10 @@ class DPDFDConfig:
       (0.5||s - t||², row s - t: logit matching, as DFAD's L1 generator/student objective).
       Both rows leave through the same A_{C,σ}, so the privacy argument and ε are unchanged;
       which one learns faster is measured in docs/RESULTS.md ("DPDFD engine").
+    teacher_loss_scale: κ, L_T's weight: the rows are κ·dL_T/ds. Rows and C scale together, so
+      κ changes nothing under the sound accounting (ε depends on σ alone); κ·γ = 1 with κ far
+      below C keeps rows unclipped at any C, which the paper's Theorem 3 (ε ∝ C²/σ², noise
+      std σ·C) then prices as almost noiseless (docs/RESULTS.md, Table 1 rows).
     dkd_alpha, dkd_beta, temperature: decoupled-KD weights and temperature of L_T = "dkd".
     entropy_weight: α of L_G (information entropy of the batch-mean prediction); 5 by
       default: with the paper's α = β = 1 the generator collapsed to ~2 classes on digits.
@@ -125,6 +129,7 @@ class DPDFDConfig:
   gamma: float = 1.0
   student_loss: str = "mse"
   teacher_loss: str = "dkd"
+  teacher_loss_scale: float = 1.0
   dkd_alpha: float = 1.0
   dkd_beta: float = 8.0
   temperature: float = 4.0
@@ -159,7 +164,8 @@ class DPDFDConfig:
     config_checks.one_of("teacher_loss", self.teacher_loss, TEACHER_LOSSES)
     config_checks.seed(self.seed)
     config_checks.integers(self, "eval_every", "generator_channels", "batch_size", "latent_dim")
-    config_checks.positive(self, "student_lr", "generator_lr", "temperature", "probe_step")
+    config_checks.positive(self, "student_lr", "generator_lr", "temperature", "probe_step",
+                           "teacher_loss_scale")
     config_checks.one_of("generator_objective", self.generator_objective,
                          GENERATOR_OBJECTIVES)
     config_checks.integers(self, "probe_directions")

@@ -95,12 +95,14 @@ def per_sample_output_grads(config: config_lib.DPDFDConfig, student_logits: jax.
   """g[j, i] = dL_T(t_ji, s_i)/ds_i for every teacher j and sample i: (n, B, K).
 
   L_T is `config.teacher_loss`: decoupled KD with the teacher's argmax as the label ("dkd"),
-  or 0.5||s - t||² ("logit", whose gradient is the logit gap s - t). vmap over rows gives
+  or 0.5||s - t||² ("logit", whose gradient is the logit gap s - t), times
+  `config.teacher_loss_scale` κ. vmap over rows gives
   the gradient of each sample's own loss w.r.t. its own output: no per-example parameter
   gradients are needed.
   """
+  scale = config.teacher_loss_scale
   if config.teacher_loss == "logit":
-    return student_logits[None] - t_logits
+    return scale * (student_logits[None] - t_logits)
 
   def row_loss(s, t):
     label = jnp.argmax(t)
@@ -108,7 +110,7 @@ def per_sample_output_grads(config: config_lib.DPDFDConfig, student_logits: jax.
                       beta=config.dkd_beta, temperature=config.temperature)[0]
 
   row_grad = jax.vmap(jax.grad(row_loss), in_axes=(0, 0))  # over samples
-  return jax.vmap(row_grad, in_axes=(None, 0))(student_logits, t_logits)  # over teachers
+  return scale * jax.vmap(row_grad, in_axes=(None, 0))(student_logits, t_logits)  # teachers
 
 
 def _mechanism_args(plan: privacy.OutputGradientPlan) -> dict[str, Any]:
