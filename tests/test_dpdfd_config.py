@@ -40,6 +40,12 @@ def _direct(**kw):
     (dict(gamma=0.0), "gamma"),
     (dict(seed=-1), "seed"),
     (dict(teacher_loss="kl"), "teacher_loss"),
+    (dict(generator_objective="dfad"), "generator_objective"),
+    (dict(generator_objective="disagreement"), "bound_method='clip'"),  # normalised rows
+    (dict(generator_objective="disagreement", bound_method="clip", probe_directions=0),
+     "probe_directions"),
+    (dict(probe_step=0.0), "probe_step"),
+    (dict(teacher_loss_scale=0.0), "teacher_loss_scale"),
 ])
 def test_bad_config_fails_at_construction(kwargs, match):
   with pytest.raises(ValueError, match=match):

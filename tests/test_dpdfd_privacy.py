@@ -90,6 +90,25 @@ def test_event_is_the_executed_noise_per_record_reach():
   assert dpdfd.make_plan(config, teachers_per_record=1).sound_epsilon == pytest.approx(single)
 
 
+def test_disagreement_probes_are_rows_of_the_release_and_cost_epsilon():
+  plain = dpdfd.make_plan(_config())
+  config = _config(generator_objective="disagreement", bound_method="clip", probe_directions=3)
+  plan = dpdfd.make_plan(config)
+  assert (plan.probes_per_sample, plan.rows_per_step) == (3, 64)
+  assert plan.event(2) == accounting.dpdfd_event(noise_multiplier=10.0, batch_size=64, steps=2,
+                                                 num_teachers=1, teachers_per_record=1)
+  assert plan.sound_epsilon > plain.sound_epsilon
+  # A target ε calibrates σ for the rows actually released: larger than without probes.
+  target = dict(noise_multiplier=None, target_epsilon=5.0)
+  assert (dpdfd.make_plan(_config(**target, generator_objective="disagreement",
+                                  bound_method="clip")).noise_multiplier
+          > dpdfd.make_plan(_config(**target)).noise_multiplier)
+  # The paper's Theorem 3 counts steps, not rows.
+  assert plan.paper_epsilon == pytest.approx(plain.paper_epsilon)
+  # The probe count means nothing to the paper generator.
+  assert dpdfd.make_plan(_config(probe_directions=3)).rows_per_step == 16
+
+
 def test_direct_plan_is_not_private():
   config = dpdfd.DirectConfig(dataset="digits", noise_multiplier=5.0, steps=3)
   plan = dpdfd.make_direct_plan(config)

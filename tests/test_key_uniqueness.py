@@ -173,6 +173,17 @@ def test_dpdfd(recorder, teacher_run, tmp_path):
   _assert_distinct(uses, minimum=2 * 2 + 1)  # latents + noise per step, the sample grid
 
 
+def test_dpdfd_disagreement(recorder, teacher_run, tmp_path):
+  config = dpdfd.DPDFDConfig(
+      dataset="digits", teacher_dirs=(teacher_run[0],), student_model="lenet5_half",
+      generator_channels=8, noise_multiplier=10.0, steps=2, batch_size=16, eval_every=2,
+      latent_dim=8, generator_objective="disagreement", bound_method="clip",
+      teacher_loss="logit")
+  with recorder.collect() as uses:
+    dpdfd.train_dpdfd(config, str(tmp_path), progress=False)
+  _assert_distinct(uses, minimum=3 * 2 + 1)  # latents, noise, probe directions per step
+
+
 def test_dpdfd_direct(recorder, tmp_path):
   # Secret seed, so a fresh Poisson sample each run: M = 24 overflowed (a raise, not a
   # truncation) in 6.4% of runs (P(Binomial(1442, 16/1442) > 24) per step, 3 steps); M = 48

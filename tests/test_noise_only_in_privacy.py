@@ -29,6 +29,9 @@ ALLOWED: dict[tuple[str, str, str], str] = {
     # --- generator latents
     ("train/samples.py", "generate", "normal"): _LATENT + " (evaluation / sample grids)",
     ("methods/dpdfd/step.py", "build_train_step.train_step", "normal"): _LATENT,
+    ("methods/dpdfd/step.py", "unit_directions", "normal"): (
+        "probe directions of the disagreement generator: uniform on the unit sphere, drawn "
+        "independently of the data; the probes' teacher rows go through A_{C,σ} in privacy/"),
     ("methods/srr/run.py", "_save_grid", "normal"): _LATENT + " (sample grid)",
     ("methods/srr/step.py", "build_pretrain_step.step", "normal"): _LATENT,
     ("methods/srr/stage.py", "run_stage", "normal"): (

@@ -22,6 +22,8 @@ STUDENT_LOSSES = ("ce", "mse")
 # L_T, whose per-sample output gradient is the released row: "dkd" (the paper's decoupled KD,
 # row = dDKD/ds) or "logit" (0.5||s - t||², row = s - t: the student-to-teacher logit gap).
 TEACHER_LOSSES = ("dkd", "logit")
+# How the generator learns: through the student (paper), or up the released disagreement.
+GENERATOR_OBJECTIVES = ("paper", "disagreement")
 
 
 def check_output_gradient_fields(config: Any) -> None:
@@ -76,6 +78,10 @@ class DPDFDConfig:
       (0.5||s - t||², row s - t: logit matching, as DFAD's L1 generator/student objective).
       Both rows leave through the same A_{C,σ}, so the privacy argument and ε are unchanged;
       which one learns faster is measured in docs/RESULTS.md ("DPDFD engine").
+    teacher_loss_scale: κ, L_T's weight: the rows are κ·dL_T/ds. Rows and C scale together, so
+      κ changes nothing under the sound accounting (ε depends on σ alone); κ·γ = 1 with κ far
+      below C keeps rows unclipped at any C, which the paper's Theorem 3 (ε ∝ C²/σ², noise
+      std σ·C) then prices as almost noiseless (docs/RESULTS.md, Table 1 rows).
     dkd_alpha, dkd_beta, temperature: decoupled-KD weights and temperature of L_T = "dkd".
     entropy_weight: α of L_G (information entropy of the batch-mean prediction); 5 by
       default: with the paper's α = β = 1 the generator collapsed to ~2 classes on digits.
@@ -83,6 +89,16 @@ class DPDFDConfig:
     one_hot_weight: weight of L_G's cross-entropy to the student's own argmax (1 in the
       paper; 0 drops the term, for the paper's Table 6 ablation).
     student_lr, generator_lr: Adam learning rates (cosine-decayed over the steps).
+    generator_objective: "paper" (L_S + L_G through the updated student, y_s constant) or
+      "disagreement": the generator ascends D(x) = γ||g~(x)||_1 = ||s(x) - y_s(x)||_1, the
+      student-teacher disagreement as the released rows show it, whose gradient w.r.t. x is
+      estimated by forward differences along `probe_directions` random unit directions per
+      sample (DFME, Truong et al. 2021). The probes x + δu are queries too: their rows leave
+      through the same A_{C,σ} in the same release, so a step releases B·(1 +
+      probe_directions) rows and the sound accounting charges them (the paper's Theorem 3
+      counts steps, not rows: its figure is unchanged). Needs bound_method="clip" (normalised
+      rows all have norm C). Measured in docs/RESULTS.md ("DPDFD engine").
+    probe_directions, probe_step: m directions per sample and the step δ of the probes.
     pretrained_generator_dir: None (default, the paper: the generator starts from random
       weights and sees only the student), or the workdir of `python -m experiments.srr
       pretrain` for the same dataset, teacher and generator: a generator pretrained against the
@@ -113,6 +129,7 @@ class DPDFDConfig:
   gamma: float = 1.0
   student_loss: str = "mse"
   teacher_loss: str = "dkd"
+  teacher_loss_scale: float = 1.0
   dkd_alpha: float = 1.0
   dkd_beta: float = 8.0
   temperature: float = 4.0
@@ -121,10 +138,18 @@ class DPDFDConfig:
   one_hot_weight: float = 1.0
   student_lr: float = 1e-3
   generator_lr: float = 1e-3
+  generator_objective: str = "paper"
+  probe_directions: int = 1
+  probe_step: float = 1e-3
   pretrained_generator_dir: str | None = None
   seed: int | None = None
   eval_every: int = 200
   data_dir: str | None = None
+
+  @property
+  def probes_per_sample(self) -> int:
+    """Extra released rows per synthetic sample: the disagreement probes, else 0."""
+    return self.probe_directions if self.generator_objective == "disagreement" else 0
 
   def __post_init__(self):
     object.__setattr__(self, "teacher_dirs", tuple(self.teacher_dirs))
@@ -139,7 +164,15 @@ class DPDFDConfig:
     config_checks.one_of("teacher_loss", self.teacher_loss, TEACHER_LOSSES)
     config_checks.seed(self.seed)
     config_checks.integers(self, "eval_every", "generator_channels", "batch_size", "latent_dim")
-    config_checks.positive(self, "student_lr", "generator_lr", "temperature")
+    config_checks.positive(self, "student_lr", "generator_lr", "temperature", "probe_step",
+                           "teacher_loss_scale")
+    config_checks.one_of("generator_objective", self.generator_objective,
+                         GENERATOR_OBJECTIVES)
+    config_checks.integers(self, "probe_directions")
+    if self.generator_objective == "disagreement" and self.bound_method != "clip":
+      raise ValueError("generator_objective='disagreement' reads the disagreement from the size "
+                       "of the released rows, which bound_method='normalize' sets to C for "
+                       "every row: use bound_method='clip'")
     config_checks.non_negative(self, "entropy_weight", "feature_weight", "one_hot_weight")
     check_output_gradient_fields(self)
     check_privacy_request(self)

@@ -8,11 +8,13 @@ count (`DPDFDPlan`), the only place either is resolved:
 * target ε, no σ: σ calibrated so that the requested steps fit the target.
 
 `accounting="sound"` (default) calibrates with `dp_accounting` on the event of the executed
-noise (`accounting.dpdfd_event`: Gaussian with multiplier σ/(2m·√B) per step, replace-one, the
-teacher not private, m = the most teachers one record reaches). `accounting="paper"`
+noise (`accounting.dpdfd_event`: Gaussian with multiplier σ/(2m·√R) per step, R = the rows of
+one release (B, or B·(1 + probes) with the disagreement generator), replace-one, the teacher
+not private, m = the most teachers one record reaches). `accounting="paper"`
 calibrates with the paper's Theorem 3 (our reconstruction,
 `paper_accounting.paper_dpdfd_epsilon`), warns, and the sound ε of the same run is always
-reported beside it: the paper figure is never shown alone.
+reported beside it: the paper figure is never shown alone. Theorem 3 counts steps and ignores
+how many rows a step releases, so probe rows leave the paper figure unchanged.
 
 `make_direct_plan(config)` is the plan of the direct mode (`direct.py`): the same mechanism
 A_{C,σ} on private inputs, which is not DP whatever σ is, so its event is `NonPrivateDpEvent`
@@ -54,22 +56,31 @@ class OutputGradientPlan(plan_lib.Plan):
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class DPDFDPlan(OutputGradientPlan):
-  """The data-free run: `releases` steps, each releasing B noisy rows.
+  """The data-free run: `releases` steps, each releasing B·(1 + probes) noisy rows in one draw.
 
   Attributes:
-    batch_size: B, rows released per step (the sensitivity is 2C·m·√B).
+    batch_size: B, synthetic samples per step.
+    probes_per_sample: rows released per sample beside its own (the "disagreement"
+      generator's probes x + δu; 0 for the paper's generator). Every row, probe or not, is a
+      teacher query bounded to norm C.
     num_teachers: n, teachers whose rows are summed.
     teachers_per_record: m, the most teachers one record reaches (`teacher_partition`).
   """
 
   batch_size: int
+  probes_per_sample: int = 0
   num_teachers: int = 1
   teachers_per_record: int = 1
+
+  @property
+  def rows_per_step(self) -> int:
+    """R = B·(1 + probes): the rows of one release (its sensitivity is 2C·m·√R)."""
+    return self.batch_size * (1 + self.probes_per_sample)
 
   def event(self, releases: int) -> dp_event.DpEvent:
     """`releases` steps of the executed noise (`accounting.dpdfd_event`, replace-one)."""
     return accounting.dpdfd_event(
-        noise_multiplier=self.noise_multiplier, batch_size=self.batch_size, steps=releases,
+        noise_multiplier=self.noise_multiplier, batch_size=self.rows_per_step, steps=releases,
         num_teachers=self.num_teachers, teachers_per_record=self.teachers_per_record)
 
 
@@ -109,7 +120,8 @@ def _resolve(config: config_lib.DPDFDConfig, *, num_teachers: int,
   sigma, steps, target = config.noise_multiplier, config.steps, config.target_epsilon
   if target is None:
     return sigma, steps
-  shape = dict(target_epsilon=target, delta=config.delta, batch_size=config.batch_size,
+  rows = config.batch_size * (1 + config.probes_per_sample)  # one release's rows
+  shape = dict(target_epsilon=target, delta=config.delta, batch_size=rows,
                num_teachers=num_teachers, teachers_per_record=teachers_per_record)
   if config.accounting == "sound":
     if sigma is None:
@@ -150,7 +162,8 @@ def make_plan(config: config_lib.DPDFDConfig,
   plan = DPDFDPlan(
       noise_multiplier=float(sigma), l2_norm_bound=config.l2_norm_bound,
       stability=config.stability, bound_method=config.bound_method,
-      batch_size=config.batch_size, num_teachers=num_teachers, teachers_per_record=m,
+      batch_size=config.batch_size, probes_per_sample=config.probes_per_sample,
+      num_teachers=num_teachers, teachers_per_record=m,
       releases=int(steps), delta=config.delta, accounting=config.accounting,
       budget_epsilon=None, sound_epsilon=math.inf,
       paper_epsilon=paper_epsilon(noise_multiplier=sigma, l2_norm_bound=config.l2_norm_bound,

@@ -9,6 +9,9 @@ Distillation"), Algorithm 1, as one pure jitted step.
     y_s = stop_gradient(s - gamma g~) (B, K) noisy target
     student  <- grad L_S(student(x), y_s)                 x held constant
     generator<- grad [L_S + L_G](student(G(z)))           student only, y_s constant
+                 or, generator_objective="disagreement": up D = ||s - y_s||_1 along its
+                 forward-difference gradient from m probes x + δu per sample, whose rows
+                 are released with the batch's (B·(1 + m) rows in one draw)
 
 The step takes σ, C, e, the bound method and B from the plan (`privacy.DPDFDPlan`), the
 object whose `event(n)` the ledger charges, and the loss weights from the config.
@@ -92,12 +95,14 @@ def per_sample_output_grads(config: config_lib.DPDFDConfig, student_logits: jax.
   """g[j, i] = dL_T(t_ji, s_i)/ds_i for every teacher j and sample i: (n, B, K).
 
   L_T is `config.teacher_loss`: decoupled KD with the teacher's argmax as the label ("dkd"),
-  or 0.5||s - t||² ("logit", whose gradient is the logit gap s - t). vmap over rows gives
+  or 0.5||s - t||² ("logit", whose gradient is the logit gap s - t), times
+  `config.teacher_loss_scale` κ. vmap over rows gives
   the gradient of each sample's own loss w.r.t. its own output: no per-example parameter
   gradients are needed.
   """
+  scale = config.teacher_loss_scale
   if config.teacher_loss == "logit":
-    return student_logits[None] - t_logits
+    return scale * (student_logits[None] - t_logits)
 
   def row_loss(s, t):
     label = jnp.argmax(t)
@@ -105,7 +110,7 @@ def per_sample_output_grads(config: config_lib.DPDFDConfig, student_logits: jax.
                       beta=config.dkd_beta, temperature=config.temperature)[0]
 
   row_grad = jax.vmap(jax.grad(row_loss), in_axes=(0, 0))  # over samples
-  return jax.vmap(row_grad, in_axes=(None, 0))(student_logits, t_logits)  # over teachers
+  return scale * jax.vmap(row_grad, in_axes=(None, 0))(student_logits, t_logits)  # teachers
 
 
 def _mechanism_args(plan: privacy.OutputGradientPlan) -> dict[str, Any]:
@@ -146,6 +151,55 @@ def generator_loss_terms(config: config_lib.DPDFDConfig,
   }
 
 
+def _paper_generator_grad(config: config_lib.DPDFDConfig, stu: TrainState, target: jax.Array,
+                          x: jax.Array) -> tuple[jax.Array, dict[str, jax.Array], jax.Array]:
+  """The paper's generator loss L_S + L_G through the (updated, frozen) student, y_s constant:
+  (loss, terms, d loss / d x) with x (B, ...) the synthetic batch."""
+  def g_loss_fn(images):
+    out, _ = core.apply(stu.graphdef, stu.params, stu.batch_stats, images, train=True)
+    terms = generator_loss_terms(config, out)
+    terms["student"] = student_loss(config, out.logits, target)
+    return sum(terms.values()), terms
+
+  (g_loss, terms), d_images = jax.value_and_grad(g_loss_fn, has_aux=True)(x)
+  return g_loss, terms, d_images
+
+
+def unit_directions(key: jax.Array, x: jax.Array, count: int) -> jax.Array:
+  """(count, B, ...) directions uniform on the unit sphere of one sample's space (x: (B, ...))."""
+  u = jax.random.normal(key, (count,) + x.shape, x.dtype)
+  norms = jnp.sqrt(jnp.sum(jnp.square(u.reshape(count, x.shape[0], -1)), axis=-1))
+  return u / norms.reshape(norms.shape + (1,) * (x.ndim - 1))
+
+
+def disagreement_ascent(config: config_lib.DPDFDConfig, noisy: jax.Array, directions: jax.Array,
+                        *, step: float) -> tuple[jax.Array, dict[str, jax.Array], jax.Array]:
+  """The disagreement generator's gradient, from released rows only (DFME's estimator).
+
+  D(x) = ||s(x) - y_s(x)||_1 = γ||g~(x)||_1 is read off the released rows; with u_j uniform on
+  the unit sphere of the d-dimensional sample space, ∇D(x) ≈ d/m Σ_j (D(x + δu_j) - D(x))/δ·u_j
+  (forward differences). The generator ascends D: its loss is -Σ_i <∇D(x_i), x_i>/B.
+
+  Args:
+    config: gives γ.
+    noisy: (B·(1 + m), K) the release: the B samples' rows, then the m·B probes' (direction
+      major, as the step stacks them).
+    directions: (m, B, ...) the unit directions u of the probes.
+    step: δ.
+
+  Returns:
+    (loss, terms, d loss / d x): the mean disagreement negated, {"disagreement": mean D}, and
+    the (B, ...) gradient the generator's vjp pulls back.
+  """
+  count, batch = directions.shape[:2]
+  dim = directions[0, 0].size
+  sizes = config.gamma * jnp.sum(jnp.abs(noisy), axis=-1)  # (B·(1 + m),): D of every query
+  base, probes = sizes[:batch], sizes[batch:].reshape(count, batch)
+  slopes = (probes - base[None]) / step  # (m, B)
+  grad = dim / count * jnp.einsum("mb,mb...->b...", slopes, directions)
+  return -jnp.mean(base), {"disagreement": jnp.mean(base)}, -grad / batch
+
+
 def build_train_step(plan: privacy.DPDFDPlan, config: config_lib.DPDFDConfig,
                      teacher_graphdef: nnx.GraphDef):
   """Returns the pure, un-jitted `train_step(state, teacher_params, teacher_batch_stats, key)
@@ -155,7 +209,8 @@ def build_train_step(plan: privacy.DPDFDPlan, config: config_lib.DPDFDConfig,
 
   def train_step(state: DPDFDState, teacher_params: PyTree, teacher_batch_stats: PyTree,
                  key: jax.Array):
-    z_key, noise_key = jax.random.split(key)
+    # split(key, 3)[:2] == split(key, 2): the paper path keeps its latents and noise.
+    z_key, noise_key, probe_key = jax.random.split(key, 3)
     z = jax.random.normal(z_key, (plan.batch_size, config.latent_dim))
     gen, stu = state.generator, state.student
 
@@ -167,33 +222,39 @@ def build_train_step(plan: privacy.DPDFDPlan, config: config_lib.DPDFDConfig,
 
     x, generator_vjp, gen_stats = jax.vjp(generate, gen.params, has_aux=True)
     x_const = jax.lax.stop_gradient(x)
-    t_logits = teacher_logits(teacher_graphdef, teacher_params, teacher_batch_stats, x_const)
 
     def student_logits(params):
       out, new_stats = core.apply(stu.graphdef, params, stu.batch_stats, x_const, train=True)
       return out.logits, new_stats
 
     s_logits, student_vjp, s_stats = jax.vjp(student_logits, stu.params, has_aux=True)
-    grads = per_sample_output_grads(config, s_logits, t_logits)
+    queries, s_queries, directions = x_const, s_logits, None
+    if plan.probes_per_sample:  # the disagreement probes x + δu are queries of the same release
+      directions = unit_directions(probe_key, x_const, plan.probes_per_sample)  # (m, B, ...)
+      probes = (x_const[None] + config.probe_step * directions).reshape(
+          (-1,) + x_const.shape[1:])  # (m·B, ...)
+      s_probes, _ = core.apply(stu.graphdef, stu.params, stu.batch_stats, probes, train=True)
+      queries = jnp.concatenate([x_const, probes])
+      s_queries = jnp.concatenate([s_logits, s_probes.logits])
+    t_logits = teacher_logits(teacher_graphdef, teacher_params, teacher_batch_stats, queries)
+    grads = per_sample_output_grads(config, s_queries, t_logits)  # (n, R, K)
 
-    # 4. The only private release: bounded rows + Gaussian noise.
+    # 4. The only private release: bounded rows + Gaussian noise, R = B·(1 + m) rows at once.
     release = private_output_gradients(plan, noise_key, grads)
-    target = jax.lax.stop_gradient(s_logits - config.gamma * release.noisy)
+    noisy = release.noisy[:plan.batch_size]
+    target = jax.lax.stop_gradient(s_logits - config.gamma * noisy)
 
     # 5a. Student update on (x, y_s): L_S's gradient w.r.t. the logits, pulled back.
     s_loss, d_logits = jax.value_and_grad(lambda l: student_loss(config, l, target))(s_logits)
     (s_grads,) = student_vjp(d_logits)
     stu = stu.apply_gradients(s_grads, s_stats)
 
-    # 5b. Generator update through the (updated, frozen) student; y_s stays a constant.
-    # d(L_S + L_G)/dx through the student, pulled back through the generator's forward.
-    def g_loss_fn(images):
-      out, _ = core.apply(stu.graphdef, stu.params, stu.batch_stats, images, train=True)
-      terms = generator_loss_terms(config, out)
-      terms["student"] = student_loss(config, out.logits, target)
-      return sum(terms.values()), terms
-
-    (g_loss, terms), d_images = jax.value_and_grad(g_loss_fn, has_aux=True)(x)
+    # 5b. Generator update (post-processing of the release and teacher-free computation).
+    if directions is None:
+      g_loss, terms, d_images = _paper_generator_grad(config, stu, target, x)
+    else:
+      g_loss, terms, d_images = disagreement_ascent(
+          config, release.noisy, directions, step=config.probe_step)
     (g_grads,) = generator_vjp(d_images)
     # Generator BN statistics come from the forward pass that made x (one update per step).
     gen = gen.apply_gradients(g_grads, gen_stats)
