@@ -144,8 +144,13 @@ def test_chance_reason_names_the_cause():
   assert "disjoint shards" in line
   ensemble = quickstart.chance_reason({**private, "num_teachers": 10})
   assert "from 10 teachers" in ensemble and "disjoint shards" not in ensemble
+  # The disagreement generator's probes are rows of the same release: R = B·(1 + m).
+  probing = quickstart.chance_reason({**private, "config": {
+      "batch_size": 32, "generator_objective": "disagreement", "probe_directions": 1}})
+  assert "sigma/(2m*sqrt(B)) = 5 per step" in probing
   noiseless = quickstart.chance_reason({"noise_multiplier": 0.0, "steps": 4})
   assert "did not learn in 4 steps" in noiseless
+  assert "--generator_objective=disagreement" in noiseless
   assert summary.at_chance(0.14, 10) and not summary.at_chance(0.16, 10)
   assert summary.at_chance(math.nan, 10)
 

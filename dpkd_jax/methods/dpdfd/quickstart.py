@@ -120,8 +120,12 @@ def chance_reason(results: dict[str, Any]) -> str:
   if sigma == 0:
     return (f"why at chance: no noise, so the engine itself did not learn in {steps} steps "
             f"(the generator sees only the student and can collapse: {ENGINE_ANCHOR}); try "
-            "more --steps, another --student_model, or --teacher_loss=logit")
-  batch = results.get("config", {}).get("batch_size", 1)
+            "more --steps, or the disagreement generator: --generator_objective=disagreement "
+            "--bound_method=clip --teacher_loss=logit --l2_norm_bound=1000")
+  config = results.get("config", {})
+  probes = (config.get("probe_directions", 1)
+            if config.get("generator_objective") == "disagreement" else 0)
+  batch = config.get("batch_size", 1) * (1 + probes)  # rows of one release
   n, m = results.get("num_teachers", 1), results.get("teachers_per_record", 1)
   z = sigma / (2 * m * math.sqrt(batch))
   teachers = "one teacher" if n == 1 else f"{n} teachers"
