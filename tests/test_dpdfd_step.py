@@ -176,8 +176,11 @@ def test_step_compiles_once_and_is_deterministic_per_key(teacher_dir):
   assert np.isfinite(float(metrics["student_loss"]))
 
 
-def test_sharded_over_8_devices_equals_single_device(teacher_dir):
-  config = _config(teacher_dir)
+@pytest.mark.parametrize("objective", ["paper", "disagreement"])
+def test_sharded_over_8_devices_equals_single_device(teacher_dir, objective):
+  config = (_config(teacher_dir) if objective == "paper" else _config(
+      teacher_dir, generator_objective="disagreement", bound_method="clip",
+      teacher_loss="logit", noise_multiplier=0.0))
   plan = dpdfd.make_plan(config)
   ensemble, _ = dpdfd.load_teachers(config)
   results = []
