@@ -37,7 +37,7 @@ from dpkd_jax.train import ledger_file
 from dpkd_jax.train import records
 
 FILE_NAME = "run_clock.json"
-_OPEN: dict[str, "ClockFile"] = {}  # absolute workdir -> the account of its open run
+_OPEN: dict[str, ClockFile] = {}  # absolute workdir -> the account of its open run
 
 
 def _valid_segment(segment: Any) -> bool:
