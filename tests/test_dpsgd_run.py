@@ -67,6 +67,19 @@ def test_resume_is_bit_identical(runs):
   assert len(json.loads(meta_b["ledger"])["entries"]) == 2
 
 
+def test_resumed_record_counts_both_processes(runs):
+  # Before: run `b`'s record counted only the resumed process's seconds.
+  _, dirs, *_ = runs
+  record = records.read_record(os.path.join(dirs["b"], "record.json"))
+  with open(os.path.join(dirs["b"], "run_clock.json")) as f:
+    first, second = json.load(f)["segments"]
+  assert (first["start_step"], first["steps_to"], second["start_step"]) == (0, 2, 2)
+  assert record["segments"] == 2 and record["commits"] == [record["commit"]]
+  assert record["cpu_seconds"] >= first["cpu_seconds"] + second["cpu_seconds"] - 1e-9
+  assert record["wall_seconds"] >= first["wall_seconds"]
+  assert "segments" not in records.read_record(os.path.join(dirs["a"], "record.json"))
+
+
 def test_results_epsilon_is_the_accountants(runs):
   config, dirs, one_go, _, _, _ = runs
   q = 16 / DIGITS_TRAIN

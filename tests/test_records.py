@@ -123,6 +123,17 @@ def test_combine_seeds_gives_the_mean_and_its_spread():
     records.combine_seeds({**seeds, "dpdfd__mnist__b": _record(dataset="mnist")}, name="x")
 
 
+def test_combine_seeds_does_not_copy_the_resume_fields_of_one_run():
+  # `segments` / `commits` describe one seed's run; an unknown account in any seed is kept.
+  resumed = {"segments": 2, "commits": ["aaaa", "bbbb"]}
+  seeds = {"a_s0": _record(extra=resumed), "a_s1": _record(extra=resumed)}
+  combined = records.combine_seeds(seeds, name="a")
+  assert "segments" not in combined and "commits" not in combined
+  assert "clock_incomplete" not in combined
+  seeds["a_s1"] = _record(extra={**resumed, "clock_incomplete": True})
+  assert records.combine_seeds(seeds, name="a")["clock_incomplete"] is True
+
+
 def test_combine_cli_writes_the_mean_and_marks_the_seeds(tmp_path, capsys):
   from experiments import results as results_cli
   for i, acc in enumerate((0.9, 0.8)):

@@ -29,6 +29,7 @@ from typing import Any, Mapping
 
 
 from dpkd_jax.release import model_card
+from dpkd_jax.train import clock_file
 from dpkd_jax.train import distributed
 from dpkd_jax.train import metrics as metrics_lib
 from dpkd_jax.train import records
@@ -155,10 +156,18 @@ def finish_run(workdir: str, results: dict[str, Any], *, clock: RunClock, datase
                extra: dict[str, Any] | None = None) -> dict[str, Any]:
   """Adds the privacy warnings to `results`, writes results.json and record.json (process 0).
 
+  The record's `cpu_seconds` / `wall_seconds` are the run's cost across resumes: the sum over
+  the processes that ran it (`clock_file`), each earlier one as of its last checkpoint, plus
+  this process's `clock`. Time a killed process spent after its last checkpoint is lost work
+  and is NOT counted. After a resume the record also says `segments` (how many processes saved
+  or finished it) and `commits` (their distinct commits, in order; `commit` stays this
+  process's), and `clock_incomplete: true` if the account of the earlier processes was lost.
+  A run that never resumed gets exactly its `clock`'s seconds and no further field.
+
   Args:
     workdir: the run's directory.
     results: the run's results (method in `results["method"]`); updated in place.
-    clock: started at the beginning of the run.
+    clock: started at the beginning of this process's run.
     dataset, test_accuracy, sound_epsilon, delta, accounting, paper_epsilon, neighbouring:
       the record's fields (`records.make_record`).
     target_epsilon: the run's target, to warn when the sound ε exceeds it.
@@ -170,11 +179,15 @@ def finish_run(workdir: str, results: dict[str, Any], *, clock: RunClock, datase
   results["warnings"] = privacy_warnings(sound_epsilon=sound_epsilon,
                                          target_epsilon=target_epsilon, accounting=accounting)
   cpu, wall = clock.seconds()
+  account = clock_file.of(workdir)  # None: no run open here (process != 0, or no open_run)
+  cost = (account.finish(cpu, wall) if account is not None
+          else {"cpu_seconds": cpu, "wall_seconds": wall})
+  cpu, wall = cost.pop("cpu_seconds"), cost.pop("wall_seconds")
   record = records.make_record(
       method=results["method"], dataset=dataset, test_accuracy=test_accuracy,
       sound_epsilon=sound_epsilon, delta=delta, neighbouring=neighbouring,
-      accounting=accounting, paper_epsilon=paper_epsilon, cpu_seconds=cpu,
-      wall_seconds=wall, commit=clock.commit, extra={"warnings": results["warnings"], **(extra or {})})
+      accounting=accounting, paper_epsilon=paper_epsilon, cpu_seconds=cpu, wall_seconds=wall,
+      commit=clock.commit, extra={"warnings": results["warnings"], **(extra or {}), **cost})
   if distributed.is_coordinator():
     _write_json(os.path.join(workdir, "results.json"), results)
     records.write_record(os.path.join(workdir, "record.json"), record)

@@ -15,8 +15,13 @@ files, so that no figure is typed twice. Fields (all required; null where not ap
   paper_epsilon            the paper's own figure for this same run, or null
   paper_row                e.g. "DPDFD Table 1, MNIST, eps=10", or null
   paper_accuracy           the paper's accuracy for that row, or null
-  cpu_seconds, wall_seconds  of the whole run (process CPU time, wall clock)
+  cpu_seconds, wall_seconds  of the whole run (process CPU time, wall clock), summed over the
+                           processes of a resumed run (`train.clock_file`: time after a killed
+                           process's last checkpoint is not counted)
 Optional fields (`extra`) hold anything else worth keeping (seeds are never stored when secret).
+A resumed run adds `segments` (how many processes ran it) and `commits` (their distinct
+commits, in order; `commit` is the finishing one's), and `clock_incomplete: true` if the
+seconds of earlier processes are unknown (their account was lost).
 Committed records (docs/results/) also carry what the tables need (`dpkd_jax.train.records_tables`):
 `tables` ({table name: row position}), `columns` (settings and secondary figures), `text` (row
 labels), `bold`, `single_seed`, and `regenerated` + `source`: `regenerated: false` marks a row
@@ -214,7 +219,8 @@ def combine_seeds(records: dict[str, dict[str, Any]], *, name: str) -> dict[str,
   combined = {field: first[field] for field in RECORD_FIELDS}
   # Settings every seed shares; not the publishing fields (tables, labels, sources).
   publishing = {"tables", "columns", "text", "bold", "source", "regenerated", "single_seed",
-                "seed_of", "combined_from", "warnings"}
+                "seed_of", "combined_from", "warnings", "segments", "commits",
+                "clock_incomplete"}
   combined.update({key: value for key, value in first.items()
                    if key not in combined and key not in publishing
                    and all(json.dumps(records[n].get(key)) == json.dumps(value) for n in names)})
@@ -227,6 +233,8 @@ def combine_seeds(records: dict[str, dict[str, Any]], *, name: str) -> dict[str,
       columns={"accuracy_seeds": accuracies, "accuracy_std": round(std, 4),
                "accuracy_min": min(accuracies),
                "accuracy_max": max(accuracies), "seeds": len(names)})
+  if any(records[n].get("clock_incomplete") for n in names):  # a seed's seconds undercount
+    combined["clock_incomplete"] = True
   if name in records:
     raise UserError(f"the combined record {name!r} cannot be one of its seeds")
   return validate_record(combined)

@@ -18,6 +18,9 @@ does, before it writes anything:
 4. Ledger: `Run.ledger(fresh)` continues the most-spent ledger of the file and the checkpoints
    (`ledger_file`); `Run.charge` before each release, `Run.seal` after it is computed and
    before its outputs, `Run.save` for the checkpoint.
+5. Cost: each process that opens the run is a segment of its account (`clock_file`,
+   `<workdir>/run_clock.json`, process 0): `Run.save` records the segment's seconds, and
+   `outputs.finish_run` records the sum over the segments.
 
 Decorate the training function with `@run_scope` so that the lock is released however it ends,
 or use the `Run` as a context manager.
@@ -43,6 +46,7 @@ from dpkd_jax import errors
 from dpkd_jax.privacy import ledger as ledger_lib
 from dpkd_jax.privacy import seeds
 from dpkd_jax.train import checkpoint
+from dpkd_jax.train import clock_file
 from dpkd_jax.train import ledger_file
 
 LOCK_NAME = ".lock"
@@ -200,6 +204,9 @@ class Run:
     self._ledger: ledger_file.LedgerFile | None = None
     self._ledger_opened = False
     self._sealed: str | None = None
+    # This process's segment of the run's cost (`clock_file`), once every check has passed.
+    self._clock = (clock_file.ClockFile(workdir, resuming=self.resuming, step=self.step)
+                   if jax.process_index() == 0 else None)
 
   def _newest_intact(self, steps: list[int]) -> checkpoint.Verified | None:
     problems = []
@@ -293,9 +300,13 @@ class Run:
       raise RuntimeError(f"the state saved at step {step} differs from the one sealed after "
                          "its release: seal() must come after the last change of the state")
     self._sealed = None
+    if self._clock is not None:
+      self._clock.saved(step)
 
   def close(self) -> None:
     """Releases the lock (idempotent)."""
+    if self._clock is not None:
+      self._clock.close()
     if self._lock is not None:
       self._lock.release()
       self._lock = None
