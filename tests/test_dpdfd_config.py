@@ -29,7 +29,7 @@ def _direct(**kw):
     (dict(delta=1.0), "delta"),
     (dict(accounting="moments"), "accounting"),
     (dict(bound_method="scale"), "bound_method"),
-    (dict(student_loss="l1"), "student_loss"),
+    (dict(student_loss="l2"), "student_loss"),
     (dict(one_hot_weight=-1.0), "one_hot_weight"),
     (dict(entropy_weight=-0.5), "entropy_weight"),
     (dict(dataset="imagenet"), "unknown dataset"),
@@ -59,7 +59,7 @@ def test_bad_config_fails_at_construction(kwargs, match):
     (dict(dataset="nope"), "unknown dataset"),
     (dict(max_batch_size=8), "max_batch_size"),
     (dict(delta=1.0), "delta"),
-    (dict(student_loss="l1"), "student_loss"),
+    (dict(student_loss="l2"), "student_loss"),
     (dict(bound_method="scale"), "bound_method"),
 ])
 def test_bad_direct_config_raises(kwargs, match):

@@ -18,7 +18,7 @@ from dpkd_jax import models
 from dpkd_jax.privacy import mechanisms
 from dpkd_jax.privacy import plan as plan_lib
 
-STUDENT_LOSSES = ("ce", "mse")
+STUDENT_LOSSES = ("ce", "mse", "l1")
 # L_T, whose per-sample output gradient is the released row: "dkd" (the paper's decoupled KD,
 # row = dDKD/ds) or "logit" (0.5||s - t||², row = s - t: the student-to-teacher logit gap).
 TEACHER_LOSSES = ("dkd", "logit")
@@ -73,6 +73,8 @@ class DPDFDConfig:
       or "ce" (the paper's: cross-entropy against softmax(y_s)). Measured on MNIST
       (docs/RESULTS.md): ce stalls at chance because once the generator makes the student
       confident, softmax barely moves under a shift of norm γC and its gradient vanishes.
+      "l1": ||s - y_s||₁ (DFME's), whose gradient is sign(γ g~), the sign of each released
+      coordinate: steps of one size whatever the row's scale.
     teacher_loss: L_T, whose per-sample gradient w.r.t. the student's output is the released
       row: "dkd" (the paper's decoupled KD with the teacher's argmax as the label) or "logit"
       (0.5||s - t||², row s - t: logit matching, as DFAD's L1 generator/student objective).
