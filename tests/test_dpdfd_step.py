@@ -134,6 +134,14 @@ def test_student_loss_is_the_batch_mean_of_the_chosen_loss():
   mse = step_lib.student_loss(_config("x"), logits, target)
   np.testing.assert_allclose(mse, jnp.mean(0.5 * jnp.sum((logits - target) ** 2, axis=-1)),
                              rtol=1e-6)
+  l1 = _config("x", student_loss="l1")
+  np.testing.assert_allclose(step_lib.student_loss(l1, logits, target),
+                             jnp.mean(jnp.sum(jnp.abs(logits - target), axis=-1)), rtol=1e-6)
+  # L1's gradient is the sign of the released step γ g~ = s - y_s, divided by B: its size does
+  # not depend on the row's scale (so neither on C nor on the noise's).
+  for scale in (1e-6, 1.0, 1e6):
+    grad = jax.grad(step_lib.student_loss, argnums=1)(l1, logits, logits - scale * target)
+    np.testing.assert_array_equal(grad, jnp.sign(target) / 4)
 
 
 def test_no_gradient_reaches_the_teacher(teacher_dir):

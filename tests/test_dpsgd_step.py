@@ -18,8 +18,9 @@ from dpkd_jax.methods import dpsgd
 from dpkd_jax.methods.dpsgd import step as step_lib
 from dpkd_jax.models import core
 from dpkd_jax.privacy import dpsgd_mechanism
+from dpkd_jax.train import averaging
 from dpkd_jax.train import sharding
-from dpsgd_fixtures import NUM_REAL, hand_ema, inputs, key, make_config, make_plan, make_step
+from dpsgd_fixtures import NUM_REAL, inputs, key, make_config, make_plan, make_step
 
 
 def test_no_noise_huge_clip_is_sgd_on_summed_gradient_over_expected_batch(parts, batch):
@@ -185,42 +186,17 @@ def test_ghost_clipping_step_eight_devices_equal_one_device(batch, model):
   assert float(metrics8[0]["batch_size"]) == NUM_REAL  # every device's rows counted
 
 
-@pytest.mark.parametrize("decay,start_step", [(0.9, 0), (0.5, 2), (0.9999, 0), (0.9, 9)])
-def test_param_averaging_is_the_bias_corrected_ema_of_the_iterates(decay, start_step):
-  inner = optax.sgd(0.1, momentum=0.9)
-  tx = step_lib.param_averaging(inner, decay, start_step=start_step)
-  params = {"w": jnp.arange(6.0).reshape(2, 3), "b": jnp.ones((3,))}
-  state, inner_state = tx.init(params), inner.init(params)
-  chex.assert_trees_all_equal(state.average, params)  # step 0: the initial parameters
-  iterates = []
-  for t in range(5):
-    grads = jax.tree.map(lambda p: jnp.sin(p + t), params)
-    updates, state = tx.update(grads, state, params)
-    inner_updates, inner_state = inner.update(grads, inner_state, params)
-    chex.assert_trees_all_equal(updates, inner_updates)  # the optimizer itself is unchanged
-    params = optax.apply_updates(params, updates)
-    iterates.append(params)
-    chex.assert_trees_all_close(state.average, hand_ema(iterates, decay, start_step),
-                                rtol=1e-6, atol=1e-6)
-  chex.assert_trees_all_equal(state.inner, inner_state)
-  assert int(state.count) == 5
-  if start_step >= 4:  # not started, or its first iterate: exactly the iterate
-    chex.assert_trees_all_equal(state.average, params)
-  with pytest.raises(ValueError, match=r"in \(0, 1\)"):
-    step_lib.param_averaging(inner, 1.0)
-
-
 def test_param_averaging_off_is_the_plain_optimizer():
   # decay 0: the very optimizer (and so the step, state and checkpoint) of a run without it.
   plain, off = make_config(), make_config(param_averaging_decay=0.0)
   assert step_lib.make_optimizer(off) is step_lib.make_optimizer(plain)
   state = dpsgd.init_state(off, jax.random.key(0))
-  assert step_lib.averaged_params(state) is state.params
+  assert averaging.averaged_params(state) is state.params
   averaged = make_config(param_averaging_decay=0.9, param_averaging_start_step=1)
   tx = step_lib.make_optimizer(averaged)
   assert tx is step_lib.make_optimizer(averaged)  # cached: one compiled step per setting
   state = dpsgd.init_state(averaged, jax.random.key(0))
-  assert isinstance(state.opt_state, step_lib.ParamAveragingState)
+  assert isinstance(state.opt_state, averaging.ParamAveragingState)
   chex.assert_trees_all_equal(state.opt_state.inner, step_lib.make_optimizer(plain).init(
       state.params))
   chex.assert_trees_all_equal(dpsgd.released_parts(state).params, state.params)

@@ -11,9 +11,10 @@ run's config). The student is one sub-tree of those arrays, built from names in 
 | rona | student_model, student_norm | state/params/student, state/batch_stats/student |
 
 (RONA's adaptation layer, `state/params/adapter`, is not part of the deployed student; a DFPATE
-student is always built with the registry's default norm "batch"; a DP-SGD run with parameter
-averaging, `param_averaging_decay` > 0 in its config, releases the average its optimizer state
-keeps, `state/opt_state/average`, the parameters it evaluated.) Other runs release no
+student is always built with the registry's default norm "batch"; a DP-SGD or DPDFD run with
+parameter averaging, `param_averaging_decay` > 0 in its config, releases the average its
+optimizer state keeps, `state/opt_state/average` or `student/opt_state/average`, the
+parameters it evaluated.) Other runs release no
 classifier student: a teacher (trained without privacy), DPDFD's direct mode (no checkpoint).
 
 `load_student(workdir)` rebuilds the architecture, checks the saved leaves' checksum, paths and
@@ -51,7 +52,7 @@ class Layout:
     names: config (the JSON saved with the run) -> (model name, norm).
     params, batch_stats: key paths of the student's sub-trees in the checkpoint's arrays.
     averaged_params: where the averaged parameters are, released instead of `params` when the
-      config averages (`param_averaging_decay` > 0, DP-SGD's `step.param_averaging`).
+      config averages (`param_averaging_decay` > 0, DP-SGD's `train.averaging.param_averaging`).
   """
 
   names: Callable[[dict[str, Any]], tuple[str, str]]
@@ -70,7 +71,8 @@ _STUDENT = (("student", "params"), ("student", "batch_stats"))
 LAYOUTS: dict[str, Layout] = {
     "dpsgd": Layout(lambda c: (c["model"], c["norm"]), ("state", "params"),
                     ("state", "batch_stats"), ("state", "opt_state", "average")),
-    "dpdfd": Layout(lambda c: (c["student_model"], c["student_norm"]), *_STUDENT),
+    "dpdfd": Layout(lambda c: (c["student_model"], c["student_norm"]), *_STUDENT,
+                    ("student", "opt_state", "average")),
     "srr": Layout(lambda c: (c["student_model"], c["student_norm"]), *_STUDENT),
     "dfpate": Layout(lambda c: (c["student_model"], c.get("student_norm", "batch")), *_STUDENT),
     "rknn": Layout(lambda c: (c["student"]["model"], c["student"]["norm"]), *_STUDENT),

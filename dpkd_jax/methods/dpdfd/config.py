@@ -18,7 +18,7 @@ from dpkd_jax import models
 from dpkd_jax.privacy import mechanisms
 from dpkd_jax.privacy import plan as plan_lib
 
-STUDENT_LOSSES = ("ce", "mse")
+STUDENT_LOSSES = ("ce", "mse", "l1")
 # L_T, whose per-sample output gradient is the released row: "dkd" (the paper's decoupled KD,
 # row = dDKD/ds) or "logit" (0.5||s - t||², row = s - t: the student-to-teacher logit gap).
 TEACHER_LOSSES = ("dkd", "logit")
@@ -73,6 +73,8 @@ class DPDFDConfig:
       or "ce" (the paper's: cross-entropy against softmax(y_s)). Measured on MNIST
       (docs/RESULTS.md): ce stalls at chance because once the generator makes the student
       confident, softmax barely moves under a shift of norm γC and its gradient vanishes.
+      "l1": ||s - y_s||₁ (DFME's), whose gradient is sign(γ g~), the sign of each released
+      coordinate: steps of one size whatever the row's scale.
     teacher_loss: L_T, whose per-sample gradient w.r.t. the student's output is the released
       row: "dkd" (the paper's decoupled KD with the teacher's argmax as the label) or "logit"
       (0.5||s - t||², row s - t: logit matching, as DFAD's L1 generator/student objective).
@@ -99,6 +101,10 @@ class DPDFDConfig:
       counts steps, not rows: its figure is unchanged). Needs bound_method="clip" (normalised
       rows all have norm C). Measured in docs/RESULTS.md ("DPDFD engine").
     probe_directions, probe_step: m directions per sample and the step δ of the probes.
+    param_averaging_decay: d in [0, 1): evaluate, checkpoint and release an exponential moving
+      average of the student's iterates (`train.averaging.param_averaging`, bias-corrected)
+      instead of the last iterate; its BatchNorm statistics are the running ones. 0 (default):
+      no averaging. Post-processing of the releases: same mechanism, noise and ε.
     pretrained_generator_dir: None (default, the paper: the generator starts from random
       weights and sees only the student), or the workdir of `python -m experiments.srr
       pretrain` for the same dataset, teacher and generator: a generator pretrained against the
@@ -141,6 +147,7 @@ class DPDFDConfig:
   generator_objective: str = "paper"
   probe_directions: int = 1
   probe_step: float = 1e-3
+  param_averaging_decay: float = 0.0
   pretrained_generator_dir: str | None = None
   seed: int | None = None
   eval_every: int = 200
@@ -169,6 +176,7 @@ class DPDFDConfig:
     config_checks.one_of("generator_objective", self.generator_objective,
                          GENERATOR_OBJECTIVES)
     config_checks.integers(self, "probe_directions")
+    config_checks.fraction("param_averaging_decay", self.param_averaging_decay, open_low=False)
     if self.generator_objective == "disagreement" and self.bound_method != "clip":
       raise ValueError("generator_objective='disagreement' reads the disagreement from the size "
                        "of the released rows, which bound_method='normalize' sets to C for "
@@ -185,6 +193,8 @@ class DPDFDConfig:
     """The config as saved in checkpoints and results (a resumed run must match it)."""
     out = dataclasses.asdict(self)
     out["teacher_dirs"] = list(self.teacher_dirs)
+    if not self.param_averaging_decay:  # at its default: the dict saved before it existed
+      del out["param_averaging_decay"]
     return out
 
 

@@ -74,11 +74,7 @@ def build_direct_step(plan: privacy.DirectPlan, config: config_lib.DirectConfig)
     row_weights = weights / jnp.maximum(weights.sum(), 1.0)  # (M,)
 
     def loss_of_logits(s):  # L_S per real row, weighted; padded rows weigh zero
-      if config.student_loss == "ce":
-        rows = -jnp.sum(jax.nn.softmax(target) * jax.nn.log_softmax(s), axis=-1)
-      else:
-        rows = 0.5 * jnp.sum(jnp.square(s - target), axis=-1)
-      return jnp.sum(rows * row_weights)
+      return jnp.sum(step_lib.student_loss_rows(config.student_loss, s, target) * row_weights)
 
     # The loss is a function of the logits only, so d loss / d params = VJP(d loss / d s).
     loss, logit_grads = jax.value_and_grad(loss_of_logits)(logits)

@@ -31,6 +31,7 @@ from dpkd_jax.methods.dpdfd import privacy
 from dpkd_jax.methods.dpdfd import step as step_lib
 from dpkd_jax.privacy import ledger as ledger_lib
 from dpkd_jax.privacy import seeds
+from dpkd_jax.train import averaging
 from dpkd_jax.train import distributed
 from dpkd_jax.train import evaluate
 from dpkd_jax.train import metrics as metrics_lib
@@ -61,8 +62,20 @@ def init_state(config: config_lib.DPDFDConfig, key: jax.Array) -> step_lib.DPDFD
   """Fresh student and generator (keys split(key): 0 the student, 1 the generator)."""
   student, generator = models.create_student_and_generator(config, key)
   adam = lambda lr: optax.adam(optax.cosine_decay_schedule(lr, config.steps))  # noqa: E731
-  return step_lib.DPDFDState(TrainState.create(student, adam(config.student_lr)),
+  student_tx = adam(config.student_lr)
+  if config.param_averaging_decay:  # the student's average: post-processing of the releases
+    student_tx = averaging.param_averaging(student_tx, config.param_averaging_decay)
+  return step_lib.DPDFDState(TrainState.create(student, student_tx),
                              TrainState.create(generator, adam(config.generator_lr)))
+
+
+def _evaluate(student: TrainState, test: data.ArrayDataset) -> dict[str, float]:
+  """Test accuracy of the released student (the average, if the run keeps one) and, beside
+  it when they differ, of the last iterate."""
+  out = {"accuracy": evaluate.evaluate(averaging.released_parts(student), test)["accuracy"]}
+  if averaging.averaged_params(student) is not student.params:
+    out["accuracy_last_iterate"] = evaluate.evaluate(student.parts, test)["accuracy"]
+  return out
 
 
 def _train(run: workdir_lib.Run, plan: privacy.DPDFDPlan, config: config_lib.DPDFDConfig,
@@ -88,12 +101,13 @@ def _train(run: workdir_lib.Run, plan: privacy.DPDFDPlan, config: config_lib.DPD
       bar.update(1)
     host_arrays = run.seal(state.arrays())  # before any output of these releases
     step_metrics = jax.device_get(step_metrics)
-    accuracy = evaluate.evaluate(state.student.parts, test)["accuracy"]
+    test_metrics = _evaluate(state.student, test)
+    accuracy = test_metrics["accuracy"]
     spent = math.inf if ledger is None else ledger.spent_epsilon()
     # A non-private run (σ = 0) has no finite ε to plot; results.json says inf.
     privacy_metrics = {"epsilon": spent} if math.isfinite(spent) else {}
     writer.write(step, {**step_metrics, **privacy_metrics}, prefix="train/")
-    writer.write(step, {"accuracy": accuracy}, prefix="test/")
+    writer.write(step, test_metrics, prefix="test/")
     bar.set_postfix(loss=f"{step_metrics['student_loss']:.3f}", acc=f"{accuracy:.4f}",
                     eps=f"{spent:.3g}")
     run.save(step, host_arrays, {**meta, "step": step,
@@ -101,7 +115,7 @@ def _train(run: workdir_lib.Run, plan: privacy.DPDFDPlan, config: config_lib.DPD
   bar.close()
   writer.close()
   if start == step and step > 0:  # resumed at the end: evaluate the restored student
-    accuracy = evaluate.evaluate(state.student.parts, test)["accuracy"]
+    accuracy = _evaluate(state.student, test)["accuracy"]
   return state, step, accuracy
 
 

@@ -133,12 +133,21 @@ def private_output_gradients(plan: privacy.DPDFDPlan, key: jax.Array,
   return mechanisms.multi_teacher_output_gradients(key, grads, **_mechanism_args(plan))
 
 
+def student_loss_rows(kind: str, logits: jax.Array, target: jax.Array) -> jax.Array:
+  """L_S per row, (B,): CE(logits, softmax(target)), 0.5||logits - target||² or the L1
+  distance ||logits - target||₁ (DFME's student loss: its gradient, sign(γ g~), is the sign of
+  the released row, whatever the row's size)."""
+  if kind == "ce":
+    return losses.soft_cross_entropy(logits, jax.nn.softmax(target))
+  if kind == "l1":
+    return jnp.sum(jnp.abs(logits - target), axis=-1)
+  return 0.5 * jnp.sum(jnp.square(logits - target), axis=-1)
+
+
 def student_loss(config: config_lib.DPDFDConfig, logits: jax.Array,
                  target: jax.Array) -> jax.Array:
-  """L_S: mean over the batch of CE(logits, softmax(target)) or 0.5||logits - target||²."""
-  if config.student_loss == "ce":
-    return losses.soft_cross_entropy(logits, jax.nn.softmax(target)).mean()
-  return 0.5 * jnp.sum(jnp.square(logits - target), axis=-1).mean()
+  """L_S: the batch mean of `student_loss_rows` for `config.student_loss`."""
+  return student_loss_rows(config.student_loss, logits, target).mean()
 
 
 def generator_loss_terms(config: config_lib.DPDFDConfig,

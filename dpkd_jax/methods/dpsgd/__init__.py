@@ -29,7 +29,7 @@ optionally standardized per channel with moments released by `privacy.feature_mo
 hold-out (`--validation_examples`) serves tuning; its accuracy is not covered by ε.
 
 Parameter averaging (`--param_averaging_decay=d`, De et al. 2022): the optimizer state keeps a
-bias-corrected EMA of the iterates (`step.param_averaging`, optionally from
+bias-corrected EMA of the iterates (`train.averaging.param_averaging`, optionally from
 `--param_averaging_start_step`), and the run evaluates, checkpoints and releases it instead of the
 last iterate; post-processing, so σ, the events and ε are unchanged. Off (0) by default.
 
@@ -63,9 +63,9 @@ from dpkd_jax.methods.dpsgd.step import init_model
 from dpkd_jax.methods.dpsgd.step import init_state
 from dpkd_jax.methods.dpsgd.step import make_optimizer
 from dpkd_jax.methods.dpsgd.step import make_train_step
-from dpkd_jax.methods.dpsgd.step import param_averaging
+from dpkd_jax.train.averaging import param_averaging
 from dpkd_jax.methods.dpsgd.step import per_example_gradients
-from dpkd_jax.methods.dpsgd.step import released_parts
+from dpkd_jax.train.averaging import released_parts
 
 __all__ = [
     "DPSGDConfig",

@@ -81,8 +81,8 @@ class DPSGDConfig:
       `standardize_mean_clip`, `standardize_second_moment_clip`) and composed into ε (the
       DP-SGD z is calibrated for what is left of a target). None (default): no standardization.
     param_averaging_decay: d in [0, 1): evaluate, checkpoint and release an exponential moving
-      average of the iterates (De et al. 2022), bias-corrected (`step.param_averaging`), instead
-      of the last iterate; 0 (default): no averaging. Post-processing of the noisy iterates:
+      average of the iterates (De et al. 2022), bias-corrected
+      (`train.averaging.param_averaging`), instead of the last iterate; 0 (default): no averaging. Post-processing of the noisy iterates:
       same mechanism, noise and ε.
     param_averaging_start_step: average the iterates after this many steps only (the average
       is the iterate until then); 0 (default): from the first step. Needs a decay > 0.

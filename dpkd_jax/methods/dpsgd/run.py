@@ -7,9 +7,10 @@ only in the checkpoint (`privacy.seeds`), which is then as secret as the data; a
 `seed` makes the noise reproducible by anyone who knows it (research runs only). Only the
 parameters are released (and their accuracy and loss on the public test split): with
 `param_averaging_decay` > 0 the average of the iterates kept in the optimizer state
-(`step.param_averaging`, post-processing), which is what is evaluated and exported; the training
-metrics (loss, accuracy, batch size, fraction clipped, gradient norm) are noiseless functions of
-private batches, written to `private_diagnostics.csv` only with `log_private_diagnostics=True`.
+(`train.averaging.param_averaging`, post-processing), which is what is evaluated and
+exported; the training metrics (loss, accuracy, batch size, fraction clipped, gradient
+norm) are noiseless functions of private batches, written to `private_diagnostics.csv` only
+with `log_private_diagnostics=True`.
 
 Workdir: checkpoints/ (Orbax state + PRNG key data; config, plan, ledger JSON as metadata),
 privacy_ledger.json, results.json, record.json, metrics.csv and tb/ (released values only).
@@ -38,6 +39,7 @@ from dpkd_jax.privacy import ledger as ledger_lib
 from dpkd_jax.privacy import seeds
 from dpkd_jax.representations import scatternet
 from dpkd_jax import config_checks
+from dpkd_jax.train import averaging
 from dpkd_jax.train import evaluate as evaluate_lib
 from dpkd_jax.train import metrics as metrics_lib
 from dpkd_jax.train import outputs
@@ -273,9 +275,9 @@ class _Loop:
     return state, test_metrics
 
   def evaluate(self, state: TrainState) -> dict[str, float]:
-    """Accuracy and loss of the released parameters (`step.released_parts`) on the test
+    """Accuracy and loss of the released parameters (`train.averaging.released_parts`) on the test
     split, and on the validation hold-out if there is one (`validation_accuracy`, `_loss`)."""
-    parts = step_lib.released_parts(state)  # the average with param averaging
+    parts = averaging.released_parts(state)  # the average with param averaging
     metrics = evaluate_lib.evaluate(parts, self.test)
     if self.validation is not None:
       metrics.update({f"validation_{k}": v
