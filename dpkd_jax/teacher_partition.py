@@ -133,7 +133,8 @@ def _ensemble_proves_partition(partition: Any, num_teachers: int) -> bool:
   return shards == num_teachers and 1 <= shards <= n and size == n // shards
 
 
-def ensemble_teachers_per_record(partition: Any, num_teachers: int) -> Overlap:
+def ensemble_teachers_per_record(partition: Any, num_teachers: int, *,
+                                 dataset: str | None = None) -> Overlap:
   """m of a stacked ensemble of `num_teachers` from its saved `partition` record.
 
   Args:
@@ -141,6 +142,8 @@ def ensemble_teachers_per_record(partition: Any, num_teachers: int) -> Overlap:
       source_split, num_source_examples, source_sha256, num_shards, shard_seed, shard_size
       and scheme "equal_shards".
     num_teachers: n, the size of the stack as loaded (not as the record claims).
+    dataset: if given, the dataset the record must name (the one the teachers were built
+      for).
 
   Returns:
     m = 1 if the record proves n disjoint equal shards of one split, else m = n (never below
@@ -149,7 +152,8 @@ def ensemble_teachers_per_record(partition: Any, num_teachers: int) -> Overlap:
   n = num_teachers
   if n == 1:
     return Overlap(1, "one teacher")
-  if _ensemble_proves_partition(partition, n):
+  if (_ensemble_proves_partition(partition, n)
+      and (dataset is None or partition["dataset"] == dataset)):
     return Overlap(1, f"{n} stacked teachers on disjoint equal shards of one partition "
                    f"({partition['dataset']} {partition['source_split']}, "
                    f"{partition['num_source_examples']} records, shard_seed "

@@ -80,6 +80,9 @@ def test_bad_directories_are_one_line_user_errors(ensemble_dir, tmp_path):
     teacher_ensemble.read_meta(str(tmp_path / "typo"), flag="--x")
   with pytest.raises(errors.UserError, match="holds no saved teacher ensemble"):
     teacher_ensemble.read_meta(str(tmp_path), flag="--x")
+  (tmp_path / "card.json").write_text("{}")  # an experiments.teacher workdir
+  with pytest.raises(errors.UserError, match="one teacher's workdir: those go in --teacher_d"):
+    teacher_ensemble.read_meta(str(tmp_path), flag="--x")
   with pytest.raises(errors.UserError, match="holds teachers of digits, not mnist"):
     teacher_ensemble.read_meta(ensemble_dir, flag="--x", dataset="mnist")
   with pytest.raises(errors.UserError, match="10 classes on .*this run needs 100"):

@@ -109,3 +109,10 @@ def test_a_stacked_ensemble_on_equal_shards_reaches_one_teacher_per_record():
 def test_a_stacked_ensemble_that_proves_nothing_counts_every_teacher(partition):
   overlap = teacher_partition.ensemble_teachers_per_record(partition, 3)
   assert overlap.teachers_per_record == 3 and "does not prove a partition" in overlap.reason
+
+
+def test_a_stacked_ensemble_record_of_another_dataset_counts_every_teacher():
+  assert teacher_partition.ensemble_teachers_per_record(
+      _partition(), 3, dataset="digits").teachers_per_record == 1
+  assert teacher_partition.ensemble_teachers_per_record(
+      _partition(), 3, dataset="mnist").teachers_per_record == 3

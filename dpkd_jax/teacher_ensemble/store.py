@@ -66,7 +66,9 @@ def read_meta(directory: str, *, flag: str, dataset: str | None = None) -> dict[
   if not os.path.isdir(directory):
     raise errors.UserError(f"{where} does not exist or is not a directory; {_HINT}")
   if checkpoint.latest_step(directory) is None:
-    raise errors.UserError(f"{where} holds no saved teacher ensemble; {_HINT}")
+    teacher = (" (it is one teacher's workdir: those go in --teacher_dirs)"
+               if os.path.isfile(os.path.join(directory, "card.json")) else "")
+    raise errors.UserError(f"{where} holds no saved teacher ensemble{teacher}; {_HINT}")
   meta = checkpoint.restore_metadata(directory)
   identity = meta.get("identity")
   if (not isinstance(identity, dict) or identity.get("dataset") not in data.DATASETS
@@ -111,4 +113,5 @@ def load(directory: str, *, flag: str, dataset: str | None = None,
 
 def overlap(meta: dict[str, Any], num_teachers: int) -> teacher_partition.Overlap:
   """m (teachers one record reaches) of a loaded ensemble of `num_teachers`, from its meta."""
-  return teacher_partition.ensemble_teachers_per_record(meta.get("partition"), num_teachers)
+  return teacher_partition.ensemble_teachers_per_record(
+      meta.get("partition"), num_teachers, dataset=meta["identity"]["dataset"])
