@@ -17,6 +17,12 @@ sensitivity is 2Cm·sqrt(B) and the accounting must divide the noise multiplier 
 `source_fields(train)` is what `teacher.train_teacher` adds to a card's `split` to make that
 proof possible: `data.shard_indices` permutes range(N) of the full training split, so the
 partition is fixed by (that split's content, N, num_shards, shard_seed).
+
+A stacked ensemble (`teacher_ensemble`: n teachers in one directory, trained at once) proves its
+partition with one `partition` record instead of n cards (`ensemble_teachers_per_record`):
+teacher i of the stack is trained on row i of `equal_shards`, the first floor(N/n) records of
+shard i of `data.shard_indices(N, n, shard_seed)`, and on nothing else of the private data, so
+m = 1 when the record says so; a missing or inconsistent record gives m = n.
 """
 
 from __future__ import annotations
@@ -38,6 +44,8 @@ _VOLATILE = ("train_seconds_this_run", "train_cpu_seconds_this_run")
 # The card's `split` fields that fix the partition (besides the dataset).
 _PARTITION_FIELDS = ("source_split", "num_source_examples", "source_sha256", "num_shards",
                      "shard_seed")
+# How a stacked ensemble cut its shards (`teacher_ensemble.equal_shards`).
+EQUAL_SHARDS = "equal_shards"
 
 
 class Overlap(NamedTuple):
@@ -110,3 +118,47 @@ def teachers_per_record(cards: Sequence[dict[str, Any]]) -> Overlap:
     return Overlap(1, f"{n} teachers on distinct shards of one partition")
   return Overlap(m, f"up to {m} of the {n} teachers share a shard of one partition: one "
                  f"record may reach {m} teachers (epsilon as for sensitivity {m}x)")
+
+
+def _ensemble_proves_partition(partition: Any, num_teachers: int) -> bool:
+  """True iff `partition` records one `equal_shards` partition into `num_teachers` shards."""
+  if not isinstance(partition, dict) or partition.get("scheme") != EQUAL_SHARDS:
+    return False
+  if any(partition.get(name) is None for name in (*_PARTITION_FIELDS, "dataset", "shard_size")):
+    return False
+  n, shards, size = (partition[k] for k in ("num_source_examples", "num_shards", "shard_size"))
+  if not all(isinstance(v, int) and not isinstance(v, bool) for v in (n, shards, size)):
+    return False
+  # One shard per teacher, and every teacher's rows cut to the smallest shard (N // n).
+  return shards == num_teachers and 1 <= shards <= n and size == n // shards
+
+
+def ensemble_teachers_per_record(partition: Any, num_teachers: int, *,
+                                 dataset: str | None = None) -> Overlap:
+  """m of a stacked ensemble of `num_teachers` from its saved `partition` record.
+
+  Args:
+    partition: the ensemble's `meta["partition"]` (None when the meta has none): dataset,
+      source_split, num_source_examples, source_sha256, num_shards, shard_seed, shard_size
+      and scheme "equal_shards".
+    num_teachers: n, the size of the stack as loaded (not as the record claims).
+    dataset: if given, the dataset the record must name (the one the teachers were built
+      for).
+
+  Returns:
+    m = 1 if the record proves n disjoint equal shards of one split, else m = n (never below
+    the truth).
+  """
+  n = num_teachers
+  if n == 1:
+    return Overlap(1, "one teacher")
+  if (_ensemble_proves_partition(partition, n)
+      and (dataset is None or partition["dataset"] == dataset)):
+    return Overlap(1, f"{n} stacked teachers on disjoint equal shards of one partition "
+                   f"({partition['dataset']} {partition['source_split']}, "
+                   f"{partition['num_source_examples']} records, shard_seed "
+                   f"{partition['shard_seed']}, {partition['shard_size']} records per teacher)")
+  return Overlap(n, f"the stacked ensemble's meta does not prove a partition into {n} disjoint "
+                 f"shards (saved without one, e.g. by an older data-free PATE run; retrain it "
+                 f"with experiments.teacher_ensemble): assuming one record may reach all {n} "
+                 f"teachers (epsilon as for sensitivity {n}x)")

@@ -3,6 +3,8 @@
   python -m experiments.dpdfd --dataset=digits   # the Quickstart: teacher trained or reused
   python -m experiments.dpdfd --dataset=mnist --teacher_dirs=runs/teacher/mnist_small_cnn \
       --target_epsilon=10 --noise_multiplier=... [--accounting=sound|paper]
+  python -m experiments.dpdfd --dataset=mnist --teacher_ensemble_dir=runs/teacher_ensemble/DIR \
+      --target_epsilon=10   # n stacked disjoint-shard teachers (experiments.teacher_ensemble)
   python -m experiments.dpdfd sample --workdir=runs/dpdfd/mnist --num=10000
   python -m experiments.dpdfd --mode=direct --dataset=mnist --noise_multiplier=...  # Table 4, NOT DP
 
@@ -26,6 +28,8 @@ from experiments import _flags
 
 _HELP = {
     "teacher_dirs": "comma-separated teacher workdirs (default: the one of experiments.teacher)",
+    "teacher_ensemble_dir": "instead of --teacher_dirs: n stacked teachers on disjoint shards "
+                            "(experiments.teacher_ensemble; one teacher per record)",
     "seed": "reproducible run (its noise is then public); default: a secret seed from OS entropy",
     "data_dir": "directory of <dataset>.npz (else $DPKD_DATA_DIR/tfds)",
 }
@@ -58,7 +62,7 @@ def _sample(argv: list[str]) -> None:
 
 def parse_config(argv: list[str]) -> tuple[dpdfd.DPDFDConfig, argparse.Namespace]:
   """Flags -> (validated config, flags); `flags.teacher_config` is the teacher to train or
-  reuse (None when --teacher_dirs names the teachers)."""
+  reuse (None when --teacher_dirs or --teacher_ensemble_dir names the teachers)."""
   p = _cli.Parser(prog="python -m experiments.dpdfd", description=__doc__,
                   formatter_class=argparse.RawDescriptionHelpFormatter)
   _flags.add_config_flags(p, dpdfd.DPDFDConfig, help=_HELP, defaults={"teacher_dirs": None})
@@ -72,7 +76,9 @@ def parse_config(argv: list[str]) -> tuple[dpdfd.DPDFDConfig, argparse.Namespace
   a.target_epsilon = quickstart.default_target_epsilon(a.dataset, a.noise_multiplier,
                                                        a.target_epsilon)
   a.teacher_config = None
-  if a.teacher_dirs is None:
+  if a.teacher_dirs is None and a.teacher_ensemble_dir is not None:
+    a.teacher_dirs = ()  # the ensemble directory holds every teacher
+  elif a.teacher_dirs is None:
     a.teacher_config = _cli.build(teacher.TeacherConfig, dataset=a.dataset, model=a.teacher_model,
                                   epochs=a.teacher_epochs, data_dir=a.data_dir)
     a.teacher_dirs = (quickstart.default_teacher_dir(a.dataset, a.teacher_model),)

@@ -1,11 +1,16 @@
-"""The small digits teacher shared by the DPDFD and SRR tests (registered in conftest.py).
+"""The small digits teacher shared by the DPDFD and SRR tests, and a small stacked ensemble
+(`ensemble_dir`) shared by the teacher-ensemble, DF-PATE and DPDFD tests (registered in
+conftest.py).
 
-Session-scoped: trained once per test process; every user only reads it (copies it when a test
-needs a second directory)."""
+Session-scoped: trained once per test process; every user only reads them (copies one when a
+test needs a second directory)."""
+
+import shutil
 
 import pytest
 
 from dpkd_jax import teacher as teacher_lib
+from dpkd_jax import teacher_ensemble
 
 
 @pytest.fixture(scope="session")
@@ -15,3 +20,25 @@ def teacher_dir(tmp_path_factory):
                                   learning_rate=3e-3)
   teacher_lib.train_teacher(cfg, workdir, progress=False)
   return workdir
+
+
+ENSEMBLE_CONFIG = dict(dataset="digits", num_teachers=3, teacher_model="mlp", teacher_epochs=1,
+                       teacher_batch_size=32)
+
+
+@pytest.fixture(scope="session")
+def ensemble_dir(tmp_path_factory):
+  """Three mlp teachers stacked on disjoint equal shards of digits (`teacher_ensemble`)."""
+  workdir = str(tmp_path_factory.mktemp("teacher_ensemble"))
+  teacher_ensemble.train_and_save(teacher_ensemble.TeacherEnsembleConfig(**ENSEMBLE_CONFIG),
+                                  workdir, log=lambda _: None)
+  return workdir
+
+
+def copy_without_partition(source: str, target: str) -> str:
+  """`target`: a copy of the ensemble in `source` whose newest meta has no `partition` (as
+  a data-free PATE `teachers_dir` saved before the record existed)."""
+  ensemble, meta = teacher_ensemble.load(source, flag="source")
+  shutil.copytree(source, target)
+  teacher_ensemble.save(target, ensemble, {k: v for k, v in meta.items() if k != "partition"})
+  return target

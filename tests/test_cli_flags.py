@@ -12,6 +12,7 @@ from typing import Any
 import pytest
 
 from dpkd_jax import teacher
+from dpkd_jax import teacher_ensemble
 from dpkd_jax.methods import dfpate
 from dpkd_jax.methods import dpdfd
 from dpkd_jax.methods import dpsgd
@@ -27,6 +28,7 @@ from experiments import rknn as rknn_cli
 from experiments import rona as rona_cli
 from experiments import srr as srr_cli
 from experiments import teacher as teacher_cli
+from experiments import teacher_ensemble as teacher_ensemble_cli
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -180,6 +182,24 @@ def test_documented_dpdfd_commands():
       seed=0, dataset="mnist", model="lenet5", noise_multiplier=12.69855765739809, steps=500,
       eval_every=100, expected_batch_size=256)
   assert workdir == "runs/dpdfd_direct/mnist_paper_eps10"
+
+
+def test_documented_teacher_ensemble_commands():
+  config, args = teacher_ensemble_cli.parse_config(shlex.split(
+      "--dataset=mnist --num_teachers=250 --teacher_model=patch_cnn --teacher_epochs=20 "
+      "--shard_seed=0 --workdir=runs/teacher_ensemble/mnist_pcnn250"))
+  assert config == teacher_ensemble.TeacherEnsembleConfig(
+      dataset="mnist", num_teachers=250, teacher_model="patch_cnn", teacher_epochs=20)
+  assert args.workdir == "runs/teacher_ensemble/mnist_pcnn250"
+  # Its identity is the one a DF-PATE run with the same teacher flags reuses.
+  assert config.identity() == dfpate.DFPATEConfig(
+      dataset="mnist", num_teachers=250, teacher_model="patch_cnn",
+      teacher_epochs=20).teacher_identity()
+  config, args = dpdfd_cli.parse_config(shlex.split(
+      "--dataset=mnist --teacher_ensemble_dir=runs/teacher_ensemble/mnist_pcnn250 "
+      "--target_epsilon=10"))
+  assert config.teacher_ensemble_dir == "runs/teacher_ensemble/mnist_pcnn250"
+  assert config.teacher_dirs == () and args.teacher_config is None
 
 
 def test_documented_srr_commands():

@@ -11,10 +11,10 @@ import pytest
 from dp_accounting import dp_event
 
 from dpkd_jax import errors
+from dpkd_jax import teacher_ensemble as ensemble_lib
 from dpkd_jax.methods import dfpate
 from dpkd_jax.methods.dfpate import query_model as qm
 from dpkd_jax.methods.dfpate import student as student_lib
-from dpkd_jax.methods.dfpate import teachers as teachers_lib
 from dpkd_jax.privacy import accounting
 from dpkd_jax.privacy import aggregation
 from dpkd_jax.privacy import ledger as ledger_lib
@@ -82,7 +82,7 @@ def test_step_takes_sigma_from_the_plan(monkeypatch):
   model = qm.QueryModel(mean=jnp.full((d,), 0.3), components=jnp.eye(d)[:, :2],
                         centroids=jnp.zeros((1, 2)), counts=jnp.ones(1),
                         variances=jnp.ones((1, 2)))
-  ensemble = teachers_lib.init_ensemble("mlp", 4, info, jax.random.key(0))
+  ensemble = ensemble_lib.init_ensemble("mlp", 4, info, jax.random.key(0))
   keys = {name: jax.random.key(i) for i, name in enumerate(("queries", "noise", "student"))}
   released = []
   for sigma in (plan.noise_std, 2 * plan.noise_std):
@@ -90,7 +90,7 @@ def test_step_takes_sigma_from_the_plan(monkeypatch):
                                          ensemble=ensemble, query_model=model, keys=keys)
     state, _ = train_step(dfpate.init_state(config, jax.random.key(5)), 0)
     released.append(state.released)
-  exact = aggregation.vote_histogram(teachers_lib.ensemble_logits(ensemble, state.images, info))
+  exact = aggregation.vote_histogram(ensemble_lib.ensemble_logits(ensemble, state.images, info))
   np.testing.assert_allclose(released[1] - exact, 2 * (released[0] - exact), rtol=1e-4,
                              atol=1e-4)
   assert not np.allclose(released[0], released[1])

@@ -4,6 +4,7 @@ import dataclasses
 
 import pytest
 
+from dpkd_jax import errors
 from dpkd_jax.methods import dpdfd
 from dpkd_jax.methods.dpdfd import config as config_lib
 
@@ -89,7 +90,23 @@ def test_to_json_is_the_saved_config():
   assert config.teacher_dirs == ("a", "b")
   out = config.to_json()
   assert out["teacher_dirs"] == ["a", "b"]
-  # Every field but those omitted at their default (the dict of runs saved before they existed).
+  # Every field but those omitted at their default: the dict of runs saved before they
+  # existed, so that those runs still resume.
   assert list(out) == [f.name for f in dataclasses.fields(config)
-                       if f.name != "param_averaging_decay"]
+                       if f.name not in ("param_averaging_decay", "teacher_ensemble_dir")]
   assert dpdfd.DPDFDConfig(**{**out, "teacher_dirs": tuple(out["teacher_dirs"])}) == config
+  stacked = _config(teacher_dirs=(), teacher_ensemble_dir="ens")
+  assert stacked.to_json()["teacher_ensemble_dir"] == "ens"
+  assert dpdfd.DPDFDConfig(**{**stacked.to_json(), "teacher_dirs": ()}) == stacked
+
+
+@pytest.mark.parametrize("kwargs,error,match", [
+    (dict(teacher_ensemble_dir="ens"), errors.UserError,
+     "give --teacher_dirs or --teacher_ensemble_dir, not both"),
+    (dict(teacher_dirs=(), teacher_ensemble_dir=""), errors.UserError, "is empty"),
+    (dict(teacher_dirs=(), teacher_ensemble_dir="ens", pretrained_generator_dir="g"),
+     ValueError, "exactly one teacher"),
+])
+def test_the_teachers_come_from_one_source(kwargs, error, match):
+  with pytest.raises(error, match=match):
+    _config(**kwargs)

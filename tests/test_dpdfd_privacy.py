@@ -88,6 +88,13 @@ def test_event_is_the_executed_noise_per_record_reach():
   assert plan.sound_epsilon == pytest.approx(worst) and worst > 2 * single
   # A record in one shard of one partition (m = 1): the one-teacher event.
   assert dpdfd.make_plan(config, teachers_per_record=1).sound_epsilon == pytest.approx(single)
+  # A stacked ensemble: n is the loaded stack's size, which the config does not hold.
+  stacked = _config(teacher_dirs=(), teacher_ensemble_dir="ens")
+  with pytest.raises(ValueError, match="pass num_teachers"):
+    dpdfd.make_plan(stacked)
+  plan = dpdfd.make_plan(stacked, 1, num_teachers=3)
+  assert (plan.num_teachers, plan.teachers_per_record) == (3, 1)
+  assert plan.sound_epsilon == pytest.approx(single)
 
 
 def test_disagreement_probes_are_rows_of_the_release_and_cost_epsilon():

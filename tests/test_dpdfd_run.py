@@ -8,13 +8,17 @@ import warnings
 
 import chex
 import jax
+import numpy as np
 import pytest
 import tensorflow_datasets as tfds
+from teacher_fixtures import copy_without_partition
 
 from dpkd_jax import data
 from dpkd_jax import errors
 from dpkd_jax import teacher as teacher_lib
+from dpkd_jax import teacher_ensemble
 from dpkd_jax.methods import dpdfd
+from dpkd_jax.methods.dpdfd import step as step_lib
 from dpkd_jax.privacy import accounting
 from dpkd_jax.privacy import ledger as ledger_lib
 from dpkd_jax.privacy import paper_accounting
@@ -166,6 +170,67 @@ def test_overlapping_teachers_are_charged_per_record(teacher_dir, tmp_path, caps
   assert results["epsilon"] == pytest.approx(expected, rel=1e-9) and expected > one_teacher
   assert results["teachers_per_record"] == 2
   assert "may reach 2 teachers" in capsys.readouterr().out
+
+
+# ------------------------------------------------------- a stacked disjoint-shard ensemble
+
+
+def test_stacked_ensemble_end_to_end_counts_one_teacher_per_record(ensemble_dir, tmp_path,
+                                                                  capsys):
+  ensemble = str(tmp_path / "ensemble")
+  shutil.copytree(ensemble_dir, ensemble)
+  config = _config(None, teacher_dirs=(), teacher_ensemble_dir=ensemble, steps=2)
+  results = dpdfd.train_dpdfd(config, str(tmp_path / "run"), progress=False)
+  plan = dpdfd.make_plan(config, 1, num_teachers=3)
+  expected = accounting.epsilon(accounting.dpdfd_event(
+      noise_multiplier=10.0, batch_size=16, steps=2, num_teachers=3, teachers_per_record=1),
+      delta=1e-5)
+  assert 0 < results["epsilon"] < math.inf
+  assert results["epsilon"] == pytest.approx(plan.sound_epsilon, rel=1e-9)
+  assert results["epsilon"] == pytest.approx(expected, rel=1e-9)
+  with open(tmp_path / "run" / "results.json") as f:
+    saved = json.load(f)
+  assert (saved["num_teachers"], saved["teachers_per_record"]) == (3, 1)
+  assert "3 stacked teachers on disjoint equal shards" in saved["teacher_partition"]
+  assert set(saved[outputs.PRIVATE_KEY]["teacher_ensemble"]) == {
+      "teacher_mean", "plurality", "agreement"}
+  assert records.read_record(str(tmp_path / "run" / "record.json"))["sound_epsilon"] == (
+      pytest.approx(results["epsilon"]))
+  # Resuming checks the config, and that the directory still gives the same n and m.
+  again = dpdfd.train_dpdfd(config, str(tmp_path / "run"), progress=False)
+  assert again["epsilon"] == pytest.approx(results["epsilon"], rel=1e-9)
+  with pytest.raises(errors.UserError, match="holds a DPDFD run with another config"):
+    dpdfd.train_dpdfd(_config(None, teacher_dirs=(), teacher_ensemble_dir=ensemble_dir,
+                              steps=2), str(tmp_path / "run"), progress=False)
+  shutil.rmtree(ensemble)
+  copy_without_partition(ensemble_dir, ensemble)  # retrained since: m = n now
+  capsys.readouterr()
+  with pytest.raises(errors.UserError, match="was run with teachers"):
+    dpdfd.train_dpdfd(config, str(tmp_path / "run"), progress=False)
+  # The worst case is said in one line (m = n: the meta proves no partition).
+  assert "DPDFD accounting: the stacked ensemble's meta does not prove" in (
+      capsys.readouterr().out)
+
+
+def test_stacked_ensemble_logits_and_a_missing_partition(ensemble_dir, tmp_path):
+  config = _config(None, teacher_dirs=(), teacher_ensemble_dir=ensemble_dir)
+  stacked, source = dpdfd.load_teachers(config)
+  assert stacked.size == 3 and source.overlap.teachers_per_record == 1
+  # teacher_logits (vmapped over the stack, empty batch_stats) = the ensemble's own logits.
+  own, _ = teacher_ensemble.load(ensemble_dir, flag="--x")
+  images, info = data.load("digits", "test").images[:20], data.DATASETS["digits"]
+  np.testing.assert_allclose(
+      step_lib.teacher_logits(stacked.graphdef, stacked.params, stacked.batch_stats,
+                              data.normalize(images, info)),
+      teacher_ensemble.ensemble_logits(own, images, info), atol=1e-5)
+  # Saved without its partition record (an older DF-PATE teachers_dir): m = n, said once.
+  old = copy_without_partition(ensemble_dir, str(tmp_path / "old"))
+  config = _config(None, teacher_dirs=(), teacher_ensemble_dir=old, steps=2)
+  _, source = dpdfd.load_teachers(config)
+  assert source.overlap.teachers_per_record == 3
+  assert "does not prove a partition into 3" in source.overlap.reason
+  worst = dpdfd.make_plan(config, source.overlap.teachers_per_record, num_teachers=3)
+  assert worst.sound_epsilon > 2 * dpdfd.make_plan(config, 1, num_teachers=3).sound_epsilon
 
 
 def test_cifar10_runs_end_to_end_on_mock_data(tmp_path):

@@ -7,9 +7,11 @@ import numpy as np
 import optax
 import pytest
 
+from dpkd_jax import data
 from dpkd_jax import losses
 from dpkd_jax import models
 from dpkd_jax import teacher as teacher_lib
+from dpkd_jax import teacher_ensemble
 from dpkd_jax.methods import dpdfd
 from dpkd_jax.methods.dpdfd import step as step_lib
 from dpkd_jax.models import core
@@ -223,6 +225,17 @@ def test_multi_teacher_ensemble_step(teacher_dir):
 def _disagreement_config(teacher_dir, **kw):
   return _config(teacher_dir, generator_objective="disagreement", bound_method="clip",
                  teacher_loss="logit", probe_directions=2, **kw)
+
+
+def test_a_large_stack_runs_in_groups_with_the_same_logits():
+  # 7 teachers in groups of 3 (lax.map, remainder 1) = all 7 in one vmap.
+  info = data.DATASETS["digits"]
+  stack = teacher_ensemble.init_ensemble("patch_cnn", 7, info, jax.random.key(0))
+  x = jax.random.normal(jax.random.key(1), (5, *info.image_shape))
+  whole = step_lib.teacher_logits(stack.graphdef, stack.params, {}, x)
+  grouped = step_lib.teacher_logits(stack.graphdef, stack.params, {}, x, teachers_per_group=3)
+  assert whole.shape == (7, 5, info.num_classes)
+  np.testing.assert_allclose(grouped, whole, atol=1e-5)
 
 
 def test_disagreement_ascent_estimates_the_gradient_of_the_released_disagreement():

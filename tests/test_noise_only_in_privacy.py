@@ -60,7 +60,7 @@ ALLOWED: dict[tuple[str, str, str], str] = {
         "epoch shuffles of a training set (`epoch_batches`): data-independent orders"),
     ("representations/simclr.py", "_make_train_step.train_step", "choice"): (
         "SimCLR batch indices over PUBLIC images (module docstring: public images only)"),
-    ("methods/dfpate/teachers.py", "train_ensemble", "permutation"): (
+    ("teacher_ensemble/ensemble.py", "train_ensemble", "permutation"): (
         "teachers' epoch shuffles: data-independent orders; the teachers are not private (the "
         "vote aggregation in privacy/aggregation.py is the release)"),
     ("methods/dfpate/student.py", "train_student", "permutation"): (

@@ -82,3 +82,37 @@ def test_cards_of_one_all_shards_run_prove_disjoint_shards(tmp_path):
   assert all(card["split"].items() >= source.items() for card in cards)
   assert source["num_source_examples"] == _N and len(source["source_sha256"]) == 64
   assert teacher_partition.teachers_per_record(cards).teachers_per_record == 1
+
+
+# --------------------------------------------------------------- stacked ensembles (one record)
+
+
+def _partition(n=3, **change):
+  record = {"dataset": "digits", "source_split": "train", "num_source_examples": _N,
+            "source_sha256": "d" * 64, "num_shards": n, "shard_seed": 0,
+            "shard_size": _N // n, "scheme": teacher_partition.EQUAL_SHARDS}
+  return {**record, **change}
+
+
+def test_a_stacked_ensemble_on_equal_shards_reaches_one_teacher_per_record():
+  overlap = teacher_partition.ensemble_teachers_per_record(_partition(), 3)
+  assert overlap.teachers_per_record == 1 and "disjoint equal shards" in overlap.reason
+  assert teacher_partition.ensemble_teachers_per_record(None, 1).teachers_per_record == 1
+
+
+@pytest.mark.parametrize("partition", [
+    None, {}, _partition(num_shards=4), _partition(shard_size=_N // 3 + 1),
+    _partition(scheme="other"), _partition(source_sha256=None), _partition(num_shards="3"),
+    _partition(shard_seed=None), _partition(num_source_examples=2, shard_size=0),
+], ids=["none", "empty", "other_n", "other_size", "other_scheme", "no_digest", "str_n",
+        "no_seed", "more_shards_than_records"])
+def test_a_stacked_ensemble_that_proves_nothing_counts_every_teacher(partition):
+  overlap = teacher_partition.ensemble_teachers_per_record(partition, 3)
+  assert overlap.teachers_per_record == 3 and "does not prove a partition" in overlap.reason
+
+
+def test_a_stacked_ensemble_record_of_another_dataset_counts_every_teacher():
+  assert teacher_partition.ensemble_teachers_per_record(
+      _partition(), 3, dataset="digits").teachers_per_record == 1
+  assert teacher_partition.ensemble_teachers_per_record(
+      _partition(), 3, dataset="mnist").teachers_per_record == 3

@@ -172,6 +172,11 @@ def conversion_lines(results: Results, *, workdir: str, num_classes: int,
     shown = ", ".join(f"{a:.4f}" for a in teachers)
     lines.append(f"teacher test accuracy: {shown} [PRIVATE diagnostic: non-private teacher, "
                  "not covered by epsilon, do not publish]")
+  stacked = results.get(outputs.PRIVATE_KEY, {}).get("teacher_ensemble")  # a stacked ensemble
+  if stacked and {"teacher_mean", "plurality"} <= set(stacked):
+    lines.append(f"teacher test accuracy: mean {stacked['teacher_mean']:.4f}, plurality vote "
+                 f"{stacked['plurality']:.4f} [PRIVATE diagnostic: non-private teachers, not "
+                 "covered by epsilon, do not publish]")
   lines.append(f"privacy: sound epsilon {_eps(results['epsilon'])} at delta "
                f"{results['delta']:g}, {_relation(workdir)} (dp_accounting)")
   paper = results.get("paper_epsilon")

@@ -4,7 +4,8 @@ PATE (Papernot et al., ICLR 2017 / 2018) without public data: the queries are pr
 images or samples of a DP model of the private images. Pipeline of `train_dfpate`:
 
 1. Teachers. n teachers of one small architecture, trained at once (vmapped) on disjoint
-   equal shards of the private training set (`teachers`, architectures in `teacher_models`).
+   equal shards of the private training set (`dpkd_jax.teacher_ensemble`, shared with DPDFD;
+   reuse and self-training in `teachers`).
    They can be saved to and reused from `teachers_dir` (as secret as the data).
 2. Queries (`queries`). Round r draws procedural images (`data.procedural`) from public
    randomness, or (`query_source="dp_model"`) samples of a DP mixture model of the private
@@ -20,7 +21,7 @@ images or samples of a DP model of the private images. Pipeline of `train_dfpate
 Rooms: `config` (DFPATEConfig, validated flags), `privacy` (DFPATEPlan, make_plan: the only
 place σ is resolved), `step` (init_state, build_train_step: one round), `run` (train_dfpate),
 `streams` (the run's key streams), `queries`, `query_model`, `student`, `teachers`,
-`teacher_models`.
+`dpkd_jax.teacher_ensemble` (the ensemble and its architectures).
 
 Data flow: flags -> `DFPATEConfig` -> `make_plan` (σ given or calibrated by PLD for the whole
 run: query model + Q = rounds · queries_per_round histograms) -> `build_train_step(plan, ...)`
@@ -48,7 +49,7 @@ from dpkd_jax.methods.dfpate.run import train_dfpate
 from dpkd_jax.methods.dfpate.step import RoundState
 from dpkd_jax.methods.dfpate.step import build_train_step
 from dpkd_jax.methods.dfpate.step import init_state
-from dpkd_jax.methods.dfpate.teacher_models import TEACHER_MODELS
+from dpkd_jax.teacher_ensemble import TEACHER_MODELS
 
 __all__ = [
     "DFPATEConfig",

@@ -13,9 +13,9 @@ from typing import Any
 from dpkd_jax import config_checks as checks
 from dpkd_jax import data
 from dpkd_jax import models
+from dpkd_jax import teacher_ensemble
 from dpkd_jax.data import procedural
 from dpkd_jax.methods.dfpate import student
-from dpkd_jax.methods.dfpate import teacher_models
 from dpkd_jax.privacy import aggregation
 from dpkd_jax.privacy import seeds
 
@@ -34,8 +34,7 @@ class DFPATEConfig:
     use_teachers: False replaces every vote histogram by zeros before the noise (a baseline
       that never touches the private data: ε = 0).
     num_teachers, teacher_model, teacher_epochs, teacher_batch_size, teacher_lr: the ensemble
-      (`teacher_model`: a key of `dfpate.teacher_models.TEACHER_MODELS`, built with norm
-      "none").
+      (`teacher_model`: a key of `teacher_ensemble.TEACHER_MODELS`, built with norm "none").
     shard_seed: public seed of the shard assignment.
     teacher_self_training_pool: P > 0 (needs query_source="dp_model"): after training, every
       teacher labels P samples of the released query model with its OWN confident
@@ -44,7 +43,7 @@ class DFPATEConfig:
     teacher_self_training_epochs, teacher_pseudo_threshold: epochs of that training and the
       confidence a teacher needs to label a pool image.
     teachers_dir: save the trained ensemble there, or reuse it if it holds one of the same
-      dataset, shards and training fields.
+      dataset, shards and training fields (also one saved by `experiments.teacher_ensemble`).
     votes: "hard" (one-hot argmax per teacher) or "soft" (probabilities).
     rounds, queries_per_round, pool_factor: Q = rounds · queries_per_round; rounds >= 1 pick
       from a pool `pool_factor` times larger with the student (1 = no selection).
@@ -102,7 +101,7 @@ class DFPATEConfig:
 
   def __post_init__(self):
     checks.one_of("dataset", self.dataset, data.DATASETS)
-    checks.one_of("teacher_model", self.teacher_model, teacher_models.TEACHER_MODELS)
+    checks.one_of("teacher_model", self.teacher_model, teacher_ensemble.TEACHER_MODELS)
     checks.one_of("student_model", self.student_model, models.CLASSIFIERS)
     checks.one_of("votes", self.votes, aggregation.VOTE_KINDS)
     checks.one_of("query_source", self.query_source, QUERY_SOURCES)
@@ -143,8 +142,12 @@ class DFPATEConfig:
     return procedural.ProceduralConfig(image_shape=self.info.image_shape,
                                        invert_probability=self.invert_probability)
 
+  def ensemble_config(self) -> teacher_ensemble.TeacherEnsembleConfig:
+    """The run's teacher ensemble (trained with the run's own keys, not `seed` of it)."""
+    return teacher_ensemble.TeacherEnsembleConfig(
+        dataset=self.dataset, data_dir=self.data_dir,
+        **{name: getattr(self, name) for name in teacher_ensemble.IDENTITY_FIELDS})
+
   def teacher_identity(self) -> dict[str, Any]:
     """What a saved ensemble must have been trained with to be reused."""
-    return {"dataset": self.dataset, **{name: getattr(self, name) for name in (
-        "num_teachers", "teacher_model", "teacher_epochs", "teacher_batch_size", "teacher_lr",
-        "shard_seed")}}
+    return self.ensemble_config().identity()

@@ -18,6 +18,7 @@ import tqdm
 
 from dpkd_jax import data
 from dpkd_jax import models
+from dpkd_jax import teacher_ensemble
 from dpkd_jax.methods.dfpate import config as config_lib
 from dpkd_jax.methods.dfpate import privacy
 from dpkd_jax.methods.dfpate import query_model as query_model_lib
@@ -39,7 +40,7 @@ class _Setup:
 
   test: data.ArrayDataset
   query_model: query_model_lib.QueryModel | None = None
-  ensemble: teachers.Ensemble | None = None
+  ensemble: teacher_ensemble.Ensemble | None = None
   teacher_seconds: float = 0.0
   teacher_report: dict[str, float] = dataclasses.field(default_factory=dict)
   base_report: dict[str, float] = dataclasses.field(default_factory=dict)
@@ -71,7 +72,7 @@ def _prepare(config: config_lib.DFPATEConfig, plan: privacy.DFPATEPlan,
         pool_key=jax.random.fold_in(keys["queries"], streams.TEACHER_POOL_FOLD),
         train_key=jax.random.fold_in(keys["teacher_train"], streams.SELF_TRAIN_FOLD))
     setup.teacher_seconds += seconds
-    setup.teacher_report = teachers.ensemble_accuracy(setup.ensemble, setup.test)
+    setup.teacher_report = teacher_ensemble.ensemble_accuracy(setup.ensemble, setup.test)
   return setup  # nothing after this reads the private data except through the ensemble
 
 

@@ -19,13 +19,13 @@ import optax
 from flax import nnx
 
 from dpkd_jax import models
+from dpkd_jax import teacher_ensemble
 from dpkd_jax.methods.dfpate import config as config_lib
 from dpkd_jax.methods.dfpate import privacy
 from dpkd_jax.methods.dfpate import queries as queries_lib
 from dpkd_jax.methods.dfpate import query_model as query_model_lib
 from dpkd_jax.methods.dfpate import streams
 from dpkd_jax.methods.dfpate import student
-from dpkd_jax.methods.dfpate import teachers
 from dpkd_jax.privacy import aggregation
 from dpkd_jax.train.state import TrainState
 
@@ -65,17 +65,17 @@ def release_votes(plan: privacy.DFPATEPlan, key: jax.Array, histogram: jax.Array
   return aggregation.noisy_histogram(key, histogram, noise_std)
 
 
-def _histogram(ensemble: teachers.Ensemble | None, queries: np.ndarray,
+def _histogram(ensemble: teacher_ensemble.Ensemble | None, queries: np.ndarray,
                config: config_lib.DFPATEConfig) -> jax.Array | np.ndarray:
   """(Q, K) vote histogram of the teachers (zeros without teachers). NOT private."""
   if ensemble is None:
     return np.zeros((len(queries), config.info.num_classes), np.float32)
   return aggregation.vote_histogram(
-      teachers.ensemble_logits(ensemble, queries, config.info), votes=config.votes)
+      teacher_ensemble.ensemble_logits(ensemble, queries, config.info), votes=config.votes)
 
 
 def build_train_step(plan: privacy.DFPATEPlan, config: config_lib.DFPATEConfig, *,
-                     ensemble: teachers.Ensemble | None,
+                     ensemble: teacher_ensemble.Ensemble | None,
                      query_model: query_model_lib.QueryModel | None,
                      keys: dict[str, jax.Array]
                      ) -> Callable[[RoundState, int], tuple[RoundState, dict[str, Any]]]:

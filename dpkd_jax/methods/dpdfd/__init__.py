@@ -12,7 +12,8 @@ Rooms:
               σ and the step count are resolved (calibration included), `event(n)`, budget.
   step.py     the pure jittable step (`build_train_step(plan, config, teacher_graphdef)`),
               its state and the stacked teacher ensemble.
-  run.py      `train_dpdfd`: workdir -> teachers -> plan -> state -> train -> record.
+  run.py      `train_dpdfd`: workdir -> teachers (cards, or one stacked ensemble) -> plan ->
+              state -> train -> record.
   release.py  `load_run`, `sample`: the synthetic dataset of a finished run.
   direct.py   `train_direct`, `build_direct_step`: the direct mode.
   quickstart.py  `convert` (teacher trained or reused, then `train_dpdfd`), `summary_lines`:

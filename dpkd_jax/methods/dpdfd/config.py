@@ -14,6 +14,7 @@ from typing import Any
 
 from dpkd_jax import config_checks
 from dpkd_jax import data
+from dpkd_jax import errors
 from dpkd_jax import models
 from dpkd_jax.privacy import mechanisms
 from dpkd_jax.privacy import plan as plan_lib
@@ -50,6 +51,23 @@ def check_privacy_request(config: "DPDFDConfig") -> None:
                        f"{config.noise_multiplier} must be > 0")
 
 
+def check_teacher_source(config: "DPDFDConfig") -> None:
+  """Exactly one of teacher_dirs / teacher_ensemble_dir names the teachers."""
+  if config.teacher_ensemble_dir is not None:
+    if config.teacher_dirs:
+      raise errors.UserError("give --teacher_dirs or --teacher_ensemble_dir, not both: the "
+                             "ensemble directory already holds every teacher")
+    if not config.teacher_ensemble_dir:
+      raise errors.UserError("--teacher_ensemble_dir is empty: give the directory of "
+                             "`python -m experiments.teacher_ensemble --workdir=...`")
+  elif not config.teacher_dirs:
+    raise ValueError("teacher_dirs must name at least one teacher workdir (or give "
+                     "teacher_ensemble_dir)")
+  if config.pretrained_generator_dir is not None and len(config.teacher_dirs) != 1:
+    raise ValueError("pretrained_generator_dir needs exactly one teacher (the one it was "
+                     "pretrained against, in teacher_dirs)")
+
+
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class DPDFDConfig:
   """A DPDFD run. Privacy fields first, then model/optimization, then bookkeeping.
@@ -64,6 +82,9 @@ class DPDFDConfig:
     dataset: the private dataset (its test split evaluates the student).
     teacher_dirs: one workdir per teacher (`experiments.teacher`); n > 1 = an ensemble, whose
       accounting uses the most teachers one record can reach (`teacher_partition`).
+    teacher_ensemble_dir: instead of teacher_dirs, one directory holding n stacked teachers
+      trained on disjoint equal shards (`experiments.teacher_ensemble`, or a data-free PATE
+      `teachers_dir`); its saved partition record gives one teacher per record (m = 1).
     student_model, student_norm, generator_model, generator_channels, latent_dim: networks
       (`generator_channels` is DAFL's width, 128 in the paper; 64 quarters the CPU cost).
     steps, batch_size: DPDFD iterations (upper bound when a target ε is given) and B, the
@@ -124,7 +145,8 @@ class DPDFDConfig:
   stability: float = 1e-6
   bound_method: str = "normalize"
   dataset: str
-  teacher_dirs: tuple[str, ...]
+  teacher_dirs: tuple[str, ...] = ()
+  teacher_ensemble_dir: str | None = None
   student_model: str = "datalens_cnn"
   student_norm: str = "batch"
   generator_model: str = "dafl"
@@ -160,12 +182,8 @@ class DPDFDConfig:
 
   def __post_init__(self):
     object.__setattr__(self, "teacher_dirs", tuple(self.teacher_dirs))
-    if self.pretrained_generator_dir is not None and len(self.teacher_dirs) != 1:
-      raise ValueError("pretrained_generator_dir needs exactly one teacher (the one it was "
-                       "pretrained against)")
+    check_teacher_source(self)
     config_checks.one_of("dataset", self.dataset, data.DATASETS)
-    if not self.teacher_dirs:
-      raise ValueError("teacher_dirs must name at least one teacher workdir")
     config_checks.one_of("student_model", self.student_model, models.CLASSIFIERS)
     config_checks.one_of("generator_model", self.generator_model, models.GENERATORS)
     config_checks.one_of("teacher_loss", self.teacher_loss, TEACHER_LOSSES)
@@ -195,6 +213,8 @@ class DPDFDConfig:
     out["teacher_dirs"] = list(self.teacher_dirs)
     if not self.param_averaging_decay:  # at its default: the dict saved before it existed
       del out["param_averaging_decay"]
+    if self.teacher_ensemble_dir is None:  # as saved before the field existed: runs resume
+      del out["teacher_ensemble_dir"]
     return out
 
 

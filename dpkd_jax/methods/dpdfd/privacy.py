@@ -143,8 +143,8 @@ def _resolve(config: config_lib.DPDFDConfig, *, num_teachers: int,
   return sigma, steps
 
 
-def make_plan(config: config_lib.DPDFDConfig,
-              teachers_per_record: int | None = None) -> DPDFDPlan:
+def make_plan(config: config_lib.DPDFDConfig, teachers_per_record: int | None = None, *,
+              num_teachers: int | None = None) -> DPDFDPlan:
   """Resolves σ, the step count and the ledger's budget of a DPDFD run.
 
   Args:
@@ -152,11 +152,17 @@ def make_plan(config: config_lib.DPDFDConfig,
     teachers_per_record: m, the most teachers one record reaches; None (default) assumes
       every teacher (worst case): pass `teacher_partition.teachers_per_record(cards)` for
       what the cards prove. The paper formula knows nothing of it.
+    num_teachers: n, the teachers whose rows are summed; default len(config.teacher_dirs).
+      Required with `config.teacher_ensemble_dir` (n is the size of the loaded stack).
 
   Raises:
-    ValueError: a target that not even one step fits.
+    ValueError: a target that not even one step fits; no n for an ensemble directory.
   """
-  num_teachers = len(config.teacher_dirs)
+  if num_teachers is None:
+    if config.teacher_ensemble_dir is not None:
+      raise ValueError("make_plan: pass num_teachers, the size of the ensemble loaded from "
+                       "teacher_ensemble_dir")
+    num_teachers = len(config.teacher_dirs)
   m = num_teachers if teachers_per_record is None else teachers_per_record
   sigma, steps = _resolve(config, num_teachers=num_teachers, teachers_per_record=m)
   plan = DPDFDPlan(

@@ -6,7 +6,8 @@
   1. the teacher: the workdirs of `config.teacher_dirs`; with a `teacher_config`, the first
      of them is reused when its card.json shows a finished teacher of that dataset and model,
      else trained there (`ensure_teacher`; the CLI's default is runs/teacher/<dataset>_<model>,
-     the workdir `experiments.teacher` writes);
+     the workdir `experiments.teacher` writes); or the stacked ensemble of
+     `config.teacher_ensemble_dir` (`experiments.teacher_ensemble`), checked before the run;
   2. `train_dpdfd` (its report.md, and the model card where helper code writes one, come from
      `train.outputs.finish_run`);
   3. `summary_lines(results, workdir)`: accuracy, the teacher's accuracy marked as a private
@@ -26,6 +27,7 @@ from typing import Any, Callable
 
 from dpkd_jax import data
 from dpkd_jax import teacher as teacher_lib
+from dpkd_jax import teacher_ensemble
 from dpkd_jax.methods.dpdfd import config as config_lib
 from dpkd_jax.methods.dpdfd import run as run_lib
 from dpkd_jax.train import summary
@@ -111,6 +113,9 @@ def convert(config: config_lib.DPDFDConfig, workdir: str, *,
     ensure_teacher(teacher_config, config.teacher_dirs[0], progress=progress, log=log)
   for tdir in config.teacher_dirs:
     teacher_lib.read_card(tdir, flag="--teacher_dirs", dataset=config.dataset)
+  if config.teacher_ensemble_dir is not None:  # cheap: the meta only, before the run starts
+    teacher_ensemble.read_meta(config.teacher_ensemble_dir, flag="--teacher_ensemble_dir",
+                               dataset=config.dataset)
   return run_lib.train_dpdfd(config, workdir, progress=progress)
 
 

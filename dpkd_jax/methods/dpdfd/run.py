@@ -15,15 +15,17 @@ from __future__ import annotations
 
 import math
 import os
-from typing import Any
+from typing import Any, NamedTuple
 
 import jax
 import optax
 import tqdm
 
 from dpkd_jax import data
+from dpkd_jax import errors
 from dpkd_jax import models
 from dpkd_jax import teacher as teacher_lib
+from dpkd_jax import teacher_ensemble
 from dpkd_jax import teacher_partition
 from dpkd_jax.methods.dpdfd import config as config_lib
 from dpkd_jax.methods.dpdfd import generator_prior
@@ -43,19 +45,61 @@ from dpkd_jax.train import workdir as workdir_lib
 from dpkd_jax.train.state import TrainState
 
 
+class TeacherSource(NamedTuple):
+  """What the run knows of its teachers besides their weights.
+
+  Attributes:
+    overlap: m, the most teachers one record reaches, and why (`teacher_partition`).
+    diagnostics: PRIVATE noiseless functions of the teachers (their test accuracies), for
+      results.json's "private_diagnostics".
+  """
+
+  overlap: teacher_partition.Overlap
+  diagnostics: dict[str, Any]
+
+
 def load_teachers(config: config_lib.DPDFDConfig
-                  ) -> tuple[step_lib.TeacherEnsemble, list[dict[str, Any]]]:
-  """Loads and checks every teacher against the dataset; all must share one architecture,
-  and none may appear twice (`teacher_partition.check_distinct`: a UserError)."""
+                  ) -> tuple[step_lib.TeacherEnsemble, TeacherSource]:
+  """Loads and checks every teacher against the dataset, and proves m from what they record.
+
+  With `teacher_dirs`: one card per teacher; all must share one architecture, and none may
+  appear twice (`teacher_partition.check_distinct`: a UserError). With
+  `teacher_ensemble_dir`: one stacked ensemble (`_load_stacked`).
+  """
+  if config.teacher_ensemble_dir is not None:
+    return _load_stacked(config)
   info = config.info
   loaded = [teacher_lib.load_teacher(d, dataset=config.dataset, num_classes=info.num_classes,
                                      input_shape=info.image_shape) for d in config.teacher_dirs]
-  teacher_partition.check_distinct(config.teacher_dirs, [t.card for t in loaded])
+  cards = [t.card for t in loaded]
+  teacher_partition.check_distinct(config.teacher_dirs, cards)
   # An imported teacher behind an input adapter has more arrays than the same bare model.
   archs = {(t.card["model"], t.card["norm"], bool(t.card.get("input_adapter"))) for t in loaded}
   if len(archs) > 1:
     raise ValueError(f"all teachers must share one architecture, got {sorted(archs)}")
-  return step_lib.TeacherEnsemble.stack([t.parts for t in loaded]), [t.card for t in loaded]
+  return step_lib.TeacherEnsemble.stack([t.parts for t in loaded]), TeacherSource(
+      teacher_partition.teachers_per_record(cards),
+      {"teacher_test_accuracy": [c["test_accuracy"] for c in cards]})
+
+
+def _load_stacked(config: config_lib.DPDFDConfig
+                  ) -> tuple[step_lib.TeacherEnsemble, TeacherSource]:
+  """The ensemble of `teacher_ensemble_dir` as a `TeacherEnsemble`, m from its saved
+  partition record (1 for disjoint equal shards of one split, else n).
+
+  Its teachers (norm "none") keep no BatchNorm statistics: `batch_stats` is the empty pytree,
+  which `teacher_logits` vmaps over as it does the stacked params (the same forward as
+  `teacher_ensemble.ensemble_logits` on normalised images).
+
+  Raises:
+    UserError: no ensemble in the directory, or one of another dataset, classes or shape.
+  """
+  ensemble, meta = teacher_ensemble.load(
+      config.teacher_ensemble_dir, flag="--teacher_ensemble_dir", dataset=config.dataset,
+      info=config.info)
+  stacked = step_lib.TeacherEnsemble(ensemble.graphdef, ensemble.params, {})
+  return stacked, TeacherSource(teacher_ensemble.overlap(meta, ensemble.size),
+                                {"teacher_ensemble": meta.get("report", {})})
 
 
 def init_state(config: config_lib.DPDFDConfig, key: jax.Array) -> step_lib.DPDFDState:
@@ -120,8 +164,7 @@ def _train(run: workdir_lib.Run, plan: privacy.DPDFDPlan, config: config_lib.DPD
 
 
 def _results(config: config_lib.DPDFDConfig, plan: privacy.DPDFDPlan, *, accuracy: float,
-             epsilon: float, steps: int, root_seed: seeds.ResolvedSeed,
-             overlap: teacher_partition.Overlap, cards: list[dict[str, Any]],
+             epsilon: float, steps: int, root_seed: seeds.ResolvedSeed, source: TeacherSource,
              student_params: Any, workdir: str) -> dict[str, Any]:
   """results.json: released figures at top level, the teachers' accuracy kept apart."""
   return {
@@ -139,15 +182,27 @@ def _results(config: config_lib.DPDFDConfig, plan: privacy.DPDFDPlan, *, accurac
       "seed": root_seed.public_description(),
       "num_teachers": plan.num_teachers,
       "teachers_per_record": plan.teachers_per_record,
-      "teacher_partition": overlap.reason,
+      "teacher_partition": source.overlap.reason,
       "student_params": models.count_params(student_params),
       "config": config.to_json(),
       # The teachers' test accuracy is a noiseless function of their private training data
       # (a teacher kept in <workdir>/teacher is listed as a private file too).
-      outputs.PRIVATE_KEY: outputs.private_section(
-          {"teacher_test_accuracy": [c["test_accuracy"] for c in cards]}, workdir=workdir,
-          files=("teacher",)),
+      outputs.PRIVATE_KEY: outputs.private_section(source.diagnostics, workdir=workdir,
+                                                   files=("teacher",)),
   }
+
+
+def _check_same_teachers(run: workdir_lib.Run, plan: privacy.DPDFDPlan) -> None:
+  """A resumed run must account the same n and m as its checkpoint (the config names the
+  teachers' directories, not what they hold: a directory retrained since is refused)."""
+  saved = run.saved.get("plan") if run.resuming else None
+  if not isinstance(saved, dict):
+    return
+  now = {"num_teachers": plan.num_teachers, "teachers_per_record": plan.teachers_per_record}
+  was = {k: saved.get(k, v) for k, v in now.items()}
+  if was != now:
+    raise errors.UserError(f"{run.workdir!r} was run with teachers {was}, its teacher "
+                           f"directories now give {now}; use a fresh workdir")
 
 
 def _prior_fields(release_epsilon: float) -> dict[str, Any]:
@@ -174,13 +229,14 @@ def train_dpdfd(config: config_lib.DPDFDConfig, workdir: str, *, progress: bool 
   mesh = sharding.data_mesh() if mesh is None else mesh
   sharding.check_divisible(config.batch_size, mesh)
   # 2. Data and teachers (m = the most teachers one record reaches, from their cards).
-  ensemble, cards = load_teachers(config)
-  overlap = teacher_partition.teachers_per_record(cards)
+  ensemble, source = load_teachers(config)
+  overlap = source.overlap
   if overlap.teachers_per_record > 1 and distributed.is_coordinator():
     print(f"DPDFD accounting: {overlap.reason}", flush=True)
   test = data.load(config.dataset, "test", data_dir=config.data_dir)
   # 3. Plan: σ and the steps, the only place they are resolved.
-  plan = privacy.make_plan(config, overlap.teachers_per_record)
+  plan = privacy.make_plan(config, overlap.teachers_per_record, num_teachers=ensemble.size)
+  _check_same_teachers(run, plan)
   # 4. Root seed (secret unless chosen; a resumed run continues with its own), state, ledger.
   root_seed = run.root_seed(config.seed)
   init_key, train_key = jax.random.split(seeds.root_key(root_seed))
@@ -207,8 +263,8 @@ def train_dpdfd(config: config_lib.DPDFDConfig, workdir: str, *, progress: bool 
   prior = config.pretrained_generator_dir is not None
   epsilon = math.inf if prior else release_epsilon
   results = _results(config, plan, accuracy=accuracy, epsilon=epsilon, steps=step,
-                     root_seed=root_seed, overlap=overlap, cards=cards,
-                     student_params=state.student.params, workdir=workdir)
+                     root_seed=root_seed, source=source, student_params=state.student.params,
+                     workdir=workdir)
   if prior:
     results["epsilon_note"] = generator_prior.RECORD_EPSILON_NOTE
     results["release_epsilon_given_generator"] = release_epsilon

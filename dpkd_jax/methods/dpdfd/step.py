@@ -40,6 +40,8 @@ from dpkd_jax.privacy import mechanisms
 from dpkd_jax.train.state import TrainState
 
 PyTree = Any
+# Teachers whose forward passes `teacher_logits` vmaps at once (bounds its live activations).
+TEACHERS_PER_GROUP = 32
 
 
 @flax.struct.dataclass
@@ -82,12 +84,20 @@ class TeacherEnsemble(NamedTuple):
 
 
 def teacher_logits(graphdef: nnx.GraphDef, params: PyTree, batch_stats: PyTree,
-                   x: jax.Array) -> jax.Array:
-  """(n, B, K) eval-mode logits of every teacher, with no gradient path to the teachers."""
+                   x: jax.Array, *, teachers_per_group: int = TEACHERS_PER_GROUP) -> jax.Array:
+  """(n, B, K) eval-mode logits of every teacher, with no gradient path to the teachers.
+
+  Up to `teachers_per_group` teachers run as one vmap; a larger stack runs in groups of that
+  many, one after another (`lax.map`), so that only one group's activations are live (a
+  250-teacher stack vmapped at once would hold all of them: gigabytes at B = 256).
+  """
   def one(p, s):
     out, _ = core.apply(graphdef, p, s, x, train=False)
     return out.logits
-  return jax.lax.stop_gradient(jax.vmap(one)(params, batch_stats))
+  if jax.tree.leaves(params)[0].shape[0] <= teachers_per_group:
+    return jax.lax.stop_gradient(jax.vmap(one)(params, batch_stats))
+  return jax.lax.stop_gradient(jax.lax.map(lambda ps: one(*ps), (params, batch_stats),
+                                           batch_size=teachers_per_group))
 
 
 def per_sample_output_grads(config: config_lib.DPDFDConfig, student_logits: jax.Array,

@@ -1,8 +1,8 @@
-"""Teacher architectures of data-free PATE: models that vmap into batched matrix products.
+"""Teacher architectures of stacked ensembles: models that vmap into batched matrix products.
 
-`TEACHER_MODELS` is the registry the config validates `teacher_model` against: an MLP and a
-patch-matmul CNN written for `jax.vmap` over n teachers (on CPU a vmapped convolution becomes a
-slow grouped convolution), plus every classifier of the zoo. Each takes the zoo's keyword
+`TEACHER_MODELS` is the registry an ensemble's `teacher_model` is validated against: an MLP and
+a patch-matmul CNN written for `jax.vmap` over n teachers (on CPU a vmapped convolution becomes
+a slow grouped convolution), plus every classifier of the zoo. Each takes the zoo's keyword
 signature (num_classes, input_shape, norm, rngs) with norm "none".
 """
 

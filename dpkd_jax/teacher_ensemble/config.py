@@ -1,0 +1,63 @@
+"""`TeacherEnsembleConfig`: what a stacked disjoint-shard ensemble is trained with (validated).
+
+`identity()` is what a saved ensemble must have been trained with to be reused; it has the
+same keys and values as `dfpate.DFPATEConfig.teacher_identity()`, so an ensemble saved by
+`experiments.teacher_ensemble` is reused by a data-free PATE run with the same teacher flags.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+from dpkd_jax import config_checks as checks
+from dpkd_jax import data
+from dpkd_jax.teacher_ensemble import architectures
+
+# The fields of `identity()` besides the dataset (a DF-PATE config has the same names).
+IDENTITY_FIELDS = ("num_teachers", "teacher_model", "teacher_epochs", "teacher_batch_size",
+                   "teacher_lr", "shard_seed")
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class TeacherEnsembleConfig:
+  """n teachers of one architecture on n disjoint equal shards of a training split.
+
+  Attributes:
+    dataset, data_dir: the private dataset (its train split is sharded; its test split gives
+      the report) and the directory of `<dataset>.npz`.
+    num_teachers: n, also the number of shards (each teacher gets floor(N/n) records).
+    teacher_model: a key of `teacher_ensemble.TEACHER_MODELS` (built with norm "none";
+      mlp and patch_cnn are written for vmap on CPU).
+    teacher_epochs, teacher_batch_size, teacher_lr: each teacher's Adam training (cosine
+      decay; the batch is cut to the shard size).
+    shard_seed: public seed of the shard assignment (`data.shard_indices`).
+    seed: seed of the teachers' initialisation, shuffles and augmentation (the teachers are
+      not private, so a public seed costs nothing).
+  """
+
+  dataset: str
+  data_dir: str | None = None
+  num_teachers: int = 250
+  teacher_model: str = "mlp"
+  teacher_epochs: int = 20
+  teacher_batch_size: int = 32
+  teacher_lr: float = 3e-3
+  shard_seed: int = 0
+  seed: int = 0
+
+  def __post_init__(self):
+    checks.one_of("dataset", self.dataset, data.DATASETS)
+    checks.one_of("teacher_model", self.teacher_model, architectures.TEACHER_MODELS)
+    checks.integers(self, "num_teachers", "teacher_epochs", "teacher_batch_size")
+    checks.integers(self, "shard_seed", minimum=0)
+    checks.seed(self.seed)
+    checks.positive(self, "teacher_lr")
+
+  @property
+  def info(self) -> data.DatasetInfo:
+    return data.DATASETS[self.dataset]
+
+  def identity(self) -> dict[str, Any]:
+    """What a saved ensemble must have been trained with to be reused."""
+    return {"dataset": self.dataset, **{name: getattr(self, name) for name in IDENTITY_FIELDS}}
