@@ -100,19 +100,16 @@ class DFPATEConfig:
   seed: int | None = None
 
   def __post_init__(self):
-    checks.one_of("dataset", self.dataset, data.DATASETS)
-    checks.one_of("teacher_model", self.teacher_model, teacher_ensemble.TEACHER_MODELS)
+    self.ensemble_config()  # the dataset and teacher fields, checked where the ensemble is
     checks.one_of("student_model", self.student_model, models.CLASSIFIERS)
     checks.one_of("votes", self.votes, aggregation.VOTE_KINDS)
     checks.one_of("query_source", self.query_source, QUERY_SOURCES)
     checks.one_of("target", self.target, student.TARGET_KINDS)
-    checks.integers(self, "num_teachers", "teacher_epochs", "teacher_batch_size", "rounds",
-                    "queries_per_round", "pool_factor", "student_epochs", "student_batch_size",
-                    "teacher_self_training_epochs", "query_model_components",
-                    "query_model_clusters")
-    checks.integers(self, "shard_seed", "teacher_self_training_pool", "student_pseudo_pool",
-                    minimum=0)
-    checks.positive(self, "teacher_lr", "student_lr", "query_model_noise", "query_temperature")
+    checks.integers(self, "rounds", "queries_per_round", "pool_factor", "student_epochs",
+                    "student_batch_size", "teacher_self_training_epochs",
+                    "query_model_components", "query_model_clusters")
+    checks.integers(self, "teacher_self_training_pool", "student_pseudo_pool", minimum=0)
+    checks.positive(self, "student_lr", "query_model_noise", "query_temperature")
     for name in ("margin_threshold", "teacher_pseudo_threshold", "student_pseudo_threshold",
                  "invert_probability"):
       checks.fraction(name, getattr(self, name), open_low=False, open_high=False)
