@@ -1,13 +1,17 @@
 """dpkd_jax.methods.dpdfd.quickstart and the Quickstart command `experiments.dpdfd --dataset=digits`:
-the teacher trained then reused, the closing summary, the chance line, the digits defaults."""
+the teacher trained then reused, the closing summary, the chance line in every case, the
+per-dataset defaults (digits; MNIST / Fashion-MNIST and their rule) and given flags winning."""
 
 import contextlib
 import dataclasses
+import glob
 import io
 import json
 import math
 import os
 import re
+import shlex
+import warnings
 
 import pytest
 from dp_accounting import dp_event
@@ -241,16 +245,19 @@ def test_chance_reason_many_teachers_sound():
 
 def test_chance_reason_paper_accounting_and_negligible_noise():
   paper = {"noise_multiplier": 50_000.0, "steps": 8000, "epsilon": 4e9, "num_teachers": 1,
-           "accounting_used_for_budget": "paper", "config": {"l2_norm_bound": 1000.0}}
+           "accounting_used_for_budget": "paper",
+           "config": {"l2_norm_bound": 1000.0, "target_epsilon": 10.0}}
   line = quickstart.chance_reason(paper)
   assert line.startswith("why at chance: the paper's formula chose the noise")
-  assert "at C = 1000 the noise std sigma*C = 5e+07 per coordinate" in line
+  given_sigma = quickstart.chance_reason({**paper, "config": {"l2_norm_bound": 1000.0}})
+  assert given_sigma.startswith("why at chance: the paper's epsilon grows with C^2/sigma^2")
+  assert "at C = 1000 the noise std per coordinate 5e+07 drowns rows of norm <= C" in line
   assert "sound epsilon 4e+09" in line and quickstart.PAPER_TABLE_ANCHOR in line
   assert "--l2_norm_bound=1e-10 --teacher_loss_scale=1e-12 --gamma=1e12" in line
   # The paper's tiny C: σ = C·sqrt(T/2ρ) leaves noise far below the rows: the engine failed.
   tiny = quickstart.chance_reason({**paper, "noise_multiplier": 5e-9, "config": {
-      "l2_norm_bound": 1e-10, "generator_objective": "disagreement"}})
-  assert tiny.startswith("why at chance: noise std 5e-09·C is negligible beside the rows, so "
+      "l2_norm_bound": 1e-10, "generator_objective": "disagreement", "target_epsilon": 10.0}})
+  assert tiny.startswith("why at chance: noise std 5e-09*C is negligible beside the rows, so "
                          "the engine itself did not learn in 8000 steps")
   assert quickstart.DISAGREEMENT_ANCHOR in tiny and "another --seed" in tiny
 
@@ -294,3 +301,26 @@ def test_readme_quickstart_is_the_main_job_and_the_test_command():
   assert commands == ["pip install -e . && python -m experiments.dpdfd --dataset=digits",
                       'pip install -e ".[test,import,export]" && pip install --no-deps '
                       'jax2onnx==0.17.1 && python -m pytest -q -n 2 --dist loadfile']
+
+
+def test_recorded_mnist_commands_still_run_what_they_ran():
+  # Runs made before the MNIST / Fashion-MNIST defaults changed write out the flags they ran
+  # with (the config's generic recipe), so their commands reproduce them under the new ones.
+  checked = 0
+  for path in sorted(glob.glob(os.path.join(_REPO, "docs", "results", "dpdfd__*.json"))):
+    record = json.load(open(path, encoding="utf-8"))
+    if "mnist / fashion_mnist flag defaults changed" not in record.get("command_note", ""):
+      continue
+    tail = record["command"].split("experiments.dpdfd", 1)[1]
+    argv = shlex.split(re.sub(r"\$\([^)]*\)", "a,b", tail))
+    with warnings.catch_warnings():
+      warnings.simplefilter("ignore")
+      config, _ = dpdfd_cli.parse_config(argv)
+    assert (config.teacher_loss, config.generator_objective) == ("dkd", "paper"), path
+    given = {flag.split("=")[0] for flag in argv}
+    if "--l2_norm_bound" not in given and "--gamma" not in given:
+      assert (config.l2_norm_bound, config.teacher_loss_scale, config.gamma) == (1, 1, 1), path
+    if "--bound_method" not in given:
+      assert config.bound_method == "normalize", path
+    checked += 1
+  assert checked >= 30

@@ -208,15 +208,17 @@ def chance_reason(results: Mapping[str, Any]) -> str:
   bound = config.get("l2_norm_bound", 1.0)
   std = sigma / n  # noise std per coordinate of the released mean row, in units of C
   if std < NEGLIGIBLE_NOISE:
-    noise = "no noise" if sigma == 0 else f"noise std {std:.2g}·C is negligible beside the rows"
+    noise = "no noise" if sigma == 0 else f"noise std {std:.2g}*C is negligible beside the rows"
     return _engine_reason(steps, config, noise)
   eps = f"sound epsilon {results.get('epsilon', float('nan')):.4g}"
   if results.get("accounting_used_for_budget", config.get("accounting")) == "paper":
-    return (f"why at chance: the paper's formula chose the noise, and its epsilon grows with "
-            f"C^2/sigma^2: at C = {bound:g} the noise std sigma*C = {sigma * bound:.3g} per "
-            f"coordinate drowns rows of norm <= C ({eps} for this run); its Table 1 recipe "
-            "keeps rows far below a tiny C: --l2_norm_bound=1e-10 --teacher_loss_scale=1e-12 "
-            f"--gamma=1e12 ({PAPER_TABLE_ANCHOR})")
+    chose = ("the paper's formula chose the noise, and its epsilon grows with C^2/sigma^2"
+             if config.get("target_epsilon") is not None else
+             "the paper's epsilon grows with C^2/sigma^2")
+    return (f"why at chance: {chose}: at C = {bound:g} the noise std per coordinate "
+            f"{std * bound:.3g} drowns rows of norm <= C ({eps} for this run); its Table 1 "
+            "recipe keeps rows far below a tiny C: --l2_norm_bound=1e-10 "
+            f"--teacher_loss_scale=1e-12 --gamma=1e12 ({PAPER_TABLE_ANCHOR})")
   probes = (config.get("probe_directions", 1)
             if config.get("generator_objective") == "disagreement" else 0)
   batch = config.get("batch_size", 1) * (1 + probes)  # rows of one release
