@@ -58,7 +58,7 @@ ENGINE_RECIPE: dict[str, Any] = {
     "probe_directions": 1}
 # Sound, many disjoint teachers (ENSEMBLE_ANCHOR): the noise dominates the rows' size, which the
 # disagreement generator climbs (and its probes double the rows of a release): the paper's
-# generator, rows clipped at C = 1, fewer steps (less noise per step at the same ε).
+# generator, rows clipped at C = 1, the 2,000 steps the rows there ran.
 ENSEMBLE_RECIPE: dict[str, Any] = {
     "generator_objective": "paper", "l2_norm_bound": 1.0, "steps": 2000, "eval_every": 500}
 # --accounting=paper (PAPER_TABLE_ANCHOR): Theorem 3 prices the noise std σ·C by C²/σ², so rows
