@@ -9,14 +9,20 @@
   python -m experiments.dpdfd --mode=direct --dataset=mnist --noise_multiplier=...  # Table 4, NOT DP
 
 Without --teacher_dirs the teacher is runs/teacher/<dataset>_<teacher_model>, reused when its
-card matches, else trained. --dataset=digits has defaults that fit a few CPU minutes
-(dpdfd/quickstart.py; sound target epsilon 10 unless --noise_multiplier/--target_epsilon).
+card matches, else trained. Per-dataset defaults (dpdfd/quickstart.py, docs/RESULTS.md) are the
+best measured recipe: --dataset=digits fits a few CPU minutes (sound target epsilon 10 unless
+--noise_multiplier/--target_epsilon); mnist and fashion_mnist get the disagreement engine
+(--steps=8000 --batch_size=64 --generator_channels=64 --teacher_loss=logit --bound_method=clip
+--l2_norm_bound=1000 --generator_objective=disagreement), with --teacher_ensemble_dir the paper
+generator at C = 1 for 2,000 steps, with --accounting=paper C = 1e-10 (kappa 1e-12, gamma 1e12).
+A flag you give always wins; the defaults below are the config's.
 """
 
 from __future__ import annotations
 
 import argparse
 import os
+from typing import Any
 
 from dpkd_jax import teacher
 from dpkd_jax.methods import dpdfd
@@ -60,6 +66,20 @@ def _sample(argv: list[str]) -> None:
   print("wrote", dpdfd.sample(a.workdir, a.num, seed=a.seed, out_path=a.out))
 
 
+_UNSET = object()
+
+
+def given_flags(parser: argparse.ArgumentParser, argv: list[str],
+                parsed: argparse.Namespace) -> dict[str, Any]:
+  """{dest: value} of the flags `argv` names (`parsed`: argv parsed once, for the dests).
+
+  argparse fills a default only where the namespace lacks the attribute, so a namespace of
+  sentinels keeps them exactly where no flag was given."""
+  probe = argparse.Namespace(**{name: _UNSET for name in vars(parsed)})
+  parser.parse_known_args(argv, probe)
+  return {name: value for name, value in vars(probe).items() if value is not _UNSET}
+
+
 def parse_config(argv: list[str]) -> tuple[dpdfd.DPDFDConfig, argparse.Namespace]:
   """Flags -> (validated config, flags); `flags.teacher_config` is the teacher to train or
   reuse (None when --teacher_dirs or --teacher_ensemble_dir names the teachers)."""
@@ -70,7 +90,8 @@ def parse_config(argv: list[str]) -> tuple[dpdfd.DPDFDConfig, argparse.Namespace
   p.add_argument("--teacher_epochs", type=int, default=quickstart.TEACHER_EPOCHS)
   p.add_argument("--workdir", default=None, help="default runs/dpdfd/<dataset>")
   p.add_argument("--no_progress", action="store_true")
-  p.set_defaults(**quickstart.flag_defaults(p.parse_known_args(argv)[0].dataset))
+  first = p.parse_known_args(argv)[0]
+  p.set_defaults(**quickstart.flag_defaults(first.dataset, given_flags(p, argv, first)))
   a = p.parse_args(argv)
   a.workdir = a.workdir or os.path.join("runs", "dpdfd", a.dataset)
   a.target_epsilon = quickstart.default_target_epsilon(a.dataset, a.noise_multiplier,

@@ -20,8 +20,8 @@ import os
 from dpkd_jax import errors
 from dpkd_jax import teacher
 from dpkd_jax.methods import srr
+from dpkd_jax.methods.srr import summary as srr_summary
 from dpkd_jax.train import distributed
-from dpkd_jax.train import summary
 from experiments import _cli
 from experiments import _flags
 
@@ -83,7 +83,7 @@ def main(argv: list[str]) -> None:
   config, args = parse_config(argv)
   _check_inputs(config, args)
   r = srr.train_srr(config, args.workdir, resume=args.resume, progress=not args.no_progress)
-  print("\n".join(summary.summary_lines(r, workdir=args.workdir)))
+  print("\n".join(srr_summary.summary_lines(r, workdir=args.workdir)))
 
 
 if __name__ == "__main__":

@@ -1,13 +1,17 @@
 """dpkd_jax.methods.dpdfd.quickstart and the Quickstart command `experiments.dpdfd --dataset=digits`:
-the teacher trained then reused, the closing summary, the chance line, the digits defaults."""
+the teacher trained then reused, the closing summary, the chance line in every case, the
+per-dataset defaults (digits; MNIST / Fashion-MNIST and their rule) and given flags winning."""
 
 import contextlib
 import dataclasses
+import glob
 import io
 import json
 import math
 import os
 import re
+import shlex
+import warnings
 
 import pytest
 from dp_accounting import dp_event
@@ -48,10 +52,84 @@ def test_digits_defaults_fit_the_quickstart_and_other_datasets_keep_theirs():
   # Given flags win; σ without a target stays a run without a target (σ = 0: not private).
   config, _ = dpdfd_cli.parse_config(["--dataset=digits", "--steps=7", "--noise_multiplier=0"])
   assert config.steps == 7 and config.target_epsilon is None and config.batch_size == 64
-  config, a = dpdfd_cli.parse_config(["--dataset=mnist", "--teacher_dirs=t",
+  config, a = dpdfd_cli.parse_config(["--dataset=cifar10", "--teacher_dirs=t",
                                       "--target_epsilon=1"])
-  default = dpdfd.DPDFDConfig(dataset="mnist", teacher_dirs=("t",), target_epsilon=1.0)
+  default = dpdfd.DPDFDConfig(dataset="cifar10", teacher_dirs=("t",), target_epsilon=1.0)
   assert config == default and a.teacher_config is None
+
+
+def _recipe(config) -> dict:
+  return {name: getattr(config, name) for name in quickstart.ENGINE_RECIPE
+          | quickstart.PAPER_RECIPE}
+
+
+@pytest.mark.parametrize("dataset", ["mnist", "fashion_mnist"])
+def test_mnist_defaults_are_the_best_measured_recipe(dataset):
+  engine = {**quickstart.ENGINE_RECIPE, "teacher_loss_scale": 1.0, "gamma": 1.0}
+  # σ = 0 and a sound run of one teacher: the disagreement engine.
+  for flags in (["--noise_multiplier=0"], ["--target_epsilon=10"]):
+    config, _ = dpdfd_cli.parse_config([f"--dataset={dataset}", "--teacher_dirs=t", *flags])
+    assert _recipe(config) == engine and config.accounting == "sound"
+  # Sound, many disjoint teachers: the paper generator, C = 1, 2,000 steps.
+  config, a = dpdfd_cli.parse_config([f"--dataset={dataset}", "--teacher_ensemble_dir=e",
+                                      "--target_epsilon=10"])
+  assert _recipe(config) == {**engine, **quickstart.ENSEMBLE_RECIPE}
+  assert (config.steps, config.l2_norm_bound, config.generator_objective) == (2000, 1.0, "paper")
+  assert config.teacher_dirs == () and a.teacher_config is None
+  # The paper's accounting: C far below the rows' scale, κ·γ = 1; σ = 0 keeps the engine's C.
+  config, _ = dpdfd_cli.parse_config([f"--dataset={dataset}", "--teacher_dirs=t",
+                                      "--target_epsilon=10", "--accounting=paper"])
+  assert _recipe(config) == {**engine, **quickstart.PAPER_RECIPE}
+  assert config.teacher_loss_scale * config.gamma == pytest.approx(1.0)
+  config, _ = dpdfd_cli.parse_config([f"--dataset={dataset}", "--teacher_dirs=t",
+                                      "--noise_multiplier=0", "--accounting=paper"])
+  assert _recipe(config) == engine
+
+
+def test_given_flags_always_win():
+  # Given at the config's own default (2,000 steps, C = 1, paper generator): still given.
+  config, _ = dpdfd_cli.parse_config([
+      "--dataset=mnist", "--teacher_dirs=t", "--target_epsilon=10", "--steps=2000",
+      "--l2_norm_bound=1", "--student_norm=group", "--batch_size=256"])
+  assert (config.steps, config.l2_norm_bound, config.student_norm, config.batch_size) == (
+      2000, 1.0, "group", 256)
+  assert config.generator_objective == "disagreement" and config.eval_every == 1000
+  config, _ = dpdfd_cli.parse_config([
+      "--dataset=mnist", "--teacher_ensemble_dir=e", "--target_epsilon=10",
+      "--generator_objective=disagreement", "--steps=100", "--eval_every=50"])
+  assert (config.generator_objective, config.steps, config.eval_every,
+          config.l2_norm_bound) == ("disagreement", 100, 50, 1.0)
+  config, _ = dpdfd_cli.parse_config([
+      "--dataset=mnist", "--teacher_dirs=t", "--target_epsilon=10", "--accounting=paper",
+      "--l2_norm_bound=1e-4"])
+  assert (config.l2_norm_bound, config.gamma) == (1e-4, 1e12)
+  # Normalised rows all have norm C: the recipes' C, κ, γ and generator give way.
+  for extra in ([], ["--accounting=paper"], ["--teacher_ensemble_dir=e"]):
+    teachers = [] if extra[-1:] == ["--teacher_ensemble_dir=e"] else ["--teacher_dirs=t"]
+    config, _ = dpdfd_cli.parse_config(["--dataset=mnist", "--target_epsilon=10",
+                                        "--bound_method=normalize", *teachers, *extra])
+    assert (config.bound_method, config.generator_objective, config.l2_norm_bound,
+            config.teacher_loss_scale, config.gamma) == ("normalize", "paper", 1.0, 1.0, 1.0)
+    assert config.teacher_loss == "logit" and config.batch_size == 64
+
+
+def test_flag_defaults_resolution():
+  assert quickstart.flag_defaults("cifar10") == {}
+  assert quickstart.flag_defaults("mnist") == quickstart.ENGINE_RECIPE
+  assert quickstart.flag_defaults("mnist", {"steps": 5})["eval_every"] == 1000
+  assert "steps" not in quickstart.flag_defaults("mnist", {"steps": 5})
+  ensemble = quickstart.flag_defaults("mnist", {"teacher_ensemble_dir": "e",
+                                                "noise_multiplier": 3.0})
+  assert ensemble == {**quickstart.ENGINE_RECIPE, **quickstart.ENSEMBLE_RECIPE}
+  assert quickstart.flag_defaults("mnist", {"teacher_ensemble_dir": "e", "noise_multiplier": 0.0,
+                                            }) == quickstart.ENGINE_RECIPE
+  assert quickstart.recipe_rule({"accounting": "paper", "teacher_ensemble_dir": "e"}) == \
+      quickstart.PAPER_RECIPE
+  # The digits Quickstart is not the engine recipe: no rule applies to it.
+  assert quickstart.flag_defaults("digits", {"teacher_ensemble_dir": "e"}) == \
+      quickstart.DATASET_DEFAULTS["digits"]
+  assert quickstart.default_target_epsilon("mnist", None, None) is None
+  assert quickstart.default_target_epsilon("digits", None, None) == 10.0
 
 
 def test_bad_input_is_one_line_exit_2(capsys, tmp_path, monkeypatch):
@@ -100,7 +178,7 @@ def test_quickstart_trains_the_teacher_and_sums_up(first_run, monkeypatch):
   assert results["epsilon"] <= 10.0 and results["steps"] == 4
   assert os.path.isfile(os.path.join(workdir, "report.md"))
   assert summary.at_chance(results["test_accuracy"], 10) == lines[-1].startswith(
-      "why at chance: one record may change its teacher arbitrarily")
+      "why at chance: sound epsilon budget too small for one teacher")
 
 
 def test_a_default_teacher_of_another_model_is_refused(capsys, tmp_path, monkeypatch):
@@ -134,34 +212,74 @@ def test_convert_reuses_the_teacher_whose_card_matches(first_run, tmp_path):
   assert f"model card: {tmp_path}/model_card.md" in summary.file_lines(str(tmp_path))
 
 
-def test_chance_reason_names_the_cause():
+def test_chance_reason_one_teacher_sound():
   private = {"noise_multiplier": 80.0, "steps": 200, "epsilon": 9.999,
              "teachers_per_record": 1, "config": {"batch_size": 32}}
   line = quickstart.chance_reason(private)
-  assert "sigma/(2m*sqrt(B)) = 7.07 per step over 200 steps, too little signal from one " \
-      "teacher" in line
+  assert line.startswith("why at chance: sound epsilon budget too small for one teacher: ")
+  assert "sigma/(2m*sqrt(B)) = 7.07 per step over 200 steps" in line
   assert quickstart.PRIVACY_ANCHOR in line and "--noise_multiplier=0" in line
-  assert "disjoint shards" in line
-  ensemble = quickstart.chance_reason({**private, "num_teachers": 10})
-  assert "from 10 teachers" in ensemble and "disjoint shards" not in ensemble
+  assert "python -m experiments.teacher_ensemble, then --teacher_ensemble_dir" in line
+  assert "experiments.dfpate" in line
   # The disagreement generator's probes are rows of the same release: R = B·(1 + m).
   probing = quickstart.chance_reason({**private, "config": {
       "batch_size": 32, "generator_objective": "disagreement", "probe_directions": 1}})
   assert "sigma/(2m*sqrt(B)) = 5 per step" in probing
-  noiseless = quickstart.chance_reason({"noise_multiplier": 0.0, "steps": 4})
-  assert "did not learn in 4 steps" in noiseless
-  assert "--generator_objective=disagreement" in noiseless
   assert summary.at_chance(0.14, 10) and not summary.at_chance(0.16, 10)
   assert summary.at_chance(math.nan, 10)
 
 
-def test_engine_anchor_exists_and_a_noiseless_run_at_chance_points_to_it():
+def test_chance_reason_many_teachers_sound():
+  # 100 disjoint teachers: noise std σC/n per coordinate of the mean row.
+  ensemble = {"noise_multiplier": 360.0, "steps": 2000, "epsilon": 9.999, "num_teachers": 100,
+              "teachers_per_record": 1, "config": {"batch_size": 64, "l2_norm_bound": 1.0}}
+  line = quickstart.chance_reason(ensemble)
+  assert line.startswith("why at chance: too much noise for 100 teachers: sound epsilon 9.999")
+  assert "noise std 3.6*C per coordinate of the mean row" in line
+  assert "more teachers, a larger --target_epsilon" in line
+  assert quickstart.ENSEMBLE_ANCHOR in line and "experiments.dfpate" in line
+  assert "disjoint shards" not in line
+  shared = quickstart.chance_reason({**ensemble, "num_teachers": 10, "teachers_per_record": 10})
+  assert "one record reaches 10 of them: train them on disjoint shards" in shared
+
+
+def test_chance_reason_paper_accounting_and_negligible_noise():
+  paper = {"noise_multiplier": 50_000.0, "steps": 8000, "epsilon": 4e9, "num_teachers": 1,
+           "accounting_used_for_budget": "paper",
+           "config": {"l2_norm_bound": 1000.0, "target_epsilon": 10.0}}
+  line = quickstart.chance_reason(paper)
+  assert line.startswith("why at chance: the paper's formula chose the noise")
+  given_sigma = quickstart.chance_reason({**paper, "config": {"l2_norm_bound": 1000.0}})
+  assert given_sigma.startswith("why at chance: the paper's epsilon grows with C^2/sigma^2")
+  assert "at C = 1000 the noise std per coordinate 5e+07 drowns rows of norm <= C" in line
+  assert "sound epsilon 4e+09" in line and quickstart.PAPER_TABLE_ANCHOR in line
+  assert "--l2_norm_bound=1e-10 --teacher_loss_scale=1e-12 --gamma=1e12" in line
+  # The paper's tiny C: σ = C·sqrt(T/2ρ) leaves noise far below the rows: the engine failed.
+  tiny = quickstart.chance_reason({**paper, "noise_multiplier": 5e-9, "config": {
+      "l2_norm_bound": 1e-10, "generator_objective": "disagreement", "target_epsilon": 10.0}})
+  assert tiny.startswith("why at chance: noise std 5e-09*C is negligible beside the rows, so "
+                         "the engine itself did not learn in 8000 steps")
+  assert quickstart.DISAGREEMENT_ANCHOR in tiny and "another --seed" in tiny
+
+
+def test_chance_reason_noiseless_engine():
+  noiseless = quickstart.chance_reason({"noise_multiplier": 0.0, "steps": 4})
+  assert noiseless.startswith("why at chance: no noise, so the engine itself did not learn in "
+                              "4 steps")
+  assert quickstart.ENGINE_ANCHOR in noiseless
+  assert "--generator_objective=disagreement" in noiseless
+  engine = quickstart.chance_reason({"noise_multiplier": 0.0, "steps": 4, "config": {
+      "generator_objective": "disagreement"}})
+  assert "more --steps or another --seed" in engine and "--generator_objective" not in engine
+
+
+def test_results_anchors_exist():
   text = open(os.path.join(_REPO, "docs", "RESULTS.md"), encoding="utf-8").read()
   slugs = {re.sub(r"[^\w\- ]", "", h.lower()).strip().replace(" ", "-")
            for h in re.findall(r"^#+ (.+)$", text, re.M)}
-  assert quickstart.ENGINE_ANCHOR.split("#")[1] in slugs
-  reason = quickstart.chance_reason({"noise_multiplier": 0.0, "steps": 5})
-  assert quickstart.ENGINE_ANCHOR in reason and "5 steps" in reason
+  for anchor in (quickstart.ENGINE_ANCHOR, quickstart.DISAGREEMENT_ANCHOR,
+                 quickstart.PAPER_TABLE_ANCHOR, quickstart.ENSEMBLE_ANCHOR):
+    assert anchor.split("#")[1] in slugs, anchor
 
 
 def test_privacy_doc_anchor_and_its_figures():
@@ -183,3 +301,26 @@ def test_readme_quickstart_is_the_main_job_and_the_test_command():
   assert commands == ["pip install -e . && python -m experiments.dpdfd --dataset=digits",
                       'pip install -e ".[test,import,export]" && pip install --no-deps '
                       'jax2onnx==0.17.1 && python -m pytest -q -n 2 --dist loadfile']
+
+
+def test_recorded_mnist_commands_still_run_what_they_ran():
+  # Runs made before the MNIST / Fashion-MNIST defaults changed write out the flags they ran
+  # with (the config's generic recipe), so their commands reproduce them under the new ones.
+  checked = 0
+  for path in sorted(glob.glob(os.path.join(_REPO, "docs", "results", "dpdfd__*.json"))):
+    record = json.load(open(path, encoding="utf-8"))
+    if "mnist / fashion_mnist flag defaults changed" not in record.get("command_note", ""):
+      continue
+    tail = record["command"].split("experiments.dpdfd", 1)[1]
+    argv = shlex.split(re.sub(r"\$\([^)]*\)", "a,b", tail))
+    with warnings.catch_warnings():
+      warnings.simplefilter("ignore")
+      config, _ = dpdfd_cli.parse_config(argv)
+    assert (config.teacher_loss, config.generator_objective) == ("dkd", "paper"), path
+    given = {flag.split("=")[0] for flag in argv}
+    if "--l2_norm_bound" not in given and "--gamma" not in given:
+      assert (config.l2_norm_bound, config.teacher_loss_scale, config.gamma) == (1, 1, 1), path
+    if "--bound_method" not in given:
+      assert config.bound_method == "normalize", path
+    checked += 1
+  assert checked >= 30

@@ -14,16 +14,22 @@
      diagnostic, the sound (ε, δ) with its relation, the files, and a line saying why when
      the student is at chance.
 
-Per-dataset flag defaults (`DATASET_DEFAULTS`, digits only) keep the whole command within a few
-CPU minutes; a run that gives neither σ nor a target ε gets the sound target
-`DEFAULT_TARGET_EPSILON` (digits only: the other datasets keep asking for one).
+Per-dataset flag defaults (`flag_defaults`): the best measured recipe of each dataset
+(docs/RESULTS.md, anchors below). Digits keeps the whole command within a few CPU minutes.
+MNIST and Fashion-MNIST get the disagreement engine (`ENGINE_RECIPE`), changed by one rule
+(`recipe_rule`) when the run adds noise: `--accounting=paper` takes `PAPER_RECIPE`, a sound run
+of `--teacher_ensemble_dir` takes `ENSEMBLE_RECIPE`. A flag the user gives always wins. A run
+that gives neither σ nor a target ε gets the sound target `DEFAULT_TARGET_EPSILON` on digits
+only. Elsewhere a sound one-teacher run at that target stays at chance after CPU hours, while
+`--noise_multiplier=0`, a paper-accounting run and an ensemble run each need a different flag:
+the user names σ or the target.
 """
 
 from __future__ import annotations
 
 import math
 import os
-from typing import Any, Callable
+from typing import Any, Callable, Mapping
 
 from dpkd_jax import data
 from dpkd_jax import teacher as teacher_lib
@@ -33,33 +39,89 @@ from dpkd_jax.methods.dpdfd import run as run_lib
 from dpkd_jax.train import summary
 
 DEFAULT_TARGET_EPSILON = 10.0  # sound (dp_accounting), never the paper's formula
-# Flags of `experiments.dpdfd` whose default depends on the dataset: the embedded digits are
-# the Quickstart, which must run in a few minutes on a 2-core CPU (teacher included).
+DEFAULT_TARGET_DATASETS = ("digits",)  # the Quickstart: a default target ε (module docstring)
+RESULTS = "docs/RESULTS.md#"
+ENGINE_ANCHOR = RESULTS + "dpdfd-engine-what-makes-data-free-distillation-learn-issue-22"
+DISAGREEMENT_ANCHOR = (RESULTS + "the-disagreement-generator-the-engine-learns-without-a-"
+                       "teacher-prior-session-10")
+PAPER_TABLE_ANCHOR = RESULTS + "table-1-with-the-disagreement-generator-mnist"
+ENSEMBLE_ANCHOR = (RESULTS + "many-disjoint-teachers-under-sound-accounting-22-item-5-"
+                   "session-11")
+PRIVACY_ANCHOR = "docs/privacy.md#why-a-one-teacher-student-stays-at-chance"
+
+# The best measured engine (DISAGREEMENT_ANCHOR): the generator climbs the released
+# student-teacher disagreement (clipped logit-gap rows, C above the gaps, one probe direction).
+ENGINE_RECIPE: dict[str, Any] = {
+    "steps": 8000, "eval_every": 1000, "batch_size": 64, "generator_channels": 64,
+    "student_model": "datalens_cnn", "student_norm": "batch", "teacher_loss": "logit",
+    "bound_method": "clip", "l2_norm_bound": 1000.0, "generator_objective": "disagreement",
+    "probe_directions": 1}
+# Sound, many disjoint teachers (ENSEMBLE_ANCHOR): the noise dominates the rows' size, which the
+# disagreement generator climbs (and its probes double the rows of a release): the paper's
+# generator, rows clipped at C = 1, the 2,000 steps the rows there ran.
+ENSEMBLE_RECIPE: dict[str, Any] = {
+    "generator_objective": "paper", "l2_norm_bound": 1.0, "steps": 2000, "eval_every": 500}
+# --accounting=paper (PAPER_TABLE_ANCHOR): Theorem 3 prices the noise std σ·C by C²/σ², so rows
+# scaled by κ far below a tiny C, with κ·γ = 1, make its ε admit an almost noiseless run (the
+# sound ε printed beside it says what that is worth). Give all three flags together.
+PAPER_RECIPE: dict[str, Any] = {
+    "l2_norm_bound": 1e-10, "teacher_loss_scale": 1e-12, "gamma": 1e12}
+CLIP_RECIPE_FLAGS = ("generator_objective", "probe_directions", "l2_norm_bound",
+                     "teacher_loss_scale", "gamma")
+# Flags of `experiments.dpdfd` whose default depends on the dataset.
 DATASET_DEFAULTS: dict[str, dict[str, Any]] = {
-    # The best measured digits recipe (docs/RESULTS.md, "DPDFD engine"): logit-gap rows and a
-    # GroupNorm datalens_cnn student (no BatchNorm statistics of generated images at test time).
+    # The best measured digits recipe (ENGINE_ANCHOR, "Side by side on digits"): logit-gap rows
+    # and a GroupNorm datalens_cnn student, within a few CPU minutes (teacher included).
     "digits": {"steps": 600, "batch_size": 64, "generator_channels": 64,
                "student_model": "datalens_cnn", "student_norm": "group",
                "teacher_loss": "logit", "eval_every": 100, "teacher_epochs": 10},
+    "mnist": dict(ENGINE_RECIPE),
+    "fashion_mnist": dict(ENGINE_RECIPE),  # measured on both (ENSEMBLE/PAPER rules: MNIST)
 }
 TEACHER_MODEL = "small_cnn"
 TEACHER_EPOCHS = 5  # other datasets (the CLI's --teacher_epochs default)
-PRIVACY_ANCHOR = "docs/privacy.md#why-a-one-teacher-student-stays-at-chance"
-ENGINE_ANCHOR = "docs/RESULTS.md#dpdfd-engine-what-makes-data-free-distillation-learn-issue-22"
 
 Log = Callable[[str], None]
 
 
-def flag_defaults(dataset: str) -> dict[str, Any]:
-  """The CLI defaults of `dataset` that differ from the config's (empty for most datasets)."""
-  return dict(DATASET_DEFAULTS.get(dataset, {}))
+def recipe_rule(given: Mapping[str, Any]) -> dict[str, Any]:
+  """What replaces `ENGINE_RECIPE`'s values for a run with the flags `given`: nothing when σ = 0
+  is given (the engine recipe is the noiseless one); else `PAPER_RECIPE` with
+  `--accounting=paper`; else `ENSEMBLE_RECIPE` with `--teacher_ensemble_dir`."""
+  if given.get("noise_multiplier") == 0:
+    return {}
+  if given.get("accounting") == "paper":
+    return dict(PAPER_RECIPE)
+  if given.get("teacher_ensemble_dir") is not None:
+    return dict(ENSEMBLE_RECIPE)
+  return {}
+
+
+def flag_defaults(dataset: str, given: Mapping[str, Any] | None = None) -> dict[str, Any]:
+  """The CLI defaults of `dataset` that differ from the config's, except the flags `given`.
+
+  Args:
+    dataset: the --dataset flag.
+    given: the flags the user gave, with their values ({} or None: none); they always win.
+      A given `--bound_method` other than clip keeps the config's C, κ, γ and generator: the
+      recipes' values assume clipped rows (normalised rows all have norm C).
+  """
+  given = given or {}
+  out = dict(DATASET_DEFAULTS.get(dataset, {}))
+  if out.get("generator_objective") == "disagreement":  # the engine recipe's datasets
+    out.update(recipe_rule(given))
+    if given.get("bound_method", "clip") != "clip":
+      for name in CLIP_RECIPE_FLAGS:
+        out.pop(name, None)
+  return {name: value for name, value in out.items() if name not in given}
 
 
 def default_target_epsilon(dataset: str, noise_multiplier: float | None,
                            target_epsilon: float | None) -> float | None:
   """The target ε a run uses: the given one, or `DEFAULT_TARGET_EPSILON` (sound) for a
   Quickstart dataset run that names neither σ nor a target."""
-  if target_epsilon is None and noise_multiplier is None and dataset in DATASET_DEFAULTS:
+  if (target_epsilon is None and noise_multiplier is None
+      and dataset in DEFAULT_TARGET_DATASETS):
     return DEFAULT_TARGET_EPSILON
   return target_epsilon
 
@@ -119,27 +181,62 @@ def convert(config: config_lib.DPDFDConfig, workdir: str, *,
   return run_lib.train_dpdfd(config, workdir, progress=progress)
 
 
-def chance_reason(results: dict[str, Any]) -> str:
-  """Why a DPDFD student is at chance, and what to try (one line)."""
-  sigma, steps = results.get("noise_multiplier") or 0.0, results.get("steps", 0)
-  if sigma == 0:
-    return (f"why at chance: no noise, so the engine itself did not learn in {steps} steps "
-            f"(the generator sees only the student and can collapse: {ENGINE_ANCHOR}); try "
-            "more --steps, or the disagreement generator: --generator_objective=disagreement "
-            "--bound_method=clip --teacher_loss=logit --l2_norm_bound=1000")
+NEGLIGIBLE_NOISE = 0.01  # noise std per coordinate of the released mean row, in units of C
+
+
+def _engine_reason(steps: int, config: Mapping[str, Any], noise: str) -> str:
+  """The noise is not what failed: the engine did not learn in `steps` steps."""
+  if config.get("generator_objective") == "disagreement":
+    return (f"why at chance: {noise}, so the engine itself did not learn in {steps} steps "
+            f"(its outcome spreads from seed to seed and grows with steps: "
+            f"{DISAGREEMENT_ANCHOR}); try more --steps or another --seed")
+  return (f"why at chance: {noise}, so the engine itself did not learn in {steps} steps "
+          f"(the generator sees only the student and can collapse: {ENGINE_ANCHOR}); try "
+          "more --steps, or the disagreement generator: --generator_objective=disagreement "
+          "--bound_method=clip --teacher_loss=logit --l2_norm_bound=1000")
+
+
+def chance_reason(results: Mapping[str, Any]) -> str:
+  """Why a DPDFD student is at chance, and what to try (one line).
+
+  The cases: noise negligible beside the rows (σ = 0 included: the engine); the paper's
+  formula chose the noise (its C); sound accounting with one teacher (the budget); sound with
+  n teachers (too much noise per teacher, or teachers sharing records)."""
   config = results.get("config", {})
+  sigma, steps = results.get("noise_multiplier") or 0.0, results.get("steps", 0)
+  n, m = results.get("num_teachers", 1), results.get("teachers_per_record", 1)
+  bound = config.get("l2_norm_bound", 1.0)
+  std = sigma / n  # noise std per coordinate of the released mean row, in units of C
+  if std < NEGLIGIBLE_NOISE:
+    noise = "no noise" if sigma == 0 else f"noise std {std:.2g}*C is negligible beside the rows"
+    return _engine_reason(steps, config, noise)
+  eps = f"sound epsilon {results.get('epsilon', float('nan')):.4g}"
+  if results.get("accounting_used_for_budget", config.get("accounting")) == "paper":
+    chose = ("the paper's formula chose the noise, and its epsilon grows with C^2/sigma^2"
+             if config.get("target_epsilon") is not None else
+             "the paper's epsilon grows with C^2/sigma^2")
+    return (f"why at chance: {chose}: at C = {bound:g} the noise std per coordinate "
+            f"{std * bound:.3g} drowns rows of norm <= C ({eps} for this run); its Table 1 "
+            "recipe keeps rows far below a tiny C: --l2_norm_bound=1e-10 "
+            f"--teacher_loss_scale=1e-12 --gamma=1e12 ({PAPER_TABLE_ANCHOR})")
   probes = (config.get("probe_directions", 1)
             if config.get("generator_objective") == "disagreement" else 0)
   batch = config.get("batch_size", 1) * (1 + probes)  # rows of one release
-  n, m = results.get("num_teachers", 1), results.get("teachers_per_record", 1)
   z = sigma / (2 * m * math.sqrt(batch))
-  teachers = "one teacher" if n == 1 else f"{n} teachers"
-  shards = "teachers on disjoint shards, " if n == 1 else ""
-  return (f"why at chance: one record may change its teacher arbitrarily, so sound epsilon "
-          f"{results['epsilon']:.4g} leaves noise multiplier sigma/(2m*sqrt(B)) = {z:.3g} per "
-          f"step over {steps} steps, too little signal from {teachers} ({PRIVACY_ANCHOR}); "
-          f"try: {shards}experiments.dfpate, or --noise_multiplier=0 to see the pipeline learn "
-          "(NOT private)")
+  per_step = (f"{eps} leaves noise multiplier sigma/(2m*sqrt(B)) = {z:.3g} per step over "
+              f"{steps} steps")
+  if n == 1:
+    return (f"why at chance: sound epsilon budget too small for one teacher: one record may "
+            f"change its teacher arbitrarily, so {per_step} ({PRIVACY_ANCHOR}); try many "
+            "teachers on disjoint shards (python -m experiments.teacher_ensemble, then "
+            "--teacher_ensemble_dir), or python -m experiments.dfpate; --noise_multiplier=0 "
+            "shows the pipeline learn (NOT private)")
+  shared = (f"; one record reaches {m} of them: train them on disjoint shards "
+            "(python -m experiments.teacher_ensemble)" if m > 1 else "")
+  return (f"why at chance: too much noise for {n} teachers: {per_step}, noise std "
+          f"{std:.3g}*C per coordinate of the mean row (rows of norm <= C){shared}; try more "
+          f"teachers, a larger --target_epsilon ({ENSEMBLE_ANCHOR}), or python -m "
+          "experiments.dfpate")
 
 
 def summary_lines(results: dict[str, Any], workdir: str) -> list[str]:

@@ -1,0 +1,70 @@
+"""The closing summary of an SRR run: `train.summary.summary_lines`, and a line saying why when
+the student ends at chance.
+
+SRR prints its three privacy figures together (`train.summary`), so it keeps that headline
+rather than `summary.conversion_lines` (one sound ε); the chance line is the same kind as
+DPDFD's (`dpdfd.quickstart.chance_reason`): the cause, with the figure that shows it, and what
+to try.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any, Mapping
+
+from dpkd_jax import data
+from dpkd_jax.train import summary
+
+RESULTS_ANCHOR = "docs/RESULTS.md#dp-dfd-with-selective-randomized-response-issue-5-reduced-scale"
+ABLATION_ANCHOR = ("docs/RESULTS.md#generator-loss-term-ablation-paper-table-iii-mnist-"
+                   "ε--10-per-query")
+MOSTLY_NOISE = 0.5  # stage 1 keeps fewer teacher labels than this: the labels are mostly noise
+
+
+def keep_probability(epsilon_per_query: float, num_classes: int) -> float:
+  """P(K-ary randomized response releases the true label) = e^ε / (e^ε + K − 1): stage 1 with
+  the uniform prior (every class a candidate), 1 without noise (ε = inf)."""
+  if math.isinf(epsilon_per_query):
+    return 1.0
+  return 1.0 / (1.0 + (num_classes - 1) * math.exp(-epsilon_per_query))
+
+
+def chance_reason(results: Mapping[str, Any]) -> str:
+  """Why an SRR student is at chance, and what to try (one line).
+
+  The cases, first match: `--generator_prior=none` (queries that stay noise images); a small
+  ε per query (stage 1 keeps few teacher labels; a record-level target spread over many
+  queries says so); else nearly noiseless labels on queries that do not teach (the generator).
+  """
+  config = results.get("config", {})
+  k = data.DATASETS[config["dataset"]].num_classes
+  eps = results.get("epsilon_per_query", config.get("epsilon"))
+  eps = math.inf if eps is None else eps
+  keep = keep_probability(eps, k)
+  labels = (f"stage 1's {k}-ary randomized response keeps the teacher's label with probability"
+            f" {keep:.4g} (chance {1 / k:.3g}) at epsilon {eps:.4g} per query")
+  target = config.get("target_epsilon")
+  if target is not None and config.get("epsilon") is None:
+    labels += (f", set by the record-level --target_epsilon={target:g} spread over "
+               f"{results.get('num_queries', '?')} queries")
+  if results.get("generator_prior") == "none":
+    return ("why at chance: --generator_prior=none: the generator sees the teacher only "
+            f"through the noisy labels, so its queries stay noise images ({RESULTS_ANCHOR}); "
+            f"{labels}; no sound SRR recipe learns yet: try python -m experiments.dfpate")
+  if keep < MOSTLY_NOISE:
+    more = ("fewer queries (--stages, --samples_per_stage) leave more epsilon to each"
+            if target is not None and config.get("epsilon") is None else "a larger --epsilon")
+    return (f"why at chance: the labels are mostly noise: {labels}; a student trained on them "
+            f"is a poor prior for the later stages; try {more}")
+  return (f"why at chance: {labels}, so the student did not learn from the generator's "
+          f"queries; check the generator pretraining (its BN term matters: {ABLATION_ANCHOR})"
+          ", or more --pretrain_steps and --stages")
+
+
+def summary_lines(results: Mapping[str, Any], workdir: str | None = None) -> list[str]:
+  """`train.summary.summary_lines`, then `chance_reason` when the student is at chance."""
+  lines = summary.summary_lines(results, workdir=workdir)
+  k = data.DATASETS[results["config"]["dataset"]].num_classes
+  if summary.at_chance(results["test_accuracy"], k):
+    lines.append(chance_reason(results))
+  return lines
