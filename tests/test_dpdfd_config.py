@@ -46,6 +46,9 @@ def _direct(**kw):
     (dict(generator_objective="disagreement", bound_method="clip", probe_directions=0),
      "probe_directions"),
     (dict(probe_step=0.0), "probe_step"),
+    (dict(diversity_weight=1.0), "entropy_weight"),  # the paper generator has its own term
+    (dict(generator_objective="disagreement", bound_method="clip", diversity_weight=-1.0),
+     "diversity_weight"),
     (dict(teacher_loss_scale=0.0), "teacher_loss_scale"),
 ])
 def test_bad_config_fails_at_construction(kwargs, match):
@@ -93,7 +96,8 @@ def test_to_json_is_the_saved_config():
   # Every field but those omitted at their default: the dict of runs saved before they
   # existed, so that those runs still resume.
   assert list(out) == [f.name for f in dataclasses.fields(config)
-                       if f.name not in ("param_averaging_decay", "teacher_ensemble_dir")]
+                       if f.name not in ("param_averaging_decay", "teacher_ensemble_dir",
+                                         "diversity_weight")]
   assert dpdfd.DPDFDConfig(**{**out, "teacher_dirs": tuple(out["teacher_dirs"])}) == config
   stacked = _config(teacher_dirs=(), teacher_ensemble_dir="ens")
   assert stacked.to_json()["teacher_ensemble_dir"] == "ens"

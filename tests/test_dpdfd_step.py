@@ -277,6 +277,27 @@ def test_disagreement_step_releases_the_probes_rows_in_the_same_draw(teacher_dir
   assert float(metrics["noise_std"]) == pytest.approx(10.0)
 
 
+def test_diversity_term_adds_the_students_class_balance_gradient(teacher_dir):
+  # The same key and state: the student update and the release are unchanged; only the
+  # generator's loss gains the weighted DAFL entropy of the updated student's predictions.
+  ensemble, _ = dpdfd.load_teachers(_disagreement_config(teacher_dir))
+  out = {}
+  for weight in (0.0, 5.0):
+    config = _disagreement_config(teacher_dir, diversity_weight=weight)
+    step = dpdfd.make_train_step(dpdfd.make_plan(config), config, ensemble.graphdef)
+    out[weight] = step(dpdfd.init_state(config, jax.random.key(0)), ensemble.params,
+                       ensemble.batch_stats, jax.random.key(1))
+  (plain, m0), (balanced, m5) = out[0.0], out[5.0]
+  chex.assert_trees_all_close(plain.student.params, balanced.student.params)
+  assert "lg_diversity" not in m0
+  assert -5 * np.log(10) <= float(m5["lg_diversity"]) <= 0  # 5·(-H), H <= log K
+  assert float(m5["generator_loss"]) == pytest.approx(
+      float(m0["generator_loss"]) + float(m5["lg_diversity"]), rel=1e-5)
+  deltas = jax.tree.leaves(jax.tree.map(lambda a, b: jnp.max(jnp.abs(a - b)),
+                                        plain.generator.params, balanced.generator.params))
+  assert max(float(d) for d in deltas) > 0
+
+
 def test_paper_objective_keeps_its_latents_and_noise(teacher_dir):
   # The disagreement generator draws its directions from a third key of split(key, 3); the
   # paper's two keys are those of split(key, 2), so existing runs replay unchanged.

@@ -122,6 +122,12 @@ class DPDFDConfig:
       counts steps, not rows: its figure is unchanged). Needs bound_method="clip" (normalised
       rows all have norm C). Measured in docs/RESULTS.md ("DPDFD engine").
     probe_directions, probe_step: m directions per sample and the step δ of the probes.
+    diversity_weight: with generator_objective="disagreement", the weight of DAFL's
+      information-entropy term on the updated student's predictions of the generated batch,
+      added to the generator's loss so that its samples spread over the classes (the
+      disagreement alone may keep to a few). Teacher-free: no row, no privacy cost. 0
+      (default): the disagreement alone. The paper generator weighs the same term by
+      `entropy_weight`.
     param_averaging_decay: d in [0, 1): evaluate, checkpoint and release an exponential moving
       average of the student's iterates (`train.averaging.param_averaging`, bias-corrected)
       instead of the last iterate; its BatchNorm statistics are the running ones. 0 (default):
@@ -169,6 +175,7 @@ class DPDFDConfig:
   generator_objective: str = "paper"
   probe_directions: int = 1
   probe_step: float = 1e-3
+  diversity_weight: float = 0.0
   param_averaging_decay: float = 0.0
   pretrained_generator_dir: str | None = None
   seed: int | None = None
@@ -199,7 +206,11 @@ class DPDFDConfig:
       raise ValueError("generator_objective='disagreement' reads the disagreement from the size "
                        "of the released rows, which bound_method='normalize' sets to C for "
                        "every row: use bound_method='clip'")
-    config_checks.non_negative(self, "entropy_weight", "feature_weight", "one_hot_weight")
+    config_checks.non_negative(self, "entropy_weight", "feature_weight", "one_hot_weight",
+                               "diversity_weight")
+    if self.diversity_weight and self.generator_objective != "disagreement":
+      raise ValueError("diversity_weight adds the class-balance term to the disagreement "
+                       "generator; the paper generator weighs it by entropy_weight")
     check_output_gradient_fields(self)
     check_privacy_request(self)
 
@@ -211,8 +222,9 @@ class DPDFDConfig:
     """The config as saved in checkpoints and results (a resumed run must match it)."""
     out = dataclasses.asdict(self)
     out["teacher_dirs"] = list(self.teacher_dirs)
-    if not self.param_averaging_decay:  # at its default: the dict saved before it existed
-      del out["param_averaging_decay"]
+    for name in ("param_averaging_decay", "diversity_weight"):
+      if not out[name]:  # at its default: the dict saved before the field existed
+        del out[name]
     if self.teacher_ensemble_dir is None:  # as saved before the field existed: runs resume
       del out["teacher_ensemble_dir"]
     return out

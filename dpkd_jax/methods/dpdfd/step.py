@@ -184,6 +184,17 @@ def _paper_generator_grad(config: config_lib.DPDFDConfig, stu: TrainState, targe
   return g_loss, terms, d_images
 
 
+def _diversity_grad(config: config_lib.DPDFDConfig, stu: TrainState,
+                    x: jax.Array) -> tuple[jax.Array, jax.Array]:
+  """(weighted DAFL information entropy of the student's predictions on x, its gradient
+  w.r.t. x (B, ...)): the disagreement generator's class-balance term, teacher-free."""
+  def loss_fn(images):
+    out, _ = core.apply(stu.graphdef, stu.params, stu.batch_stats, images, train=True)
+    return config.diversity_weight * losses.information_entropy(out.logits)
+
+  return jax.value_and_grad(loss_fn)(x)
+
+
 def unit_directions(key: jax.Array, x: jax.Array, count: int) -> jax.Array:
   """(count, B, ...) directions uniform on the unit sphere of one sample's space (x: (B, ...))."""
   u = jax.random.normal(key, (count,) + x.shape, x.dtype)
@@ -274,6 +285,10 @@ def build_train_step(plan: privacy.DPDFDPlan, config: config_lib.DPDFDConfig,
     else:
       g_loss, terms, d_images = disagreement_ascent(
           config, release.noisy, directions, step=config.probe_step)
+      if config.diversity_weight:  # class balance through the updated student
+        div_loss, d_div = _diversity_grad(config, stu, x_const)
+        terms["diversity"] = div_loss
+        g_loss, d_images = g_loss + div_loss, d_images + d_div
     (g_grads,) = generator_vjp(d_images)
     # Generator BN statistics come from the forward pass that made x (one update per step).
     gen = gen.apply_gradients(g_grads, gen_stats)
