@@ -34,6 +34,8 @@ def _config(teacher_dir, **kw):
     (dict(stages=0), "stages"),
     (dict(student_epochs=0), "student_epochs"),
     (dict(student_lr=0.0), "student_lr"),
+    (dict(student_loss="mse"), "student_loss"),
+    (dict(student_shift=-1), "student_shift"),
     (dict(dataset="imagenet"), "unknown dataset"),
     (dict(student_model="gpt"), "unknown student_model"),
     (dict(seed=-1), "seed"),

@@ -1,6 +1,8 @@
 """SRR steps: generator pretraining and fine-tuning steps, and the stage step bound to a plan
 (each query asked once, its labels reused by every epoch)."""
 
+import math
+
 import chex
 import jax
 import jax.numpy as jnp
@@ -76,13 +78,14 @@ def test_finetune_step_fits_the_labels_without_touching_the_student(teacher, gen
   chex.assert_trees_all_equal(student.params, frozen)
 
 
-def test_stage_loop_asks_each_query_once_and_reuses_the_labels():
+@pytest.mark.parametrize("student_loss,student_shift", [("kl", 0), ("rr_likelihood", 2)])
+def test_stage_loop_asks_each_query_once_and_reuses_the_labels(student_loss, student_shift):
   # The e2e run's sizes and schedules, so that the compiled steps are shared with it.
   config = srr.SRRConfig(
       dataset="digits", teacher_dir="unused", epsilon=1.0, student_model="lenet5",
       generator_channels=8, latent_dim=8, pretrain_steps=2, pretrain_batch_size=16, stages=2,
       samples_per_stage=32, batch_size=16, student_epochs=2, generator_epochs=2,
-      generator_prior="none")
+      generator_prior="none", student_loss=student_loss, student_shift=student_shift)
   mesh = sharding.data_mesh()
   student, generator = srr.init_models(config, jax.random.key(0))
   state = sharding.replicate(srr.init_state(config, student, generator, stages=2), mesh)
@@ -115,3 +118,65 @@ def test_stage_config_takes_epsilon_from_the_plan_and_the_rest_from_the_config()
   student_first = srr.SRRConfig(**{**config.to_json(), "generator_terms": ("ce",),
                                    "first_prior": "student"})
   assert not step_lib.stage_config(plan, student_first, first=True).uniform_prior
+
+
+def _channel_reference(logits, labels, mask, epsilon):
+  """-mean log sum_y p_y T(y, y~), T written out entry by entry (numpy)."""
+  p = np.asarray(jax.nn.softmax(logits))
+  out = []
+  for row in range(p.shape[0]):
+    members = np.flatnonzero(mask[row])
+    k, e = len(members), math.exp(epsilon)
+    q = 0.0
+    for y in range(p.shape[1]):
+      if y in members:
+        q += p[row, y] * ((e if y == labels[row] else 1.0) / (e + k - 1))
+      else:
+        q += p[row, y] / k
+    out.append(-math.log(q))
+  return float(np.mean(out))
+
+
+@pytest.mark.parametrize("epsilon", [0.5, 3.0])
+def test_rr_likelihood_loss_is_the_released_labels_likelihood(epsilon):
+  rng = np.random.default_rng(0)
+  logits = jnp.asarray(rng.normal(size=(6, 5)), jnp.float32)
+  mask = np.zeros((6, 5), bool)
+  for row, size in enumerate([2, 3, 5, 2, 4, 5]):
+    mask[row, rng.choice(5, size, replace=False)] = True
+  labels = np.array([rng.choice(np.flatnonzero(m)) for m in mask], np.int32)  # members of C
+  got = step_lib.rr_likelihood_loss(logits, jnp.asarray(labels), jnp.asarray(mask), epsilon)
+  np.testing.assert_allclose(float(got), _channel_reference(logits, labels, mask, epsilon),
+                             rtol=1e-5)
+
+
+def test_rr_likelihood_loss_without_noise_and_with_the_full_set_is_the_cross_entropy():
+  # eps = inf and C = all classes: the channel is the identity, the loss the plain CE.
+  logits = jax.random.normal(jax.random.key(1), (4, 10))
+  labels = jnp.array([0, 3, 9, 5], jnp.int32)
+  got = step_lib.rr_likelihood_loss(logits, labels, jnp.ones((4, 10), bool), math.inf)
+  np.testing.assert_allclose(float(got), float(step_lib.student_kl_loss(logits, labels)),
+                             rtol=1e-5)
+  # eps = inf, C = {label, other}: a student sure of a class outside C still explains y~ by 1/k.
+  mask = jnp.zeros((1, 10), bool).at[0, jnp.array([0, 1])].set(True)
+  sure_outside = jnp.full((1, 10), -30.0).at[0, 7].set(30.0)
+  got = step_lib.rr_likelihood_loss(sure_outside, jnp.array([0]), mask, math.inf)
+  np.testing.assert_allclose(float(got), math.log(2.0), rtol=1e-4)
+
+
+@pytest.mark.parametrize("loss", ["kl", "rr_likelihood"])
+def test_student_step_shift_is_keyed_and_deterministic(teacher, loss):
+  step = step_lib.make_student_step(loss, 1.0, 2)
+  assert step_lib.make_student_step(loss, 1.0, 2) is step  # cached
+  x = jax.random.normal(jax.random.key(3), (8, 28, 28, 1))
+  labels = jnp.arange(8, dtype=jnp.int32) % 10
+  mask = jnp.ones((8, 10), bool)
+  params = []
+  for key in (jax.random.key(0), jax.random.key(0), jax.random.key(1)):
+    state = TrainState.create(jax.tree.map(jnp.copy, teacher), step_lib.adam(1e-2))
+    state, metrics = step(state, x, labels, mask, key)
+    assert np.isfinite(float(metrics["student_loss"]))
+    params.append(state.params)
+  chex.assert_trees_all_equal(params[0], params[1])  # same key: same shifts
+  with pytest.raises(AssertionError):
+    chex.assert_trees_all_equal(params[0], params[2])  # another key moves the queries

@@ -18,6 +18,7 @@ from dpkd_jax.methods.srr import generator
 
 FIRST_PRIORS = ("uniform", "student")
 GENERATOR_PRIORS = ("teacher", "none")
+STUDENT_LOSSES = ("kl", "rr_likelihood")
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -43,6 +44,9 @@ class SRRConfig:
     stages, samples_per_stage, batch_size: S, N and B.
     student_epochs, generator_epochs: passes over each stage's labels (0: no fine-tuning).
     student_lr, generator_lr: Adam (student cosine-decayed over all its steps).
+    student_loss: "kl" (paper: KL to the one-hot released label) or "rr_likelihood" (-log of
+      the released label's probability through the known SRR channel; `step`).
+    student_shift: the student sees its queries moved by up to this many pixels (0: none).
     seed: root seed; None (default) draws a secret one (`privacy.seeds`).
     data_dir: directory of `<dataset>.npz`.
   """
@@ -73,6 +77,8 @@ class SRRConfig:
   student_epochs: int = 10
   generator_epochs: int = 1
   student_lr: float = 1e-3
+  student_loss: str = "kl"
+  student_shift: int = 0
   generator_lr: float = 1e-4
   seed: int | None = None
   data_dir: str | None = None
@@ -84,6 +90,8 @@ class SRRConfig:
     config_checks.one_of("generator_model", self.generator_model, models.GENERATORS)
     config_checks.one_of("first_prior", self.first_prior, FIRST_PRIORS)
     config_checks.one_of("generator_prior", self.generator_prior, GENERATOR_PRIORS)
+    config_checks.one_of("student_loss", self.student_loss, STUDENT_LOSSES)
+    config_checks.integers(self, "student_shift", minimum=0)
     if self.threshold is not None:
       config_checks.fraction("threshold (tau)", self.threshold, open_low=False, open_high=False)
     if config_checks.integer("generator_channels", self.generator_channels, minimum=2) % 2:

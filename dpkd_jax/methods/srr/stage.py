@@ -6,6 +6,7 @@
     y = argmax teacher(D_t)            (N,)            PRIVATE: asked once per query
     y~ = SRR(y; p_s, tau, eps)         (N,)            the only release
     student   <- E epochs of KL(one_hot(y~) || softmax(student(D_t)))   reuses y~
+                 (or of -log P(y~ | student) through the SRR channel; `step`)
     generator <- E_g epochs of CE(student(G(z)), y~)                      reuses y~
 
 The teacher is reached only through `teacher_label_fn`, called exactly once per stage on all N
@@ -72,6 +73,9 @@ class StageConfig:
       raise ValueError(f"epsilon must be > 0, got {self.epsilon}")
     config_checks.fraction("threshold", self.threshold, open_low=False, open_high=False)
 
+
+# Tag of the student's shift stream under the stage's student key (its epochs use 0..E-1).
+_SHIFT_TAG = 2**31 - 1
 
 # Student and generator train states (the teacher is never part of the state).
 SRRState = state_lib.StudentGeneratorState
@@ -150,7 +154,8 @@ def run_stage(state: SRRState, key: jax.Array, config: StageConfig,
     key: this stage's key (split into latents, RR, student order, generator order).
     config: the stage's sizes, privacy and epochs.
     teacher_label_fn: the only path to the teacher; called once.
-    student_step: the jitted student step (`step.jitted_student_step`).
+    student_step: the jitted `(student, x, labels, candidate_mask, key) -> (student, metrics)`
+      (`step.make_student_step`).
     generator_step: the jitted generator fine-tuning step (`step.make_finetune_step`).
     mesh: devices; batches are split over its 'data' axis.
 
@@ -170,10 +175,13 @@ def run_stage(state: SRRState, key: jax.Array, config: StageConfig,
 
   student = state.student
   student_losses = []
+  shift_key = jax.random.fold_in(student_key, _SHIFT_TAG)  # epochs use tags 0..E-1
   for epoch in range(config.student_epochs):
-    for idx in data.epoch_batches(jax.random.fold_in(student_key, epoch), n, b):
-      batch = sharding.shard_batch((queries[idx], noisy[idx]), mesh)
-      student, step_metrics = student_step(student, *batch)
+    batches = data.epoch_batches(jax.random.fold_in(student_key, epoch), n, b)
+    for i, idx in enumerate(batches):
+      batch = sharding.shard_batch((queries[idx], noisy[idx], release.candidate_mask[idx]), mesh)
+      student, step_metrics = student_step(
+          student, *batch, jax.random.fold_in(jax.random.fold_in(shift_key, epoch), i))
       student_losses.append(step_metrics["student_loss"])
   generator = state.generator
   generator_losses = []

@@ -1,6 +1,7 @@
 """The steps of DP-DFD with selective randomized response, and the stage step bound to a plan.
 
-    student step     KL(one_hot(y~) || softmax(student(x))) on released labels y~
+    student step     KL(one_hot(y~) || softmax(student(x))) on released labels y~ (paper), or
+                     -log P(y~ | student) through the known SRR channel (`rr_likelihood_loss`)
     pretrain step    the generator against the frozen teacher (`generator` losses; "teacher"
                      prior only: a noiseless function of the teacher)
     finetune step    CE(student(G(z)), y~): the generator through the frozen student
@@ -22,6 +23,7 @@ import jax.numpy as jnp
 import optax
 from flax import nnx
 
+from dpkd_jax import data
 from dpkd_jax import models
 from dpkd_jax.methods.srr import config as config_lib
 from dpkd_jax.methods.srr import generator as generator_lib
@@ -73,19 +75,69 @@ def student_kl_loss(logits: jax.Array, labels: jax.Array) -> jax.Array:
   return jnp.mean(optax.losses.kl_divergence(jax.nn.log_softmax(logits), target))
 
 
-def student_step(student: TrainState, x: jax.Array, labels: jax.Array):
-  """One student update on KL(one_hot(labels) || softmax(student(x))): (student, metrics)."""
+def rr_likelihood_loss(logits: jax.Array, labels: jax.Array, candidate_mask: jax.Array,
+                       epsilon: float) -> jax.Array:
+  """Mean over the batch of -log P(released label | student), through the known SRR channel.
 
-  def loss_fn(params):
-    out, new_stats = core.apply(student.graphdef, params, student.batch_stats, x, train=True)
-    return student_kl_loss(out.logits, labels), new_stats
+  The student's softmax p is its belief about the teacher's label y; selective RR with the
+  query's public candidate set C (k = |C|) then releases y~ with probability
+  T(y, y~) = e^eps/(e^eps+k-1) if y = y~, 1/(e^eps+k-1) if y in C minus y~, 1/k if y not in C
+  (`randomized_response.selective_randomized_response`). The loss is -log sum_y p_y T(y, y~)
+  (forward loss correction with the exact channel): a function of released labels and public
+  sets only, so post-processing.
 
-  (loss, new_stats), grads = jax.value_and_grad(loss_fn, has_aux=True)(student.params)
-  return student.apply_gradients(grads, new_stats), {"student_loss": loss}
+  Args:
+    logits: (B, K) student logits.
+    labels: (B,) released labels (members of their candidate sets).
+    candidate_mask: (B, K) bool, the public candidate sets of the release.
+    epsilon: ε per query of the release (inf: members pass unchanged).
+
+  Returns:
+    Scalar loss.
+  """
+  k = jnp.sum(candidate_mask, axis=-1, keepdims=True).astype(jnp.float32)  # (B, 1)
+  # log(e^eps + k - 1) = eps + log1p((k - 1) e^-eps): finite for eps = inf.
+  log_norm = jnp.log1p((k - 1.0) * jnp.exp(-epsilon))  # (B, 1), without the eps
+  is_label = jax.nn.one_hot(labels, logits.shape[-1], dtype=bool)  # (B, K)
+  log_channel = jnp.where(
+      candidate_mask, jnp.where(is_label, -log_norm, -epsilon - log_norm), -jnp.log(k))
+  log_released = jax.nn.logsumexp(jax.nn.log_softmax(logits) + log_channel, axis=-1)  # (B,)
+  return -jnp.mean(log_released)
 
 
-# Module level: the static graphdef/tx of the state key the compilation cache across runs.
-jitted_student_step = jax.jit(student_step, donate_argnums=0)
+def build_student_step(loss: str, epsilon: float, shift: int):
+  """Pure `step(student, x, labels, candidate_mask, key) -> (student, metrics)`.
+
+  Args:
+    loss: "kl" (the paper: KL to the one-hot released label; mask unused) or "rr_likelihood"
+      (`rr_likelihood_loss` with the release's ε and candidate sets).
+    epsilon: ε per query of the release.
+    shift: random translation of the queries by up to `shift` pixels (0: none; `key` unused).
+  """
+  if loss not in config_lib.STUDENT_LOSSES:
+    raise ValueError(f"student_loss must be one of {config_lib.STUDENT_LOSSES}, got {loss!r}")
+
+  def step(student: TrainState, x: jax.Array, labels: jax.Array, candidate_mask, key):
+    if shift:  # (B, H, W, C) queries moved by a public random offset: post-processing
+      x = data.random_translate(key, x, shift)
+
+    def loss_fn(params):
+      out, new_stats = core.apply(student.graphdef, params, student.batch_stats, x, train=True)
+      if loss == "kl":
+        return student_kl_loss(out.logits, labels), new_stats
+      return rr_likelihood_loss(out.logits, labels, candidate_mask, epsilon), new_stats
+
+    (value, new_stats), grads = jax.value_and_grad(loss_fn, has_aux=True)(student.params)
+    return student.apply_gradients(grads, new_stats), {"student_loss": value}
+
+  return step
+
+
+@functools.cache
+def make_student_step(loss: str, epsilon: float, shift: int):
+  """`build_student_step` jitted with the student state donated (one per setting; the static
+  graphdef/tx of the state key the compilation cache across runs)."""
+  return jax.jit(build_student_step(loss, epsilon, shift), donate_argnums=0)
 
 
 def build_pretrain_step(config: generator_lib.PretrainConfig, teacher_graphdef: nnx.GraphDef):
@@ -171,11 +223,13 @@ def build_train_step(plan: privacy.SRRPlan, config: config_lib.SRRConfig,
     mesh: devices; batches are split over its 'data' axis.
   """
   configs = {first: stage_config(plan, config, first=first) for first in (True, False)}
+  student_step = make_student_step(config.student_loss, plan.epsilon_per_query,
+                                   config.student_shift)
 
   def train_step(state: stage_lib.SRRState, key: jax.Array,
                  stage: int) -> stage_lib.StageResult:
     return stage_lib.run_stage(
-        state, key, configs[stage == 0], teacher_label_fn, student_step=jitted_student_step,
+        state, key, configs[stage == 0], teacher_label_fn, student_step=student_step,
         generator_step=make_finetune_step(state.student.graphdef), mesh=mesh)
 
   return train_step
