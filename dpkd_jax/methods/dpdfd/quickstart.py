@@ -76,7 +76,10 @@ DATASET_DEFAULTS: dict[str, dict[str, Any]] = {
                "student_model": "datalens_cnn", "student_norm": "group",
                "teacher_loss": "logit", "eval_every": 100, "teacher_epochs": 10},
     "mnist": dict(ENGINE_RECIPE),
-    "fashion_mnist": dict(ENGINE_RECIPE),  # measured on both (ENSEMBLE/PAPER rules: MNIST)
+    # Fashion-MNIST: the teacher's architecture as the student learned faster than
+    # datalens_cnn under the engine recipe (DISAGREEMENT_ANCHOR, session 12 rows); the
+    # ENSEMBLE/PAPER rules were measured on MNIST only.
+    "fashion_mnist": {**ENGINE_RECIPE, "student_model": "small_cnn"},
 }
 TEACHER_MODEL = "small_cnn"
 TEACHER_EPOCHS = 5  # other datasets (the CLI's --teacher_epochs default)
