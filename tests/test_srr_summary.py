@@ -9,6 +9,7 @@ import pytest
 from dpkd_jax.methods import srr
 from dpkd_jax.methods.srr import privacy
 from dpkd_jax.methods.srr import summary as srr_summary
+from dpkd_jax.privacy import randomized_response
 from dpkd_jax.train import summary
 from experiments import srr as srr_cli
 
@@ -26,9 +27,10 @@ def _results(accuracy: float, **config_flags) -> dict:
 
 
 def test_keep_probability():
-  assert srr_summary.keep_probability(math.inf, 10) == 1.0
-  assert srr_summary.keep_probability(0.0, 10) == pytest.approx(0.1)
-  assert srr_summary.keep_probability(1.0, 10) == pytest.approx(math.e / (math.e + 9))
+  assert float(randomized_response.keep_probability(math.inf, 10)) == 1.0
+  assert float(randomized_response.keep_probability(0.0, 10)) == pytest.approx(0.1)
+  assert float(randomized_response.keep_probability(1.0, 10)) == pytest.approx(
+      math.e / (math.e + 9))
 
 
 def test_above_chance_has_no_chance_line():
@@ -53,7 +55,7 @@ def test_a_record_level_target_says_it_set_the_epsilon_per_query():
   eps = results["epsilon_per_query"]
   assert line.startswith("why at chance: --generator_prior=none: the generator sees the teacher "
                          "only through the noisy labels, so its queries stay noise images")
-  keep = srr_summary.keep_probability(eps, 10)
+  keep = float(randomized_response.keep_probability(eps, 10))
   assert f"keeps the teacher's label with probability {keep:.4g}" in line
   assert f"at epsilon {eps:.4g} per query, set by the record-level --target_epsilon=1 spread " \
       "over 512 queries" in line

@@ -13,20 +13,13 @@ import math
 from typing import Any, Mapping
 
 from dpkd_jax import data
+from dpkd_jax.privacy import randomized_response
 from dpkd_jax.train import summary
 
 RESULTS_ANCHOR = "docs/RESULTS.md#dp-dfd-with-selective-randomized-response-issue-5-reduced-scale"
 ABLATION_ANCHOR = ("docs/RESULTS.md#generator-loss-term-ablation-paper-table-iii-mnist-"
                    "ε--10-per-query")
 MOSTLY_NOISE = 0.5  # stage 1 keeps fewer teacher labels than this: the labels are mostly noise
-
-
-def keep_probability(epsilon_per_query: float, num_classes: int) -> float:
-  """P(K-ary randomized response releases the true label) = e^ε / (e^ε + K − 1): stage 1 with
-  the uniform prior (every class a candidate), 1 without noise (ε = inf)."""
-  if math.isinf(epsilon_per_query):
-    return 1.0
-  return 1.0 / (1.0 + (num_classes - 1) * math.exp(-epsilon_per_query))
 
 
 def chance_reason(results: Mapping[str, Any]) -> str:
@@ -40,7 +33,8 @@ def chance_reason(results: Mapping[str, Any]) -> str:
   k = data.DATASETS[config["dataset"]].num_classes
   eps = results.get("epsilon_per_query", config.get("epsilon"))
   eps = math.inf if eps is None else eps
-  keep = keep_probability(eps, k)
+  # Stage 1 has the uniform prior (every class a candidate): plain K-ary RR; 1 at ε = inf.
+  keep = float(randomized_response.keep_probability(eps, k))
   labels = (f"stage 1's {k}-ary randomized response keeps the teacher's label with probability"
             f" {keep:.4g} (chance {1 / k:.3g}) at epsilon {eps:.4g} per query")
   target = config.get("target_epsilon")
