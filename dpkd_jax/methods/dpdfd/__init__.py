@@ -41,6 +41,7 @@ from dpkd_jax.methods.dpdfd.release import load_run
 from dpkd_jax.methods.dpdfd.release import sample
 from dpkd_jax.methods.dpdfd.run import init_state
 from dpkd_jax.methods.dpdfd.run import load_teachers
+from dpkd_jax.methods.dpdfd.run import restart_generator
 from dpkd_jax.methods.dpdfd.run import train_dpdfd
 from dpkd_jax.methods.dpdfd.step import build_train_step
 from dpkd_jax.methods.dpdfd.step import DPDFDState
@@ -58,6 +59,7 @@ __all__ = [
     "build_train_step",
     "check_run",
     "init_state",
+    "restart_generator",
     "load_run",
     "load_teachers",
     "make_direct_plan",

@@ -16,6 +16,7 @@ from dpkd_jax import config_checks
 from dpkd_jax import data
 from dpkd_jax import errors
 from dpkd_jax import models
+from dpkd_jax.methods.dpdfd import restarts
 from dpkd_jax.privacy import mechanisms
 from dpkd_jax.privacy import plan as plan_lib
 
@@ -132,6 +133,13 @@ class DPDFDConfig:
       average of the student's iterates (`train.averaging.param_averaging`, bias-corrected)
       instead of the last iterate; its BatchNorm statistics are the running ones. 0 (default):
       no averaging. Post-processing of the releases: same mechanism, noise and ε.
+    generator_restart_ratio: with generator_objective="disagreement", restart the generator
+      (fresh weights and Adam state; the student is kept) when the mean released
+      disagreement of `generator_restart_patience` evaluation windows in a row exceeds this
+      ratio times the lowest window mean since the last (re)start, at most
+      `generator_max_restarts` times (`dpdfd.restarts`). It reads released rows only:
+      post-processing, same releases, same ε. 0 (default): never restart.
+    generator_restart_patience, generator_max_restarts: see generator_restart_ratio.
     pretrained_generator_dir: None (default, the paper: the generator starts from random
       weights and sees only the student), or the workdir of `python -m experiments.srr
       pretrain` for the same dataset, teacher and generator: a generator pretrained against the
@@ -177,6 +185,9 @@ class DPDFDConfig:
   probe_step: float = 1e-3
   diversity_weight: float = 0.0
   param_averaging_decay: float = 0.0
+  generator_restart_ratio: float = 0.0
+  generator_restart_patience: int = 2
+  generator_max_restarts: int = 2
   pretrained_generator_dir: str | None = None
   seed: int | None = None
   eval_every: int = 200
@@ -211,6 +222,7 @@ class DPDFDConfig:
     if self.diversity_weight and self.generator_objective != "disagreement":
       raise ValueError("diversity_weight adds the class-balance term to the disagreement "
                        "generator; the paper generator weighs it by entropy_weight")
+    _ = self.restart_rule  # validates the restart fields
     check_output_gradient_fields(self)
     check_privacy_request(self)
 
@@ -218,12 +230,29 @@ class DPDFDConfig:
   def info(self) -> data.DatasetInfo:
     return data.DATASETS[self.dataset]
 
+  @property
+  def restart_rule(self) -> restarts.RestartRule | None:
+    """The generator-restart rule, or None when the run never restarts its generator."""
+    if isinstance(self.generator_restart_ratio, (int, float)) and not isinstance(
+        self.generator_restart_ratio, bool) and self.generator_restart_ratio == 0:
+      return None
+    if self.generator_objective != "disagreement":
+      raise ValueError("generator_restart_ratio reads the released disagreement: it needs "
+                       "generator_objective='disagreement'")
+    return restarts.RestartRule(ratio=self.generator_restart_ratio,
+                                patience=self.generator_restart_patience,
+                                max_restarts=self.generator_max_restarts)
+
   def to_json(self) -> dict[str, Any]:
     """The config as saved in checkpoints and results (a resumed run must match it)."""
     out = dataclasses.asdict(self)
     out["teacher_dirs"] = list(self.teacher_dirs)
     for name in ("param_averaging_decay", "diversity_weight"):
       if not out[name]:  # at its default: the dict saved before the field existed
+        del out[name]
+    if not self.generator_restart_ratio:  # restarts off: the dict saved before they existed
+      for name in ("generator_restart_ratio", "generator_restart_patience",
+                   "generator_max_restarts"):
         del out[name]
     if self.teacher_ensemble_dir is None:  # as saved before the field existed: runs resume
       del out["teacher_ensemble_dir"]

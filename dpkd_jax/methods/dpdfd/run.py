@@ -30,6 +30,7 @@ from dpkd_jax import teacher_partition
 from dpkd_jax.methods.dpdfd import config as config_lib
 from dpkd_jax.methods.dpdfd import generator_prior
 from dpkd_jax.methods.dpdfd import privacy
+from dpkd_jax.methods.dpdfd import restarts
 from dpkd_jax.methods.dpdfd import step as step_lib
 from dpkd_jax.privacy import ledger as ledger_lib
 from dpkd_jax.privacy import seeds
@@ -102,15 +103,29 @@ def _load_stacked(config: config_lib.DPDFDConfig
                                 {"teacher_ensemble": meta.get("report", {})})
 
 
+def _adam(config: config_lib.DPDFDConfig, lr: float) -> optax.GradientTransformation:
+  return optax.adam(optax.cosine_decay_schedule(lr, config.steps))
+
+
 def init_state(config: config_lib.DPDFDConfig, key: jax.Array) -> step_lib.DPDFDState:
   """Fresh student and generator (keys split(key): 0 the student, 1 the generator)."""
   student, generator = models.create_student_and_generator(config, key)
-  adam = lambda lr: optax.adam(optax.cosine_decay_schedule(lr, config.steps))  # noqa: E731
-  student_tx = adam(config.student_lr)
+  student_tx = _adam(config, config.student_lr)
   if config.param_averaging_decay:  # the student's average: post-processing of the releases
     student_tx = averaging.param_averaging(student_tx, config.param_averaging_decay)
   return step_lib.DPDFDState(TrainState.create(student, student_tx),
-                             TrainState.create(generator, adam(config.generator_lr)))
+                             TrainState.create(generator, _adam(config, config.generator_lr)))
+
+
+def restart_generator(config: config_lib.DPDFDConfig, state: step_lib.DPDFDState,
+                      key: jax.Array) -> step_lib.DPDFDState:
+  """`state` with a fresh generator from `key`: new weights and a new Adam state, whose
+  cosine schedule starts again at the full rate (a random generator must learn from the
+  start); the student is kept. The optimizer is the one `init_state` builds, so a resumed run
+  restores a restarted generator into the same structure."""
+  _, generator = models.create_student_and_generator(config, key)
+  return step_lib.DPDFDState(state.student,
+                             TrainState.create(generator, _adam(config, config.generator_lr)))
 
 
 def _evaluate(student: TrainState, test: data.ArrayDataset) -> dict[str, float]:
@@ -122,12 +137,36 @@ def _evaluate(student: TrainState, test: data.ArrayDataset) -> dict[str, float]:
   return out
 
 
+class _Restarter:
+  """The generator-restart rule of a run, applied at the end of each evaluation window."""
+
+  def __init__(self, config: config_lib.DPDFDConfig, rule: restarts.RestartRule,
+               state: restarts.RestartState, init_key: jax.Array,
+               mesh: jax.sharding.Mesh) -> None:
+    self.config, self.rule, self.state = config, rule, state
+    self.init_key, self.mesh = init_key, mesh
+
+  def observe(self, dpdfd_state: step_lib.DPDFDState, window_mean: float, *,
+              step: int) -> step_lib.DPDFDState:
+    self.state, restart = restarts.observe(self.rule, self.state, window_mean, step=step)
+    if not restart:
+      return dpdfd_state
+    if distributed.is_coordinator():
+      print(f"DPDFD step {step}: the mean released disagreement stayed above "
+            f"{self.rule.ratio} x its best for {self.rule.patience} windows; restarting the "
+            f"generator ({self.state.restarts} of {self.rule.max_restarts})", flush=True)
+    key = restarts.restart_key(self.init_key, self.state.restarts)
+    return sharding.replicate(restart_generator(self.config, dpdfd_state, key), self.mesh)
+
+
 def _train(run: workdir_lib.Run, plan: privacy.DPDFDPlan, config: config_lib.DPDFDConfig,
            state: step_lib.DPDFDState, ensemble: step_lib.TeacherEnsemble, test: data.ArrayDataset,
            train_key: jax.Array, *, start: int, ledger: ledger_lib.PrivacyLedger | None,
-           meta: dict[str, Any], progress: bool) -> tuple[step_lib.DPDFDState, int, float]:
-  """Steps `start`..plan.releases in chunks up to each evaluation: charge -> release -> seal
-  -> evaluate -> save. Returns (state, steps done, last test accuracy)."""
+           meta: dict[str, Any], progress: bool, restarter: "_Restarter | None" = None,
+           ) -> tuple[step_lib.DPDFDState, int, float]:
+  """Steps `start`..plan.releases in chunks up to each evaluation: charge -> release ->
+  (restart the generator?) -> seal -> evaluate -> save. Returns (state, steps done, last test
+  accuracy)."""
   train_step = step_lib.make_train_step(plan, config, ensemble.graphdef)
   writer = metrics_lib.MetricsWriter(run.workdir, resume_step=start)
   bar = tqdm.tqdm(total=plan.releases, initial=start, disable=not progress,
@@ -138,13 +177,21 @@ def _train(run: workdir_lib.Run, plan: privacy.DPDFDPlan, config: config_lib.DPD
     chunk = min(config.eval_every - step % config.eval_every, plan.releases - step)
     if ledger is not None:  # account before releasing: a crash never under-counts
       run.charge(plan.event(chunk), step=step, note=f"steps {step}..{step + chunk - 1}")
+    window = 0.0  # the sum of the chunk's released disagreement, on device
     for _ in range(chunk):
       state, step_metrics = train_step(state, ensemble.params, ensemble.batch_stats,
                                        jax.random.fold_in(train_key, step))
+      window = window + step_metrics.get("lg_disagreement", 0.0)
       step += 1
       bar.update(1)
-    host_arrays = run.seal(state.arrays())  # before any output of these releases
     step_metrics = jax.device_get(step_metrics)
+    if "lg_disagreement" in step_metrics:  # released rows only: post-processing
+      step_metrics["window_disagreement"] = float(window) / chunk
+      if restarter is not None:
+        state = restarter.observe(state, step_metrics["window_disagreement"], step=step)
+        step_metrics["generator_restarts"] = restarter.state.restarts
+        meta = {**meta, "generator_restarts": restarter.state.to_json()}
+    host_arrays = run.seal(state.arrays())  # before any output of these releases
     test_metrics = _evaluate(state.student, test)
     accuracy = test_metrics["accuracy"]
     spent = math.inf if ledger is None else ledger.spent_epsilon()
@@ -251,9 +298,14 @@ def train_dpdfd(config: config_lib.DPDFDConfig, workdir: str, *, progress: bool 
   # 5. Train: charge -> release -> seal -> save, one chunk per evaluation.
   state, ensemble = sharding.replicate(state, mesh), sharding.replicate(ensemble, mesh)
   meta = {"config": config.to_json(), "plan": plan.to_json(), "root_seed": list(root_seed)}
+  restarter = None
+  if config.restart_rule is not None:  # resumes the rule where the checkpoint left it
+    saved_rule = run.saved.get("generator_restarts") if run.resuming else None
+    restarter = _Restarter(config, config.restart_rule,
+                           restarts.RestartState.from_json(saved_rule), init_key, mesh)
   state, step, accuracy = _train(
       run, plan, config, state, ensemble, test, sharding.replicate(train_key, mesh),
-      start=start, ledger=ledger, meta=meta, progress=progress)
+      start=start, ledger=ledger, meta=meta, progress=progress, restarter=restarter)
   # 6. Sample grid and results record. The grid takes fold_in(init_key, 2): init_state took
   # split(init_key) = fold_in(init_key, 0 and 1); key(seed + 1) would be another run's root.
   grid_key = jax.random.fold_in(init_key, 2)
@@ -265,6 +317,8 @@ def train_dpdfd(config: config_lib.DPDFDConfig, workdir: str, *, progress: bool 
   results = _results(config, plan, accuracy=accuracy, epsilon=epsilon, steps=step,
                      root_seed=root_seed, source=source, student_params=state.student.params,
                      workdir=workdir)
+  if restarter is not None:
+    results["generator_restarts"] = restarter.state.to_json()
   if prior:
     results["epsilon_note"] = generator_prior.RECORD_EPSILON_NOTE
     results["release_epsilon_given_generator"] = release_epsilon
