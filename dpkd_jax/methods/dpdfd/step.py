@@ -300,6 +300,11 @@ def build_train_step(plan: privacy.DPDFDPlan, config: config_lib.DPDFDConfig,
         "generator_loss": g_loss,
         **{f"lg_{k}": v for k, v in terms.items()},
         "noise_std": release.noise_stddev,
+        # Diagnostics of collapse (`restarts`), from released targets and the student alone:
+        # how often the student's class is the released target's, and the entropy (nats) of
+        # the student's batch-mean prediction (log K: the batch spreads over every class).
+        "released_agreement": jnp.mean(jnp.argmax(s_logits, -1) == jnp.argmax(target, -1)),
+        "student_class_entropy": -losses.information_entropy(s_logits),
     }
     return DPDFDState(stu, gen), metrics
 
