@@ -140,6 +140,11 @@ class DPDFDConfig:
       `generator_max_restarts` times (`dpdfd.restarts`). It reads released rows only:
       post-processing, same releases, same ε. 0 (default): never restart.
     generator_restart_patience, generator_max_restarts: see generator_restart_ratio.
+    replay_size: rows of earlier released pairs (x, y_s) the run keeps in a ring buffer
+      (`dpdfd.replay`; >= batch_size), from which each step's student update also draws
+      `replay_batch` rows (default: batch_size). Post-processing of the releases: same rows,
+      same ε. 0 (default): the student learns from the newest batch only.
+    replay_batch: see replay_size.
     pretrained_generator_dir: None (default, the paper: the generator starts from random
       weights and sees only the student), or the workdir of `python -m experiments.srr
       pretrain` for the same dataset, teacher and generator: a generator pretrained against the
@@ -188,6 +193,8 @@ class DPDFDConfig:
   generator_restart_ratio: float = 0.0
   generator_restart_patience: int = 2
   generator_max_restarts: int = 2
+  replay_size: int = 0
+  replay_batch: int | None = None
   pretrained_generator_dir: str | None = None
   seed: int | None = None
   eval_every: int = 200
@@ -223,12 +230,27 @@ class DPDFDConfig:
       raise ValueError("diversity_weight adds the class-balance term to the disagreement "
                        "generator; the paper generator weighs it by entropy_weight")
     _ = self.restart_rule  # validates the restart fields
+    config_checks.integers(self, "replay_size", minimum=0)
+    if self.replay_size and self.replay_size < self.batch_size:
+      raise ValueError(f"replay_size must be 0 or >= batch_size={self.batch_size} (a step "
+                       f"writes its whole batch), got {self.replay_size}")
+    if self.replay_batch is not None:
+      config_checks.integer("replay_batch", self.replay_batch, minimum=1)
+      if not self.replay_size:
+        raise ValueError("replay_batch needs replay_size > 0")
     check_output_gradient_fields(self)
     check_privacy_request(self)
 
   @property
   def info(self) -> data.DatasetInfo:
     return data.DATASETS[self.dataset]
+
+  @property
+  def replay_rows(self) -> int:
+    """Replayed rows per step: 0 without replay, else replay_batch (default batch_size)."""
+    if not self.replay_size:
+      return 0
+    return self.batch_size if self.replay_batch is None else self.replay_batch
 
   @property
   def restart_rule(self) -> restarts.RestartRule | None:
@@ -254,6 +276,8 @@ class DPDFDConfig:
       for name in ("generator_restart_ratio", "generator_restart_patience",
                    "generator_max_restarts"):
         del out[name]
+    if not self.replay_size:  # replay off: likewise
+      del out["replay_size"], out["replay_batch"]
     if self.teacher_ensemble_dir is None:  # as saved before the field existed: runs resume
       del out["teacher_ensemble_dir"]
     return out

@@ -30,6 +30,7 @@ from dpkd_jax import teacher_partition
 from dpkd_jax.methods.dpdfd import config as config_lib
 from dpkd_jax.methods.dpdfd import generator_prior
 from dpkd_jax.methods.dpdfd import privacy
+from dpkd_jax.methods.dpdfd import replay as replay_lib
 from dpkd_jax.methods.dpdfd import restarts
 from dpkd_jax.methods.dpdfd import step as step_lib
 from dpkd_jax.privacy import ledger as ledger_lib
@@ -113,8 +114,13 @@ def init_state(config: config_lib.DPDFDConfig, key: jax.Array) -> step_lib.DPDFD
   student_tx = _adam(config, config.student_lr)
   if config.param_averaging_decay:  # the student's average: post-processing of the releases
     student_tx = averaging.param_averaging(student_tx, config.param_averaging_decay)
+  replay = None
+  if config.replay_size:
+    replay = replay_lib.ReplayBuffer.empty(config.replay_size, config.info.image_shape,
+                                           config.info.num_classes)
   return step_lib.DPDFDState(TrainState.create(student, student_tx),
-                             TrainState.create(generator, _adam(config, config.generator_lr)))
+                             TrainState.create(generator, _adam(config, config.generator_lr)),
+                             replay)
 
 
 def restart_generator(config: config_lib.DPDFDConfig, state: step_lib.DPDFDState,
@@ -125,7 +131,8 @@ def restart_generator(config: config_lib.DPDFDConfig, state: step_lib.DPDFDState
   restores a restarted generator into the same structure."""
   _, generator = models.create_student_and_generator(config, key)
   return step_lib.DPDFDState(state.student,
-                             TrainState.create(generator, _adam(config, config.generator_lr)))
+                             TrainState.create(generator, _adam(config, config.generator_lr)),
+                             state.replay)
 
 
 def _evaluate(student: TrainState, test: data.ArrayDataset) -> dict[str, float]:
@@ -289,7 +296,8 @@ def train_dpdfd(config: config_lib.DPDFDConfig, workdir: str, *, progress: bool 
   init_key, train_key = jax.random.split(seeds.root_key(root_seed))
   state = init_state(config, init_key)
   if config.pretrained_generator_dir is not None:  # labelled variant: record-level ε = inf
-    state = step_lib.DPDFDState(state.student, generator_prior.load(config, state.generator))
+    state = step_lib.DPDFDState(state.student, generator_prior.load(config, state.generator),
+                                state.replay)
   ledger = run.ledger(plan.new_ledger())
   start = 0
   if run.resuming:

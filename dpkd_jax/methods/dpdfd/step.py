@@ -35,6 +35,7 @@ from flax import nnx
 from dpkd_jax import losses
 from dpkd_jax.methods.dpdfd import config as config_lib
 from dpkd_jax.methods.dpdfd import privacy
+from dpkd_jax.methods.dpdfd import replay as replay_lib
 from dpkd_jax.models import core
 from dpkd_jax.privacy import mechanisms
 from dpkd_jax.train.state import TrainState
@@ -46,21 +47,27 @@ TEACHERS_PER_GROUP = 32
 
 @flax.struct.dataclass
 class DPDFDState:
-  """Student and generator train states (the teacher is never part of the state)."""
+  """Student and generator train states, and the replay buffer of released pairs if the run
+  keeps one (the teacher is never part of the state)."""
 
   student: TrainState
   generator: TrainState
+  replay: replay_lib.ReplayBuffer | None = None
 
   @property
   def step(self) -> jax.Array:
     return self.student.step
 
   def arrays(self) -> dict[str, PyTree]:
-    return {"student": self.student.arrays(), "generator": self.generator.arrays()}
+    out = {"student": self.student.arrays(), "generator": self.generator.arrays()}
+    if self.replay is not None:  # runs without replay keep the checkpoint layout they had
+      out["replay"] = self.replay.arrays()
+    return out
 
   def with_arrays(self, arrays: dict[str, PyTree]) -> "DPDFDState":
+    replay = None if self.replay is None else self.replay.with_arrays(arrays["replay"])
     return DPDFDState(self.student.with_arrays(arrays["student"]),
-                      self.generator.with_arrays(arrays["generator"]))
+                      self.generator.with_arrays(arrays["generator"]), replay)
 
 
 class TeacherEnsemble(NamedTuple):
@@ -160,6 +167,22 @@ def student_loss(config: config_lib.DPDFDConfig, logits: jax.Array,
   return student_loss_rows(config.student_loss, logits, target).mean()
 
 
+def _student_objective(config: config_lib.DPDFDConfig, logits: jax.Array, target: jax.Array,
+                       replayed: tuple[jax.Array, jax.Array, jax.Array] | None
+                       ) -> tuple[jax.Array, tuple[jax.Array, jax.Array]]:
+  """L_S over the fresh rows (the first B of `logits`, (B + R, K)) and the replayed ones:
+  the mean over all B + R rows (the replayed rows weigh 0 while the buffer is empty).
+  Returns (objective, (fresh mean, replayed mean))."""
+  batch = target.shape[0]
+  fresh = student_loss_rows(config.student_loss, logits[:batch], target)
+  if replayed is None:
+    return fresh.mean(), (fresh.mean(), jnp.zeros(()))
+  _, targets, weight = replayed
+  old = student_loss_rows(config.student_loss, logits[batch:], targets)
+  total = (fresh.sum() + weight * old.sum()) / (batch + weight * old.shape[0])
+  return total, (fresh.mean(), old.mean())
+
+
 def generator_loss_terms(config: config_lib.DPDFDConfig,
                          out: core.ClassifierOutput) -> dict[str, jax.Array]:
   """L_G terms on the student's output for generated data (teacher-free)."""
@@ -240,9 +263,10 @@ def build_train_step(plan: privacy.DPDFDPlan, config: config_lib.DPDFDConfig,
   def train_step(state: DPDFDState, teacher_params: PyTree, teacher_batch_stats: PyTree,
                  key: jax.Array):
     # split(key, 3)[:2] == split(key, 2): the paper path keeps its latents and noise.
+    # split(key, 3)[i] == fold_in(key, i): the replay draw takes tag 3.
     z_key, noise_key, probe_key = jax.random.split(key, 3)
     z = jax.random.normal(z_key, (plan.batch_size, config.latent_dim))
-    gen, stu = state.generator, state.student
+    gen, stu, replay = state.generator, state.student, state.replay
 
     # 1-3. Synthetic batch, teacher and student outputs, per-sample output gradients. Each
     # network runs forward once here; the vjps keep what the two updates need, so neither
@@ -253,11 +277,19 @@ def build_train_step(plan: privacy.DPDFDPlan, config: config_lib.DPDFDConfig,
     x, generator_vjp, gen_stats = jax.vjp(generate, gen.params, has_aux=True)
     x_const = jax.lax.stop_gradient(x)
 
+    # The student sees the fresh batch and, with replay, R earlier released pairs in one
+    # forward pass ((B + R, ...) rows; the released rows are computed from the first B).
+    student_x, replayed = x_const, None
+    if replay is not None:
+      replayed = replay_lib.sample(replay, jax.random.fold_in(key, 3), config.replay_rows)
+      student_x = jnp.concatenate([x_const, replayed[0]])
+
     def student_logits(params):
-      out, new_stats = core.apply(stu.graphdef, params, stu.batch_stats, x_const, train=True)
+      out, new_stats = core.apply(stu.graphdef, params, stu.batch_stats, student_x, train=True)
       return out.logits, new_stats
 
-    s_logits, student_vjp, s_stats = jax.vjp(student_logits, stu.params, has_aux=True)
+    all_logits, student_vjp, s_stats = jax.vjp(student_logits, stu.params, has_aux=True)
+    s_logits = all_logits[:plan.batch_size]
     queries, s_queries, directions = x_const, s_logits, None
     if plan.probes_per_sample:  # the disagreement probes x + δu are queries of the same release
       directions = unit_directions(probe_key, x_const, plan.probes_per_sample)  # (m, B, ...)
@@ -274,10 +306,14 @@ def build_train_step(plan: privacy.DPDFDPlan, config: config_lib.DPDFDConfig,
     noisy = release.noisy[:plan.batch_size]
     target = jax.lax.stop_gradient(s_logits - config.gamma * noisy)
 
-    # 5a. Student update on (x, y_s): L_S's gradient w.r.t. the logits, pulled back.
-    s_loss, d_logits = jax.value_and_grad(lambda l: student_loss(config, l, target))(s_logits)
+    # 5a. Student update on (x, y_s) and the replayed pairs: L_S's gradient w.r.t. the
+    # logits, pulled back.
+    (_, (s_loss, replay_loss)), d_logits = jax.value_and_grad(
+        lambda l: _student_objective(config, l, target, replayed), has_aux=True)(all_logits)
     (s_grads,) = student_vjp(d_logits)
     stu = stu.apply_gradients(s_grads, s_stats)
+    if replay is not None:  # written after the draw: a step replays only earlier releases
+      replay = replay_lib.write(replay, x_const, target)
 
     # 5b. Generator update (post-processing of the release and teacher-free computation).
     if directions is None:
@@ -306,7 +342,9 @@ def build_train_step(plan: privacy.DPDFDPlan, config: config_lib.DPDFDConfig,
         "released_agreement": jnp.mean(jnp.argmax(s_logits, -1) == jnp.argmax(target, -1)),
         "student_class_entropy": -losses.information_entropy(s_logits),
     }
-    return DPDFDState(stu, gen), metrics
+    if replay is not None:
+      metrics["replay_loss"] = replay_loss
+    return DPDFDState(stu, gen, replay), metrics
 
   return train_step
 

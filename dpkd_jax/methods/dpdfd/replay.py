@@ -1,0 +1,77 @@
+"""Replay of released (x, y_s) pairs: the student keeps learning from what was released before.
+
+The disagreement generator drifts: it seeks the samples where the student disagrees with the
+released targets, and once the student follows it there, it moves on. A student trained only
+on the newest batch then forgets the regions the generator left (docs/RESULTS.md: test
+accuracy swinging by 10 points between evaluations, and runs that never recover). Replaying
+earlier pairs is the memory bank of data-free distillation (Binici et al., "Preventing
+Catastrophic Forgetting and Distribution Mismatch in Knowledge Distillation via Synthetic
+Data", WACV 2022).
+
+Privacy: x is the generator's output (teacher-free) and y_s = s − γ·g̃ a function of the
+released rows g̃ and the student, so the buffer holds released values and public
+computation only. Replaying them is post-processing: no new row is released and the ε of
+the run is that of the same run without replay.
+
+The buffer is a ring of `size` rows: rows are written in release order at
+(written + arange(B)) mod size, and each step draws its replay rows uniformly, with
+replacement, from the rows written before that step.
+"""
+
+from __future__ import annotations
+
+import flax.struct
+import jax
+import jax.numpy as jnp
+
+
+@flax.struct.dataclass
+class ReplayBuffer:
+  """Released pairs kept for the student.
+
+  Attributes:
+    images: (size, H, W, C) synthetic samples x.
+    targets: (size, K) their noisy targets y_s at release time.
+    written: int32 scalar, rows written so far (the ring holds min(written, size) of them).
+  """
+
+  images: jax.Array
+  targets: jax.Array
+  written: jax.Array
+
+  @classmethod
+  def empty(cls, size: int, image_shape: tuple[int, ...], num_classes: int) -> "ReplayBuffer":
+    return cls(jnp.zeros((size,) + tuple(image_shape), jnp.float32),
+               jnp.zeros((size, num_classes), jnp.float32), jnp.zeros((), jnp.int32))
+
+  @property
+  def size(self) -> int:
+    return self.images.shape[0]
+
+  def arrays(self) -> dict[str, jax.Array]:
+    return {"images": self.images, "targets": self.targets, "written": self.written}
+
+  def with_arrays(self, arrays: dict[str, jax.Array]) -> "ReplayBuffer":
+    return ReplayBuffer(arrays["images"], arrays["targets"], arrays["written"])
+
+
+def sample(buffer: ReplayBuffer, key: jax.Array,
+           count: int) -> tuple[jax.Array, jax.Array, jax.Array]:
+  """`count` rows drawn uniformly with replacement from the filled part of the ring.
+
+  Returns:
+    (images (count, H, W, C), targets (count, K), weight): weight is 1.0, or 0.0 while the
+    buffer is still empty (the rows are then zeros and must not count).
+  """
+  filled = jnp.minimum(buffer.written, buffer.size)
+  index = jax.random.randint(key, (count,), 0, jnp.maximum(filled, 1))
+  weight = (filled > 0).astype(jnp.float32)
+  return buffer.images[index], buffer.targets[index], weight
+
+
+def write(buffer: ReplayBuffer, images: jax.Array, targets: jax.Array) -> ReplayBuffer:
+  """`buffer` with the (B, ...) `images` and (B, K) `targets` written after its last rows."""
+  position = (buffer.written + jnp.arange(images.shape[0])) % buffer.size
+  return ReplayBuffer(buffer.images.at[position].set(images.astype(buffer.images.dtype)),
+                      buffer.targets.at[position].set(targets.astype(buffer.targets.dtype)),
+                      buffer.written + images.shape[0])

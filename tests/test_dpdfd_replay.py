@@ -1,0 +1,120 @@
+"""dpkd_jax.methods.dpdfd.replay: the ring of released pairs, the step that replays it, a run."""
+
+import os
+import warnings
+
+import chex
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+import pytest
+
+from dpkd_jax import models
+from dpkd_jax.methods import dpdfd
+from dpkd_jax.methods.dpdfd import replay
+from dpkd_jax.methods.dpdfd import step as step_lib
+from dpkd_jax.privacy import paper_accounting
+from dpkd_jax.train import checkpoint
+from dpkd_jax.train.state import TrainState
+
+
+def _rows(start, count):
+  images = jnp.arange(start, start + count, dtype=jnp.float32).reshape(count, 1, 1, 1)
+  return images, jnp.repeat(images.reshape(count, 1), 3, axis=1)
+
+
+def test_the_ring_keeps_the_newest_rows_in_release_order():
+  buffer = replay.ReplayBuffer.empty(5, (1, 1, 1), 3)
+  for start in (0, 3, 6):  # 9 rows into 5 slots: rows 5..8 overwrite slots 0..3
+    buffer = replay.write(buffer, *_rows(start, 3))
+  assert int(buffer.written) == 9
+  np.testing.assert_array_equal(buffer.images.ravel(), [5, 6, 7, 8, 4])
+  np.testing.assert_array_equal(buffer.targets[:, 0], [5, 6, 7, 8, 4])
+
+
+def test_sampling_draws_only_written_rows_and_an_empty_buffer_weighs_nothing():
+  buffer = replay.ReplayBuffer.empty(100, (1, 1, 1), 3)
+  _, _, weight = replay.sample(buffer, jax.random.key(0), 8)
+  assert float(weight) == 0.0
+  buffer = replay.write(buffer, *_rows(10, 4))
+  images, targets, weight = replay.sample(buffer, jax.random.key(1), 1000)
+  assert float(weight) == 1.0
+  assert set(np.unique(images)) == {10.0, 11.0, 12.0, 13.0}  # never the zero rows
+  np.testing.assert_array_equal(targets[:, 1], images.ravel())
+
+
+def test_the_replay_key_is_none_of_the_step_keys():
+  key = jax.random.key(11)
+  keys = list(jax.random.split(key, 3)) + [jax.random.fold_in(key, 3)]
+  raw = {tuple(np.asarray(jax.random.key_data(k)).ravel()) for k in keys}
+  assert len(raw) == 4
+
+
+def _config(teacher_dir, **kw):
+  base = dict(dataset="digits", teacher_dirs=(teacher_dir,), student_model="lenet5_half",
+              student_norm="group", noise_multiplier=0.0, steps=6, batch_size=8, eval_every=2,
+              latent_dim=8, generator_objective="disagreement", bound_method="clip",
+              teacher_loss="logit", generator_channels=16, seed=3)
+  base.update(kw)
+  return dpdfd.DPDFDConfig(**base)
+
+
+def test_config_checks_replay(teacher_dir):
+  with pytest.raises(ValueError, match="replay_size must be 0 or >= batch_size"):
+    _config(teacher_dir, replay_size=4)
+  with pytest.raises(ValueError, match="replay_batch needs replay_size"):
+    _config(teacher_dir, replay_batch=4)
+  assert _config(teacher_dir).replay_rows == 0
+  assert _config(teacher_dir, replay_size=64).replay_rows == 8
+  assert _config(teacher_dir, replay_size=64, replay_batch=5).replay_rows == 5
+  assert "replay_size" not in _config(teacher_dir).to_json()  # old runs resume
+
+
+def test_an_empty_buffer_changes_nothing_then_the_step_writes_its_batch(teacher_dir):
+  """With a GroupNorm student (no batch statistics across rows) the first step, whose buffer
+  is empty, equals the step without replay; afterwards the buffer holds that step's pairs."""
+  plain, replaying = _config(teacher_dir), _config(teacher_dir, replay_size=32)
+  ensemble, _ = dpdfd.load_teachers(plain)
+  student, generator = models.create_student_and_generator(plain, jax.random.key(0))
+  state = step_lib.DPDFDState(TrainState.create(student, optax.sgd(0.1)),
+                              TrainState.create(generator, optax.sgd(0.1)))
+  with_buffer = state.replace(replay=replay.ReplayBuffer.empty(32, (28, 28, 1), 10))
+  key = jax.random.key(5)
+  args = (ensemble.params, ensemble.batch_stats, key)
+  a, ma = dpdfd.build_train_step(dpdfd.make_plan(plain), plain, ensemble.graphdef)(state, *args)
+  b, mb = dpdfd.build_train_step(dpdfd.make_plan(replaying), replaying, ensemble.graphdef)(
+      with_buffer, *args)
+  chex.assert_trees_all_close(a.student.params, b.student.params, atol=1e-6)
+  chex.assert_trees_all_close(a.generator.params, b.generator.params, atol=1e-6)
+  assert float(ma["student_loss"]) == pytest.approx(float(mb["student_loss"]), rel=1e-6)
+  assert int(b.replay.written) == 8 and float(jnp.abs(b.replay.images[:8]).sum()) > 0
+  assert float(jnp.abs(b.replay.images[8:]).sum()) == 0
+  # The second step replays the first step's rows: its replay loss is theirs, not zero rows'.
+  _, m2 = dpdfd.build_train_step(dpdfd.make_plan(replaying), replaying, ensemble.graphdef)(
+      b, ensemble.params, ensemble.batch_stats, jax.random.key(6))
+  assert float(m2["replay_loss"]) > 0
+
+
+def test_a_replaying_run_keeps_its_epsilon_checkpoints_the_buffer_and_resumes(teacher_dir,
+                                                                             tmp_path):
+  kw = dict(noise_multiplier=2.0, steps=4)  # checkpoints at 2 and 4 (two are kept)
+  with warnings.catch_warnings():
+    warnings.simplefilter("ignore", paper_accounting.PaperAccountingWarning)
+    plain = dpdfd.train_dpdfd(_config(teacher_dir, **kw), str(tmp_path / "plain"),
+                              progress=False)
+    config = _config(teacher_dir, replay_size=24, replay_batch=4, **kw)
+    workdir = str(tmp_path / "replay")
+    full = dpdfd.train_dpdfd(config, workdir, progress=False)
+    assert full["epsilon"] == pytest.approx(plain["epsilon"], rel=1e-12)
+    template = dpdfd.init_state(config, jax.random.key(0)).arrays()
+    arrays, meta = checkpoint.restore(os.path.join(workdir, "checkpoints"), template, step=2)
+    assert int(arrays["replay"]["written"]) == 16
+    resumed_dir = str(tmp_path / "resumed")
+    checkpoint.save(os.path.join(resumed_dir, "checkpoints"), 2, arrays, meta)
+    resumed = dpdfd.train_dpdfd(config, resumed_dir, progress=False)
+  assert resumed["test_accuracy"] == full["test_accuracy"]
+  _, a, _ = dpdfd.load_run(resumed_dir)
+  _, b, _ = dpdfd.load_run(workdir)
+  chex.assert_trees_all_equal(a.student.params, b.student.params)
+  chex.assert_trees_all_equal(a.replay.arrays(), b.replay.arrays())
