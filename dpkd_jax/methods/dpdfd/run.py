@@ -289,7 +289,8 @@ def train_dpdfd(config: config_lib.DPDFDConfig, workdir: str, *, progress: bool 
   init_key, train_key = jax.random.split(seeds.root_key(root_seed))
   state = init_state(config, init_key)
   if config.pretrained_generator_dir is not None:  # labelled variant: record-level ε = inf
-    state = step_lib.DPDFDState(state.student, generator_prior.load(config, state.generator))
+    state = step_lib.DPDFDState(state.student, generator_prior.load(
+        config, state.generator, ensemble.member(0)))
   ledger = run.ledger(plan.new_ledger())
   start = 0
   if run.resuming:

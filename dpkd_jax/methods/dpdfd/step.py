@@ -82,6 +82,12 @@ class TeacherEnsemble(NamedTuple):
   def size(self) -> int:
     return jax.tree.leaves(self.params)[0].shape[0]
 
+  def member(self, index: int) -> core.ModelParts:
+    """Teacher `index` alone (leaves without the teacher axis), as `stack` was given it."""
+    take = lambda x: x[index]  # noqa: E731
+    return core.ModelParts(self.graphdef, jax.tree.map(take, self.params),
+                           jax.tree.map(take, self.batch_stats))
+
 
 def teacher_logits(graphdef: nnx.GraphDef, params: PyTree, batch_stats: PyTree,
                    x: jax.Array, *, teachers_per_group: int = TEACHERS_PER_GROUP) -> jax.Array:

@@ -90,7 +90,7 @@ def pretrain(config: config_lib.SRRConfig, workdir: str, *, progress: bool = Tru
   _, generator = step_lib.init_models(config, keys.init)
   generator = pretraining.pretrain_generator(
       config.pretrain_config(), generator, teacher.parts, workdir, keys.pretrain,
-      identity=config.generator_identity(), progress=progress, mesh=mesh)
+      identity=config.generator_identity(teacher.parts), progress=progress, mesh=mesh)
   _save_grid(config, generator, jax.random.fold_in(keys.init, _GRID_TAG), mesh,
              os.path.join(workdir, "samples.png"))
   return generator
