@@ -323,7 +323,7 @@ def train_dpdfd(config: config_lib.DPDFDConfig, workdir: str, *, progress: bool 
   if prior:
     results["epsilon_note"] = generator_prior.RECORD_EPSILON_NOTE
     results["release_epsilon_given_generator"] = release_epsilon
-  outputs.finish_run(workdir, results, clock=clock, dataset=config.dataset,
+  outputs.finish_run(workdir, results, run=run, clock=clock, dataset=config.dataset,
                      test_accuracy=accuracy, sound_epsilon=epsilon, delta=plan.delta,
                      accounting=plan.accounting, paper_epsilon=plan.paper_epsilon,
                      target_epsilon=config.target_epsilon, neighbouring=plan.relation,
