@@ -244,8 +244,9 @@ def _parse(argv: list[str]) -> tuple[argparse.Namespace, Variant, config_lib.DPD
   return a, variant, config
 
 
-def _with_pretrained_generator(state, config, a):
-  """The state with SRR's teacher-pretrained generator (same architecture and latent size)."""
+def _with_pretrained_generator(state, config, a, teacher):
+  """The state with SRR's teacher-pretrained generator (same architecture and latent size);
+  `teacher`: the loaded teacher's `ModelParts`, which the generator's identity names by hash."""
   from dpkd_jax.methods import srr  # noqa: PLC0415 (a benchmark may join two methods)
   from dpkd_jax.methods.srr import pretraining
   srr_config = srr.SRRConfig(dataset=a.dataset, teacher_dir=a.teacher, epsilon=10.0,
@@ -255,7 +256,8 @@ def _with_pretrained_generator(state, config, a):
   gen = state.generator
   parts = pretraining.load_pretrained(a.generator_from, gen.parts,
                                       config=srr_config.pretrain_config(),
-                                      identity=srr_config.generator_identity())
+                                      identity=srr_config.generator_identity(teacher),
+                                      teacher_dir=a.teacher)
   generator = type(gen).create(parts, gen.tx)
   return step_lib.DPDFDState(state.student, generator)
 
@@ -272,7 +274,7 @@ def main(argv: list[str]) -> None:
   init_key, train_key = jax.random.split(jax.random.key(a.seed))
   state = run_lib.init_state(config, init_key)
   if a.generator_from:
-    state = _with_pretrained_generator(state, config, a)
+    state = _with_pretrained_generator(state, config, a, ensemble.member(0))
   slots = max(variant.replay, 1)
   buffer = (jnp.zeros((slots, a.batch_size) + config.info.image_shape),
             jnp.zeros((slots, a.batch_size, config.info.num_classes)))

@@ -115,6 +115,12 @@ class Teacher(NamedTuple):
   card: dict[str, Any]
 
 
+def weights_sha256(parts: core.ModelParts) -> str:
+  """The teacher by content (`checkpoint.checksum` of its params and BatchNorm statistics): the
+  same wherever its directory lies, another once retrained (`models.generator_identity`)."""
+  return checkpoint.checksum({"params": parts.params, "batch_stats": parts.batch_stats})
+
+
 def make_optimizer(config: TeacherConfig, total_steps: int) -> optax.GradientTransformation:
   schedule = optax.cosine_decay_schedule(config.learning_rate, max(total_steps, 1))
   if config.optimizer == "adam":

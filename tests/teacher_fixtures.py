@@ -5,12 +5,15 @@ conftest.py).
 Session-scoped: trained once per test process; every user only reads them (copies one when a
 test needs a second directory)."""
 
+import os
 import shutil
 
+import jax
 import pytest
 
 from dpkd_jax import teacher as teacher_lib
 from dpkd_jax import teacher_ensemble
+from dpkd_jax.train import checkpoint
 
 
 @pytest.fixture(scope="session")
@@ -42,3 +45,14 @@ def copy_without_partition(source: str, target: str) -> str:
   shutil.copytree(source, target)
   teacher_ensemble.save(target, ensemble, {k: v for k, v in meta.items() if k != "partition"})
   return target
+
+
+def retrain_in_place(directory: str) -> str:
+  """`directory` (a teacher's copy) holding other weights under the same path, as if retrained
+  there: its newest checkpoint saved again one step later with every parameter shifted."""
+  ckpt_dir = os.path.join(directory, "checkpoints")
+  verified = checkpoint.read_verified(ckpt_dir)
+  shifted = jax.tree.map(lambda v: v + 0.01, verified.arrays["params"])
+  arrays = {**verified.arrays, "params": shifted}
+  checkpoint.save(ckpt_dir, verified.step + 1, arrays, verified.meta)
+  return directory

@@ -52,9 +52,14 @@ def _segment(path, fake, monkeypatch, *, commit, start, saves, killed):
 
 def _finish(path, clock, run):
   with run:
-    outputs.finish_run(str(path), {"method": "dpsgd", "test_accuracy": 0.5}, clock=clock,
-                       dataset="digits", test_accuracy=0.5, sound_epsilon=1.0, delta=1e-5)
+    _write_results(path, clock, run)
   return records.read_record(str(path / "record.json"))
+
+
+def _write_results(path, clock, run):
+  outputs.finish_run(str(path), {"method": "dpsgd", "test_accuracy": 0.5}, run=run,
+                     clock=clock, dataset="digits", test_accuracy=0.5, sound_epsilon=1.0,
+                     delta=1e-5)
 
 
 def _account(path):
@@ -140,5 +145,42 @@ def test_only_process_0_writes_the_account(tmp_path, monkeypatch):
   monkeypatch.setattr(jax, "process_index", lambda: 1)
   with workdir.open_run(str(tmp_path), kind="test", config=CONFIG) as run:
     run.save(1, _arrays(1), {"config": CONFIG, "step": 1})
-    assert clock_file.of(str(tmp_path)) is None
+    assert run.clock is None
   assert not os.path.exists(tmp_path / clock_file.FILE_NAME)
+
+
+def test_each_open_run_owns_its_account(tmp_path, monkeypatch):
+  # Two runs open at once in one process (no module-level map): each record sums its own.
+  fake = _FakeTime(monkeypatch)
+  for name in ("a", "b"):
+    _segment(tmp_path / name, fake, monkeypatch, commit="aaaa", start=(0, 0),
+             saves=[(1, 5 if name == "a" else 7, 5)], killed=(9, 9))
+  clock_a, run_a = _segment(tmp_path / "a", fake, monkeypatch, commit="bbbb", start=(0, 0),
+                            saves=[], killed=None)
+  clock_b, run_b = _segment(tmp_path / "b", fake, monkeypatch, commit="bbbb", start=(0, 0),
+                            saves=[], killed=None)
+  assert run_a.clock is not run_b.clock
+  fake.set(1, 1)
+  with pytest.raises(ValueError, match="was handed the run of"):
+    _write_results(tmp_path / "a", clock_a, run_b)
+  record_b = _finish(tmp_path / "b", clock_b, run_b)
+  record_a = _finish(tmp_path / "a", clock_a, run_a)
+  assert (record_a["cpu_seconds"], record_b["cpu_seconds"]) == (6.0, 8.0)
+  assert record_a["segments"] == record_b["segments"] == 2
+
+
+def test_a_closed_run_no_longer_writes_its_account(tmp_path, monkeypatch):
+  # Once its lock is released another process may own the workdir: the account is dropped.
+  fake = _FakeTime(monkeypatch)
+  _segment(tmp_path, fake, monkeypatch, commit="aaaa", start=(0, 0), saves=[(1, 5, 5)],
+           killed=(9, 9))
+  clock, run = _segment(tmp_path, fake, monkeypatch, commit="bbbb", start=(0, 0), saves=[],
+                        killed=None)
+  run.close()
+  assert run.clock is None
+  before = _account(tmp_path)
+  fake.set(2, 3)
+  _write_results(tmp_path, clock, run)
+  record = records.read_record(str(tmp_path / "record.json"))
+  assert (record["cpu_seconds"], record["wall_seconds"]) == (2.0, 3.0)  # this process only
+  assert _account(tmp_path) == before

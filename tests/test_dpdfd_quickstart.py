@@ -214,9 +214,15 @@ def test_convert_reuses_the_teacher_whose_card_matches(first_run, tmp_path):
   assert f"model card: {tmp_path}/model_card.md" in summary.file_lines(str(tmp_path))
 
 
+def _run_config(**kw):
+  """A run's saved config (`DPDFDConfig.to_json`), as `chance_reason` reads it from results."""
+  base = dict(dataset="digits", teacher_dirs=("t",), noise_multiplier=1.0)
+  return dpdfd.DPDFDConfig(**{**base, **kw}).to_json()
+
+
 def test_chance_reason_one_teacher_sound():
   private = {"noise_multiplier": 80.0, "steps": 200, "epsilon": 9.999,
-             "teachers_per_record": 1, "config": {"batch_size": 32}}
+             "teachers_per_record": 1, "config": _run_config(batch_size=32)}
   line = quickstart.chance_reason(private)
   assert line.startswith("why at chance: sound epsilon budget too small for one teacher: ")
   assert "sigma/(2m*sqrt(B)) = 7.07 per step over 200 steps" in line
@@ -224,9 +230,14 @@ def test_chance_reason_one_teacher_sound():
   assert "python -m experiments.teacher_ensemble, then --teacher_ensemble_dir" in line
   assert "experiments.dfpate" in line
   # The disagreement generator's probes are rows of the same release: R = B·(1 + m).
-  probing = quickstart.chance_reason({**private, "config": {
-      "batch_size": 32, "generator_objective": "disagreement", "probe_directions": 1}})
+  probing = quickstart.chance_reason({**private, "config": _run_config(
+      batch_size=32, generator_objective="disagreement", bound_method="clip",
+      probe_directions=1)})
   assert "sigma/(2m*sqrt(B)) = 5 per step" in probing
+  three = quickstart.chance_reason({**private, "config": _run_config(
+      batch_size=32, generator_objective="disagreement", bound_method="clip",
+      probe_directions=3)})  # R = 32 * 4: sigma / (2 sqrt(128))
+  assert "sigma/(2m*sqrt(B)) = 3.54 per step" in three
   assert summary.at_chance(0.14, 10) and not summary.at_chance(0.16, 10)
   assert summary.at_chance(math.nan, 10)
 
@@ -234,7 +245,8 @@ def test_chance_reason_one_teacher_sound():
 def test_chance_reason_many_teachers_sound():
   # 100 disjoint teachers: noise std σC/n per coordinate of the mean row.
   ensemble = {"noise_multiplier": 360.0, "steps": 2000, "epsilon": 9.999, "num_teachers": 100,
-              "teachers_per_record": 1, "config": {"batch_size": 64, "l2_norm_bound": 1.0}}
+              "teachers_per_record": 1,
+              "config": _run_config(batch_size=64, l2_norm_bound=1.0)}
   line = quickstart.chance_reason(ensemble)
   assert line.startswith("why at chance: too much noise for 100 teachers: sound epsilon 9.999")
   assert "noise std 3.6*C per coordinate of the mean row" in line
@@ -248,30 +260,33 @@ def test_chance_reason_many_teachers_sound():
 def test_chance_reason_paper_accounting_and_negligible_noise():
   paper = {"noise_multiplier": 50_000.0, "steps": 8000, "epsilon": 4e9, "num_teachers": 1,
            "accounting_used_for_budget": "paper",
-           "config": {"l2_norm_bound": 1000.0, "target_epsilon": 10.0}}
+           "config": _run_config(l2_norm_bound=1000.0, noise_multiplier=None,
+                                 target_epsilon=10.0)}
   line = quickstart.chance_reason(paper)
   assert line.startswith("why at chance: the paper's formula chose the noise")
-  given_sigma = quickstart.chance_reason({**paper, "config": {"l2_norm_bound": 1000.0}})
+  given_sigma = quickstart.chance_reason({**paper, "config": _run_config(l2_norm_bound=1000.0)})
   assert given_sigma.startswith("why at chance: the paper's epsilon grows with C^2/sigma^2")
   assert "at C = 1000 the noise std per coordinate 5e+07 drowns rows of norm <= C" in line
   assert "sound epsilon 4e+09" in line and quickstart.PAPER_TABLE_ANCHOR in line
   assert "--l2_norm_bound=1e-10 --teacher_loss_scale=1e-12 --gamma=1e12" in line
   # The paper's tiny C: σ = C·sqrt(T/2ρ) leaves noise far below the rows: the engine failed.
-  tiny = quickstart.chance_reason({**paper, "noise_multiplier": 5e-9, "config": {
-      "l2_norm_bound": 1e-10, "generator_objective": "disagreement", "target_epsilon": 10.0}})
+  tiny = quickstart.chance_reason({**paper, "noise_multiplier": 5e-9, "config": _run_config(
+      l2_norm_bound=1e-10, generator_objective="disagreement", bound_method="clip",
+      noise_multiplier=None, target_epsilon=10.0)})
   assert tiny.startswith("why at chance: noise std 5e-09*C is negligible beside the rows, so "
                          "the engine itself did not learn in 8000 steps")
   assert quickstart.DISAGREEMENT_ANCHOR in tiny and "another --seed" in tiny
 
 
 def test_chance_reason_noiseless_engine():
-  noiseless = quickstart.chance_reason({"noise_multiplier": 0.0, "steps": 4})
+  noiseless = quickstart.chance_reason({"noise_multiplier": 0.0, "steps": 4,
+                                       "config": _run_config(noise_multiplier=0.0)})
   assert noiseless.startswith("why at chance: no noise, so the engine itself did not learn in "
                               "4 steps")
   assert quickstart.ENGINE_ANCHOR in noiseless
   assert "--generator_objective=disagreement" in noiseless
-  engine = quickstart.chance_reason({"noise_multiplier": 0.0, "steps": 4, "config": {
-      "generator_objective": "disagreement"}})
+  engine = quickstart.chance_reason({"noise_multiplier": 0.0, "steps": 4, "config": _run_config(
+      noise_multiplier=0.0, generator_objective="disagreement", bound_method="clip")})
   assert "more --steps or another --seed" in engine and "--generator_objective" not in engine
 
 

@@ -208,8 +208,11 @@ def test_sharded_over_8_devices_equals_single_device(teacher_dir, objective):
 def test_multi_teacher_ensemble_step(teacher_dir):
   config = _config(teacher_dir, teacher_dirs=(teacher_dir, "b", "c"))  # 3 teachers
   plan = dpdfd.make_plan(config)
-  ensemble = dpdfd.TeacherEnsemble.stack([teacher_lib.load_teacher(teacher_dir).parts] * 3)
+  one = teacher_lib.load_teacher(teacher_dir).parts
+  ensemble = dpdfd.TeacherEnsemble.stack([one] * 3)
   assert ensemble.size == 3
+  chex.assert_trees_all_equal((ensemble.member(2).params, ensemble.member(2).batch_stats),
+                              (one.params, one.batch_stats))
   # Three identical teachers: the aggregate's noiseless part equals one teacher's bounded rows,
   # and the noise on the mean is sigma*C/n.
   grads = jnp.stack([jax.random.normal(jax.random.key(5), (16, 10))] * 3)

@@ -62,7 +62,7 @@ def test_finish_run_writes_results_and_a_valid_record(tmp_path):
   clock = outputs.RunClock()
   results = {"method": "dfpate", "test_accuracy": 0.5, "epsilon": math.inf,
              outputs.PRIVATE_KEY: outputs.private_section({"teachers": {"mean": 0.8}})}
-  outputs.finish_run(str(tmp_path), results, clock=clock, dataset="digits",
+  outputs.finish_run(str(tmp_path), results, run=None, clock=clock, dataset="digits",
                      test_accuracy=0.5, sound_epsilon=math.inf, delta=1e-5,
                      extra={"note": "x"})
   assert results["warnings"] == [outputs.NOT_PRIVATE]
@@ -82,6 +82,6 @@ def test_record_names_the_commit_that_started_the_run(tmp_path, monkeypatch):
   monkeypatch.setattr(records, "current_commit", lambda cwd=None: "aaaa")
   clock = outputs.RunClock()
   monkeypatch.setattr(records, "current_commit", lambda cwd=None: "bbbb")
-  outputs.finish_run(str(tmp_path), {"method": "dpsgd", "test_accuracy": 0.5}, clock=clock,
-                     dataset="digits", test_accuracy=0.5, sound_epsilon=1.0, delta=1e-5)
+  outputs.finish_run(str(tmp_path), {"method": "dpsgd", "test_accuracy": 0.5}, run=None,
+                     clock=clock, dataset="digits", test_accuracy=0.5, sound_epsilon=1.0, delta=1e-5)
   assert records.read_record(str(tmp_path / "record.json"))["commit"] == "aaaa"

@@ -107,6 +107,42 @@ def test_selective_rr_in_set_and_out_of_set_frequencies():
   _assert_frequencies(noisy[~first_prior & ~even], _rr_probs(4, in_set[::-1], epsilon))
 
 
+def _channel_matrix(mask_row, epsilon):
+  """(K, K) T[y, o] = P(release o | true y) read off `selective_rr_log_likelihood`, one
+  released member o at a time (columns of non-members stay 0: never released)."""
+  num_classes = mask_row.size
+  members = np.flatnonzero(mask_row)
+  log_t = rr.selective_rr_log_likelihood(jnp.asarray(members, jnp.int32),
+                                         jnp.tile(jnp.asarray(mask_row), (members.size, 1)),
+                                         epsilon)  # (|S|, K): row j is o = members[j]
+  matrix = np.zeros((num_classes, num_classes))
+  matrix[:, members] = np.exp(np.asarray(log_t, np.float64)).T
+  return matrix
+
+
+@pytest.mark.parametrize("epsilon", [0.5, 2.0])
+def test_the_likelihood_is_the_mechanisms_channel(epsilon):
+  # S = {0, 1, 3} of K = 5: true labels in S and outside it (2, 4).
+  in_set = np.array([True, True, False, True, False])
+  matrix = _channel_matrix(in_set, epsilon)
+  np.testing.assert_allclose(matrix.sum(axis=1), 1.0, rtol=1e-6)  # a distribution per y
+  keep = float(rr.keep_probability(epsilon, 3))
+  np.testing.assert_allclose(np.diag(matrix)[in_set], keep, rtol=1e-6)
+  prior = jnp.asarray(np.where(in_set, 0.3, 0.05), jnp.float32)  # tau 0.2 -> S
+  for true_label in range(5):
+    labels = jnp.full((NUM_SAMPLES,), true_label, jnp.int32)
+    result = _srr_jit(jax.random.key(10 + true_label), labels, jnp.tile(prior, (NUM_SAMPLES, 1)),
+                      epsilon=epsilon, threshold=0.2)
+    np.testing.assert_array_equal(result.candidate_mask[0], in_set)
+    _assert_frequencies(result.noisy_labels, matrix[true_label])
+
+
+def test_the_likelihood_without_noise_keeps_members():
+  matrix = _channel_matrix(np.array([True, False, True, True]), math.inf)
+  np.testing.assert_array_equal(matrix[[0, 2, 3]][:, [0, 2, 3]], np.eye(3))
+  np.testing.assert_allclose(matrix[1], [1 / 3, 0, 1 / 3, 1 / 3], rtol=1e-6)  # y outside S
+
+
 def test_top_two_are_always_candidates():
   prior = _dirichlet_priors(6, 500, 8)
   mask = rr.candidate_set_mask(prior, threshold=1.0)  # nothing passes tau = 1

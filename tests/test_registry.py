@@ -6,6 +6,7 @@ import jax.numpy as jnp
 import pytest
 from flax import nnx
 
+from dpkd_jax import errors
 from dpkd_jax.models import classifiers, core, generators, registry
 
 INPUT_SHAPE = (28, 28, 1)
@@ -81,3 +82,30 @@ def test_create_generator():
       "dafl", latent_dim=8, image_shape=(32, 32, 3), rngs=nnx.Rngs(jax.random.key(0))))
   assert isinstance(model, generators.DAFLGenerator)
   chex.assert_shape(core.split(model).params["project"]["kernel"], (8, 8 * 8 * 128))
+
+
+class _Config:  # what generator_identity reads of a method config
+  dataset, generator_model, generator_channels, latent_dim = "digits", "dafl", 8, 16
+
+
+def test_generator_identity_names_the_teacher_by_its_hash_only():
+  identity = registry.generator_identity(_Config(), "ab" * 32)
+  assert identity == {"dataset": "digits", "teacher_sha256": "ab" * 32, "generator_model": "dafl",
+                      "generator_channels": 8, "latent_dim": 16}
+  registry.check_generator_identity(dict(identity), identity, where="g", teacher_dir="t")
+
+
+@pytest.mark.parametrize("saved, match", [
+    (dict(teacher_sha256="cd" * 32), "g was pretrained against other teacher weights than 't'"),
+    (dict(latent_dim=4), "g was pretrained for latent_dim=4, this run needs latent_dim=16"),
+    (dict(teacher_sha256=None, teacher_dir="/old"),
+     "before generators recorded their teacher's weights .*'/old'.*pretrain the generator again"),
+])
+def test_check_generator_identity_says_why_in_one_line(saved, match):
+  wanted = registry.generator_identity(_Config(), "ab" * 32)
+  saved = {k: v for k, v in {**wanted, **saved}.items() if v is not None}
+  with pytest.raises(errors.UserError, match=match) as error:
+    registry.check_generator_identity(saved, wanted, where="g", teacher_dir="t")
+  assert "\n" not in str(error.value)
+  with pytest.raises(errors.UserError, match="pretrain the generator again"):
+    registry.check_generator_identity(None, wanted, where="g", teacher_dir="t")

@@ -27,7 +27,7 @@ def _run(tmp_path, *, method="dpdfd", epsilon=2.5, seed=SEED, paper_epsilon=0.7,
              "epsilon_accountant": "dp_accounting PLD", "paper_epsilon_warning": "not valid",
              outputs.PRIVATE_KEY: outputs.private_section(
                  {"teacher_test_accuracy": TEACHER_ACCURACY})}
-  outputs.finish_run(workdir, results, clock=outputs.RunClock(), dataset=dataset,
+  outputs.finish_run(workdir, results, run=None, clock=outputs.RunClock(), dataset=dataset,
                      test_accuracy=0.91, sound_epsilon=epsilon, delta=1e-5,
                      paper_epsilon=paper_epsilon, target_epsilon=3.0,
                      extra={"paper_epsilon_scope": "per query"})

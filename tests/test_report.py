@@ -148,7 +148,7 @@ def test_finish_run_writes_the_report(tmp_path):
   workdir = str(tmp_path)
   results = {"method": "dpdfd", "test_accuracy": 0.3, "epsilon": math.inf, "delta": 1e-5,
              outputs.PRIVATE_KEY: outputs.private_section()}
-  outputs.finish_run(workdir, results, clock=outputs.RunClock(), dataset="digits",
+  outputs.finish_run(workdir, results, run=None, clock=outputs.RunClock(), dataset="digits",
                      test_accuracy=0.3, sound_epsilon=math.inf, delta=1e-5)
   text = open(os.path.join(workdir, report.FILE_NAME), encoding="utf-8").read()
   assert "| sound ε (dp_accounting) | ∞ |" in text and "No metrics.csv in this run." in text

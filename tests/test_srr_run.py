@@ -4,11 +4,14 @@ figures, private diagnostics, checkpoint, resume, generator reuse, one-line plan
 import json
 import math
 import os
+import shutil
 
 import chex
 import jax
 import pytest
 
+from dpkd_jax import teacher as teacher_lib
+from dpkd_jax.errors import UserError
 from dpkd_jax.methods import srr
 from dpkd_jax.methods.srr import pretraining
 from dpkd_jax.methods.srr import stage as stage_lib
@@ -17,6 +20,7 @@ from dpkd_jax.train import checkpoint
 from dpkd_jax.train import outputs
 from dpkd_jax.train import records
 from experiments import srr as srr_cli
+from teacher_fixtures import retrain_in_place
 
 
 class CountingTeacher:
@@ -125,38 +129,86 @@ def test_sound_prior_reports_the_composition_and_never_pretrains(teacher_dir, tm
     srr.pretrain(config, str(tmp_path / "gen"), progress=False)
 
 
-def test_pretrained_generator_is_reused_only_by_its_own_kind_of_run(teacher_dir, tmp_path,
-                                                                   capsys):
-  gen_dir = str(tmp_path / "gen")
-  pretrained = srr.pretrain(_config(teacher_dir, seed=1), gen_dir, progress=False)
-  assert os.path.getsize(os.path.join(gen_dir, "samples.png")) > 0
-  config = _config(teacher_dir, pretrained_generator_dir=gen_dir, seed=2)
+@pytest.fixture(scope="module")
+def pretrained(teacher_dir, tmp_path_factory):
+  """(workdir, generator) of `srr.pretrain` against the shared teacher."""
+  gen_dir = str(tmp_path_factory.mktemp("srr_gen"))
+  return gen_dir, srr.pretrain(_config(teacher_dir, seed=1), gen_dir, progress=False)
+
+
+def _load(gen_dir, config, teacher_dir=None):
+  """`load_pretrained` as a run of `config` asks for it, its teacher read from `teacher_dir`."""
+  teacher_dir = teacher_dir or config.teacher_dir
   _, template = srr.init_models(config, jax.random.key(0))
-  loaded = pretraining.load_pretrained(gen_dir, template, config=config.pretrain_config(),
-                                      identity=config.generator_identity())
-  chex.assert_trees_all_equal(loaded.params, pretrained.params)
-  # Through the CLI, without noise (--epsilon=inf: allowed, loudly not private).
+  teacher = teacher_lib.load_teacher(teacher_dir).parts
+  return pretraining.load_pretrained(gen_dir, template, config=config.pretrain_config(),
+                                     identity=config.generator_identity(teacher),
+                                     teacher_dir=teacher_dir)
+
+
+def _cli_from(gen_dir, teacher_dir, workdir):
   srr_cli.main(["--dataset=digits", f"--teacher_dir={teacher_dir}", "--epsilon=inf",
                 "--student_model=lenet5", "--generator_channels=8", "--latent_dim=8",
                 "--pretrain_steps=2", "--pretrain_batch_size=16", "--stages=2",
                 "--samples_per_stage=32", "--batch_size=16", "--student_epochs=2", "--seed=2",
-                f"--pretrained_generator_dir={gen_dir}", f"--workdir={tmp_path / 'run'}",
-                "--no_progress"])
+                f"--pretrained_generator_dir={gen_dir}", f"--workdir={workdir}", "--no_progress"])
+
+
+def test_pretrained_generator_is_reused_only_by_its_own_kind_of_run(teacher_dir, pretrained,
+                                                                   tmp_path, capsys):
+  gen_dir, generator = pretrained
+  assert os.path.getsize(os.path.join(gen_dir, "samples.png")) > 0
+  config = _config(teacher_dir, pretrained_generator_dir=gen_dir, seed=2)
+  chex.assert_trees_all_equal(_load(gen_dir, config).params, generator.params)
+  # Through the CLI, without noise (--epsilon=inf: allowed, loudly not private).
+  _cli_from(gen_dir, teacher_dir, tmp_path / "run")
   assert "WARNING: epsilon = inf (NOT private)" in capsys.readouterr().out
   with open(tmp_path / "run" / "results.json") as f:
     results = json.load(f)
   assert results["record_level_epsilon"] == results["labels_epsilon"] == math.inf
   assert records.read_record(str(tmp_path / "run" / "record.json"))["sound_epsilon"] == "inf"
   assert not os.path.exists(tmp_path / "run" / "generator_pretrain")
-  other = _config(teacher_dir, latent_dim=16)  # another architecture: refused
-  _, other_template = srr.init_models(other, jax.random.key(0))
-  with pytest.raises(ValueError, match="pretrained for"):
-    pretraining.load_pretrained(gen_dir, other_template, config=other.pretrain_config(),
-                               identity=other.generator_identity())
-  ablated = _config(teacher_dir, generator_terms=("ce", "bn"))  # another pretraining: refused
-  with pytest.raises(ValueError, match="pretrained with"):
-    pretraining.load_pretrained(gen_dir, template, config=ablated.pretrain_config(),
-                               identity=ablated.generator_identity())
+  with pytest.raises(UserError, match="pretrained for latent_dim=8, this run needs latent_dim"):
+    _load(gen_dir, _config(teacher_dir, latent_dim=16))  # another architecture: refused
+  with pytest.raises(ValueError, match="pretrained with"):  # another pretraining: refused
+    _load(gen_dir, _config(teacher_dir, generator_terms=("ce", "bn")))
+
+
+def test_the_teacher_is_known_by_its_weights_not_its_path(teacher_dir, pretrained, tmp_path,
+                                                          monkeypatch, capsys):
+  gen_dir, generator = pretrained
+  saved = checkpoint.restore_metadata(os.path.join(gen_dir, "checkpoints"))["identity"]
+  assert "teacher_dir" not in saved and len(saved["teacher_sha256"]) == 64
+  assert saved == _config(teacher_dir).generator_identity(
+      teacher_lib.load_teacher(teacher_dir).parts)
+  # The same weights elsewhere, named by a relative path from another directory: accepted.
+  copied = str(tmp_path / "moved_teacher")
+  shutil.copytree(teacher_dir, copied)
+  monkeypatch.chdir(tmp_path)
+  config = _config("moved_teacher")
+  chex.assert_trees_all_equal(_load(gen_dir, config).params, generator.params)
+  # That copy retrained in place (same path, other weights): one line, exit 2, naming it.
+  retrain_in_place(copied)
+  with pytest.raises(UserError, match="other teacher weights than 'moved_teacher'"):
+    _load(gen_dir, config)
+  with pytest.raises(SystemExit) as exit_info:
+    _cli_from(gen_dir, "moved_teacher", tmp_path / "run")
+  err = capsys.readouterr().err
+  assert exit_info.value.code == 2 and len(err.splitlines()) == 1 and "Traceback" not in err
+  assert "'moved_teacher'" in err and "pretrain the generator again" in err
+
+
+def test_an_identity_that_names_the_teacher_by_its_path_is_refused(teacher_dir, pretrained,
+                                                                   tmp_path):
+  gen_dir, _ = pretrained
+  verified = checkpoint.read_verified(os.path.join(gen_dir, "checkpoints"))
+  identity = {k: v for k, v in verified.meta["identity"].items() if k != "teacher_sha256"}
+  old = {**verified.meta, "identity": {**identity, "teacher_dir": os.path.abspath(teacher_dir)}}
+  old_dir = str(tmp_path / "old_gen")
+  checkpoint.save(os.path.join(old_dir, "checkpoints"), verified.step, verified.arrays, old)
+  with pytest.raises(UserError, match="before generators recorded their teacher's weights") as e:
+    _load(old_dir, _config(teacher_dir))
+  assert "pretrain the generator again" in str(e.value) and "\n" not in str(e.value)
 
 
 def test_a_target_no_stage_fits_is_one_line_and_exit_2(teacher_dir, tmp_path, capsys):

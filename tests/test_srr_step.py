@@ -15,6 +15,7 @@ from dpkd_jax.methods import srr
 from dpkd_jax.methods.srr import generator as generator_lib
 from dpkd_jax.methods.srr import step as step_lib
 from dpkd_jax.models import core
+from dpkd_jax.privacy import randomized_response
 from dpkd_jax.train import sharding
 from dpkd_jax.train.state import TrainState
 
@@ -137,7 +138,7 @@ def _channel_reference(logits, labels, mask, epsilon):
   return float(np.mean(out))
 
 
-@pytest.mark.parametrize("epsilon", [0.5, 3.0])
+@pytest.mark.parametrize("epsilon", [0.01, 0.5, 3.0, 20.0])
 def test_rr_likelihood_loss_is_the_released_labels_likelihood(epsilon):
   rng = np.random.default_rng(0)
   logits = jnp.asarray(rng.normal(size=(6, 5)), jnp.float32)
@@ -148,6 +149,19 @@ def test_rr_likelihood_loss_is_the_released_labels_likelihood(epsilon):
   got = step_lib.rr_likelihood_loss(logits, jnp.asarray(labels), jnp.asarray(mask), epsilon)
   np.testing.assert_allclose(float(got), _channel_reference(logits, labels, mask, epsilon),
                              rtol=1e-5)
+
+
+@pytest.mark.parametrize("epsilon", [0.5, 3.0])
+def test_rr_likelihood_loss_uses_the_mechanisms_keep_probability(epsilon):
+  # A student sure of the released label y~ explains it by T(y~, y~), the mechanism's own
+  # keep probability; sure of another member, by keep * e^-eps.
+  mask = jnp.zeros((2, 10), bool).at[:, jnp.array([1, 4, 6])].set(True)  # k = 3
+  sure = jnp.full((2, 10), -60.0).at[0, 4].set(60.0).at[1, 6].set(60.0)
+  keep = float(randomized_response.keep_probability(epsilon, 3))
+  for row, expected in ((0, keep), (1, keep * math.exp(-epsilon))):
+    got = step_lib.rr_likelihood_loss(sure[row:row + 1], jnp.array([4]), mask[row:row + 1],
+                                      epsilon)
+    np.testing.assert_allclose(float(got), -math.log(expected), rtol=1e-5)
 
 
 def test_rr_likelihood_loss_without_noise_and_with_the_full_set_is_the_cross_entropy():

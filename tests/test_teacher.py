@@ -52,6 +52,17 @@ def test_load_teacher_reproduces_test_accuracy(trained):
   assert acc == pytest.approx(card["test_accuracy"], abs=1e-9)
 
 
+def test_weights_sha256_is_the_content_not_the_place(trained, tmp_path):
+  workdir, _ = trained
+  parts = teacher.load_teacher(workdir).parts
+  digest = teacher.weights_sha256(parts)
+  assert digest == checkpoint.checksum({"params": parts.params, "batch_stats": parts.batch_stats})
+  shutil.copytree(workdir, tmp_path / "copy")
+  assert teacher.weights_sha256(teacher.load_teacher(str(tmp_path / "copy")).parts) == digest
+  shifted = parts._replace(params=jax.tree.map(lambda v: v + 1e-3, parts.params))
+  assert teacher.weights_sha256(shifted) != digest
+
+
 @pytest.mark.parametrize("kwargs,match", [
     (dict(dataset="mnist"), "dataset='digits'"),
     (dict(num_classes=100), "num_classes=10"),

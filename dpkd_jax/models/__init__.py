@@ -15,7 +15,8 @@ from dpkd_jax.models.cost import count_params, flops_per_example
 from dpkd_jax.models.adapter import InputAdapter
 from dpkd_jax.models.generators import DAFLGenerator
 from dpkd_jax.models.mobilenet import MobileNet
-from dpkd_jax.models.registry import (CLASSIFIERS, GENERATORS, create_classifier, create_generator,
+from dpkd_jax.models.registry import (CLASSIFIERS, GENERATORS, check_generator_identity,
+                                      create_classifier, create_generator,
                                       create_student_and_generator, generator_identity)
 from dpkd_jax.models.resnet import ResNet, ResNet18, ResNet34, WideResNet
 
@@ -38,6 +39,7 @@ __all__ = [
     "SmallCNN",
     "WideResNet",
     "apply",
+    "check_generator_identity",
     "count_params",
     "create_classifier",
     "create_generator",

@@ -5,7 +5,6 @@ An explicit dict keeps every model greppable and the set of valid names visible 
 
 from __future__ import annotations
 
-import os
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
@@ -13,6 +12,7 @@ import jax
 import numpy as np
 from flax import nnx
 
+from dpkd_jax import errors
 from dpkd_jax.models import classifiers, core, generators, mobilenet, resnet, scatter_heads, tv
 
 CLASSIFIERS: dict[str, Callable[..., nnx.Module]] = {
@@ -113,15 +113,53 @@ def create_student_and_generator(config: Any,
   return core.split(student), core.split(generator)
 
 
-def generator_identity(config: Any, teacher_dir: str) -> dict[str, Any]:
-  """What a generator pretrained against `teacher_dir` was trained for: the data-free methods
+def generator_identity(config: Any, teacher_sha256: str) -> dict[str, Any]:
+  """What a generator pretrained against a teacher was trained for: the data-free methods
   reuse one (SRR's stages, DPDFD's `pretrained_generator_dir`) only when this matches.
+
+  The teacher is named by the content of its weights, not by its directory: the same teacher
+  copied or moved elsewhere is the same teacher, and a directory retrained in place is
+  another one. The hash is all the identity keeps of the teacher (nothing private, e.g. no
+  accuracy).
 
   Args:
     config: a method config with `dataset`, `generator_model`, `generator_channels` and
       `latent_dim`.
-    teacher_dir: the teacher's workdir (compared as an absolute path).
+    teacher_sha256: `teacher.weights_sha256` of the loaded teacher (SHA-256 of its params and
+      BatchNorm statistics).
   """
-  return {"dataset": config.dataset, "teacher_dir": os.path.abspath(teacher_dir),
+  return {"dataset": config.dataset, "teacher_sha256": teacher_sha256,
           "generator_model": config.generator_model,
           "generator_channels": config.generator_channels, "latent_dim": config.latent_dim}
+
+
+def check_generator_identity(saved: Any, wanted: dict[str, Any], *, where: str,
+                             teacher_dir: str) -> None:
+  """Refuses a pretrained generator saved with identity `saved` for a run needing `wanted`.
+
+  Args:
+    saved: the identity in the generator's checkpoint metadata (anything: read from disk).
+    wanted: `generator_identity` of this run.
+    where: the generator's directory as the message should name it (e.g. with its flag).
+    teacher_dir: this run's teacher directory, named when the weights differ.
+
+  Raises:
+    errors.UserError: one line saying why, and to pretrain again where that is the fix.
+  """
+  if saved == wanted:
+    return
+  again = "pretrain the generator again (`python -m experiments.srr pretrain`)"
+  if not isinstance(saved, dict) or "teacher_sha256" not in saved:
+    named = saved.get("teacher_dir") if isinstance(saved, dict) else None
+    raise errors.UserError(
+        f"{where} was pretrained before generators recorded their teacher's weights (it names "
+        f"only the teacher directory {named!r}, which may have been retrained since); {again}")
+  if saved["teacher_sha256"] != wanted["teacher_sha256"]:
+    raise errors.UserError(
+        f"{where} was pretrained against other teacher weights than {teacher_dir!r} holds "
+        f"(another teacher, or this one retrained since); {again} against it")
+  differ = sorted(k for k in set(saved) | set(wanted) if saved.get(k) != wanted.get(k))
+  was = ", ".join(f"{k}={saved.get(k)!r}" for k in differ)
+  now = ", ".join(f"{k}={wanted.get(k)!r}" for k in differ)
+  raise errors.UserError(f"{where} was pretrained for {was}, this run needs {now}; use a "
+                         "generator pretrained for this run or pretrain one")

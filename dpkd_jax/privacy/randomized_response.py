@@ -167,3 +167,30 @@ def selective_randomized_response(
   noisy_labels = jax.random.categorical(key, log_weights, axis=1).astype(jnp.int32)  # (B,)
   chex.assert_equal_shape((noisy_labels, labels))
   return SelectiveRRResult(noisy_labels=noisy_labels, candidate_mask=mask, set_sizes=set_sizes)
+
+
+def selective_rr_log_likelihood(released_labels: jax.Array, candidate_mask: jax.Array,
+                                epsilon: float | jax.Array) -> jax.Array:
+  """log P(selective RR releases y~ | true label y), for every class y: the mechanism's channel.
+
+  With the row's candidate set S (k = |S|) and a released member y~, the channel of
+  `selective_randomized_response` is T(y, y~) = `keep_probability(eps, k)` =
+  e^eps/(e^eps+k-1) if y = y~, 1/(e^eps+k-1) if y is another member of S, 1/k if y is not in
+  S. Functions of released labels and public sets only (post-processing): e.g. the likelihood
+  sum_y p_y T(y, y~) of a release under a belief p over the true label.
+
+  Args:
+    released_labels: (B,) released labels, members of their rows' candidate sets.
+    candidate_mask: (B, K) bool, the public candidate sets of the release (k >= 2 per row).
+    epsilon: eps > 0 per query of the release (`math.inf`: members pass unchanged).
+
+  Returns:
+    (B, K) float32 log T(y, y~[b]) for each true class y (-inf where impossible).
+  """
+  chex.assert_rank([released_labels, candidate_mask], [1, 2])
+  chex.assert_equal_shape_prefix((released_labels, candidate_mask), 1)
+  k = jnp.sum(candidate_mask, axis=-1, keepdims=True).astype(jnp.float32)  # (B, 1)
+  log_keep = jnp.log(keep_probability(epsilon, k))  # (B, 1); 0 for eps = inf
+  log_other = log_keep - epsilon  # 1/(e^eps+k-1) = keep e^-eps; -inf for eps = inf
+  is_label = jax.nn.one_hot(released_labels, candidate_mask.shape[-1], dtype=bool)  # (B, K)
+  return jnp.where(candidate_mask, jnp.where(is_label, log_keep, log_other), -jnp.log(k))

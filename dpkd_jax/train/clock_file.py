@@ -2,7 +2,8 @@
 
 A long run is killed and resumed across sessions, and each process's `outputs.RunClock` sees
 only its own seconds. `<workdir>/run_clock.json` keeps the account of the run's segments, one
-per process that opened it (`workdir.open_run`, process 0 only, under the run's lock):
+per process that opened it (`workdir.open_run`, process 0 only, under the run's lock; the
+`Run` owns its `ClockFile` as `Run.clock`, and `outputs.finish_run` is handed that run):
 
   {"segments": [{"commit", "started", "start_step", "cpu_seconds", "wall_seconds",
                  "steps_to"}, ...],
@@ -37,7 +38,6 @@ from dpkd_jax.train import ledger_file
 from dpkd_jax.train import records
 
 FILE_NAME = "run_clock.json"
-_OPEN: dict[str, ClockFile] = {}  # absolute workdir -> the account of its open run
 
 
 def _valid_segment(segment: Any) -> bool:
@@ -90,7 +90,6 @@ class ClockFile:
         "commit": records.current_commit(),
         "started": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
         "start_step": int(step), "cpu_seconds": 0.0, "wall_seconds": 0.0, "steps_to": None}
-    _OPEN[self.workdir] = self
 
   def _write(self) -> None:
     payload = {"segments": [*self.earlier, self.current], "incomplete": self.incomplete}
@@ -120,14 +119,3 @@ class ClockFile:
     if self.incomplete:
       fields["clock_incomplete"] = True
     return fields
-
-  def close(self) -> None:
-    """Forgets the account (the run's lock is released)."""
-    if _OPEN.get(self.workdir) is self:
-      del _OPEN[self.workdir]
-
-
-def of(workdir: str) -> ClockFile | None:
-  """The account of the run open in `workdir` in this process, None if there is none (a
-  process other than 0, or a result written without `open_run`)."""
-  return _OPEN.get(os.path.abspath(workdir))

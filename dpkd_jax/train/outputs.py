@@ -29,11 +29,11 @@ from typing import Any, Mapping
 
 
 from dpkd_jax.release import model_card
-from dpkd_jax.train import clock_file
 from dpkd_jax.train import distributed
 from dpkd_jax.train import metrics as metrics_lib
 from dpkd_jax.train import records
 from dpkd_jax.train import report
+from dpkd_jax.train import workdir as workdir_lib
 
 PRIVATE_KEY = "private_diagnostics"
 PRIVATE_NOTE = ("noiseless functions of private data or of the non-private teacher: NOT "
@@ -149,7 +149,8 @@ def _write_json(path: str, payload: Mapping[str, Any]) -> None:
   os.replace(f.name, path)
 
 
-def finish_run(workdir: str, results: dict[str, Any], *, clock: RunClock, dataset: str,
+def finish_run(workdir: str, results: dict[str, Any], *, run: workdir_lib.Run | None,
+               clock: RunClock, dataset: str,
                test_accuracy: float | None, sound_epsilon: float, delta: float,
                accounting: str = "sound", paper_epsilon: float | None = None,
                target_epsilon: float | None = None, neighbouring: str = "replace-one",
@@ -167,6 +168,9 @@ def finish_run(workdir: str, results: dict[str, Any], *, clock: RunClock, datase
   Args:
     workdir: the run's directory.
     results: the run's results (method in `results["method"]`); updated in place.
+    run: the open `Run` of `workdir` (`workdir.open_run`), whose account (`Run.clock`) the
+      record sums; required, so that no method forgets it. None only for a result written
+      without `open_run` (the cost is then this process's `clock`).
     clock: started at the beginning of this process's run.
     dataset, test_accuracy, sound_epsilon, delta, accounting, paper_epsilon, neighbouring:
       the record's fields (`records.make_record`).
@@ -179,7 +183,9 @@ def finish_run(workdir: str, results: dict[str, Any], *, clock: RunClock, datase
   results["warnings"] = privacy_warnings(sound_epsilon=sound_epsilon,
                                          target_epsilon=target_epsilon, accounting=accounting)
   cpu, wall = clock.seconds()
-  account = clock_file.of(workdir)  # None: no run open here (process != 0, or no open_run)
+  if run is not None and os.path.abspath(run.workdir) != os.path.abspath(workdir):
+    raise ValueError(f"finish_run of {workdir!r} was handed the run of {run.workdir!r}")
+  account = None if run is None else run.clock  # None: process != 0, or the run is closed
   cost = (account.finish(cpu, wall) if account is not None
           else {"cpu_seconds": cpu, "wall_seconds": wall})
   cpu, wall = cost.pop("cpu_seconds"), cost.pop("wall_seconds")

@@ -19,8 +19,8 @@ does, before it writes anything:
    (`ledger_file`); `Run.charge` before each release, `Run.seal` after it is computed and
    before its outputs, `Run.save` for the checkpoint.
 5. Cost: each process that opens the run is a segment of its account (`clock_file`,
-   `<workdir>/run_clock.json`, process 0): `Run.save` records the segment's seconds, and
-   `outputs.finish_run` records the sum over the segments.
+   `<workdir>/run_clock.json`, process 0; `Run.clock`): `Run.save` records the segment's
+   seconds, and `outputs.finish_run(..., run=run)` records the sum over the segments.
 
 Decorate the training function with `@run_scope` so that the lock is released however it ends,
 or use the `Run` as a context manager.
@@ -204,9 +204,12 @@ class Run:
     self._ledger: ledger_file.LedgerFile | None = None
     self._ledger_opened = False
     self._sealed: str | None = None
-    # This process's segment of the run's cost (`clock_file`), once every check has passed.
-    self._clock = (clock_file.ClockFile(workdir, resuming=self.resuming, step=self.step)
-                   if jax.process_index() == 0 else None)
+    # This process's segment of the run's cost (`clock_file`), once every check has passed:
+    # None on other processes and once the run is closed (its lock released), so that a
+    # closed run's account is never written again (`outputs.finish_run` reads it here).
+    self.clock: clock_file.ClockFile | None = (
+        clock_file.ClockFile(workdir, resuming=self.resuming, step=self.step)
+        if jax.process_index() == 0 else None)
 
   def _newest_intact(self, steps: list[int]) -> checkpoint.Verified | None:
     problems = []
@@ -300,13 +303,12 @@ class Run:
       raise RuntimeError(f"the state saved at step {step} differs from the one sealed after "
                          "its release: seal() must come after the last change of the state")
     self._sealed = None
-    if self._clock is not None:
-      self._clock.saved(step)
+    if self.clock is not None:
+      self.clock.saved(step)
 
   def close(self) -> None:
-    """Releases the lock (idempotent)."""
-    if self._clock is not None:
-      self._clock.close()
+    """Releases the lock and drops the cost account (idempotent)."""
+    self.clock = None
     if self._lock is not None:
       self._lock.release()
       self._lock = None

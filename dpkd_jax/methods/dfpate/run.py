@@ -178,6 +178,6 @@ def train_dfpate(config: config_lib.DFPATEConfig, workdir: str, *, resume: bool 
   spent = plan.sound_epsilon if ledger is None else ledger.spent_epsilon()
   results = _results(config, plan, state, setup, history=history, spent=spent,
                      root_seed=root_seed)
-  return outputs.finish_run(workdir, results, clock=clock, dataset=config.dataset,
+  return outputs.finish_run(workdir, results, run=run, clock=clock, dataset=config.dataset,
                             test_accuracy=results["test_accuracy"], sound_epsilon=spent,
                             delta=config.delta, target_epsilon=config.target_epsilon)

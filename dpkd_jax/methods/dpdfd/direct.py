@@ -165,7 +165,7 @@ def train_direct(config: config_lib.DirectConfig, workdir: str, *,
   # 4. Results record.
   results = _results(config, plan, accuracy=accuracy, q=q, max_batch_size=max_batch_size,
                      root_seed=root_seed, workdir=workdir)
-  outputs.finish_run(workdir, results, clock=clock, dataset=config.dataset,
+  outputs.finish_run(workdir, results, run=run, clock=clock, dataset=config.dataset,
                      test_accuracy=accuracy, sound_epsilon=plan.sound_epsilon, delta=plan.delta,
                      accounting=plan.accounting, paper_epsilon=plan.paper_epsilon,
                      neighbouring=plan.relation)

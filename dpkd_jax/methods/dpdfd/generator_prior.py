@@ -9,8 +9,10 @@ private record: a run that starts from it has no record-level guarantee (ε = in
 releases keep their own ε, which holds only conditional on that generator.
 
 This module reads such a generator from the pretraining workdir's checkpoint (checking that it
-was pretrained for this dataset, teacher and architecture); it never trains one, so DPDFD does
-not depend on the SRR package.
+was pretrained for this dataset, teacher and architecture: `models.generator_identity`, which
+names the teacher by the hash of its weights, so a copy of the teacher elsewhere is accepted
+and a teacher retrained in place is refused); it never trains one, so DPDFD does not depend on
+the SRR package.
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ import os
 from typing import Any
 
 from dpkd_jax import models
+from dpkd_jax import teacher as teacher_lib
 from dpkd_jax.errors import UserError
 from dpkd_jax.methods.dpdfd import config as config_lib
 from dpkd_jax.models import core
@@ -29,16 +32,30 @@ RECORD_EPSILON_NOTE = ("generator pretrained against the teacher without noise "
                        "(pretrained_generator_dir): record-level epsilon inf")
 
 
-def identity(config: config_lib.DPDFDConfig) -> dict[str, Any]:
-  """What the pretrained generator must have been trained for (as `SRRConfig` records it)."""
-  return models.generator_identity(config, config.teacher_dirs[0])
+def identity(config: config_lib.DPDFDConfig, teacher: core.ModelParts) -> dict[str, Any]:
+  """What the pretrained generator must have been trained for (as `SRRConfig` records it).
+
+  Args:
+    config: the run (its one teacher in `teacher_dirs`).
+    teacher: that teacher as loaded (`TeacherEnsemble.member(0)`: no teacher axis, so the hash
+      is the one SRR records for the same teacher).
+  """
+  return models.generator_identity(config, teacher_lib.weights_sha256(teacher))
 
 
-def load(config: config_lib.DPDFDConfig, generator: TrainState) -> TrainState:
+def load(config: config_lib.DPDFDConfig, generator: TrainState,
+         teacher: core.ModelParts) -> TrainState:
   """`generator` with the pretrained parameters and BatchNorm statistics (fresh optimizer).
 
+  Args:
+    config: the run, with `pretrained_generator_dir` and one teacher.
+    generator: the freshly initialised generator state (the template).
+    teacher: the run's teacher as loaded (see `identity`).
+
   Raises:
-    UserError: no finished checkpoint in the directory, or one pretrained for something else.
+    UserError: no finished checkpoint in the directory, or one pretrained for something else
+      (another teacher's weights, an identity saved before teachers were named by their
+      weights, another architecture).
   """
   workdir = config.pretrained_generator_dir
   directory = os.path.join(workdir, "checkpoints")
@@ -47,9 +64,9 @@ def load(config: config_lib.DPDFDConfig, generator: TrainState) -> TrainState:
                     "`python -m experiments.srr pretrain --workdir=...` first")
   verified = checkpoint.read_verified(directory)
   meta = verified.meta
-  if meta.get("identity") != identity(config):
-    raise UserError(f"--pretrained_generator_dir={workdir!r} was pretrained for "
-                    f"{meta.get('identity')}, this run needs {identity(config)}")
+  models.check_generator_identity(meta.get("identity"), identity(config, teacher),
+                                  where=f"--pretrained_generator_dir={workdir!r}",
+                                  teacher_dir=config.teacher_dirs[0])
   if meta.get("step", 0) < meta.get("config", {}).get("steps", 0):
     raise UserError(f"--pretrained_generator_dir={workdir!r} is unfinished "
                     f"({meta.get('step')} of {meta['config']['steps']} steps)")

@@ -187,9 +187,9 @@ def convert(config: config_lib.DPDFDConfig, workdir: str, *,
 NEGLIGIBLE_NOISE = 0.01  # noise std per coordinate of the released mean row, in units of C
 
 
-def _engine_reason(steps: int, config: Mapping[str, Any], noise: str) -> str:
+def _engine_reason(steps: int, config: config_lib.DPDFDConfig, noise: str) -> str:
   """The noise is not what failed: the engine did not learn in `steps` steps."""
-  if config.get("generator_objective") == "disagreement":
+  if config.generator_objective == "disagreement":
     return (f"why at chance: {noise}, so the engine itself did not learn in {steps} steps "
             f"(its outcome spreads from seed to seed and grows with steps: "
             f"{DISAGREEMENT_ANCHOR}); try more --steps or another --seed")
@@ -204,27 +204,29 @@ def chance_reason(results: Mapping[str, Any]) -> str:
 
   The cases: noise negligible beside the rows (σ = 0 included: the engine); the paper's
   formula chose the noise (its C); sound accounting with one teacher (the budget); sound with
-  n teachers (too much noise per teacher, or teachers sharing records)."""
-  config = results.get("config", {})
+  n teachers (too much noise per teacher, or teachers sharing records).
+
+  Args:
+    results: a DPDFD run's results (`train_dpdfd`), its "config" the run's `to_json`.
+  """
+  config = config_lib.DPDFDConfig(**results["config"])
   sigma, steps = results.get("noise_multiplier") or 0.0, results.get("steps", 0)
   n, m = results.get("num_teachers", 1), results.get("teachers_per_record", 1)
-  bound = config.get("l2_norm_bound", 1.0)
+  bound = config.l2_norm_bound
   std = sigma / n  # noise std per coordinate of the released mean row, in units of C
   if std < NEGLIGIBLE_NOISE:
     noise = "no noise" if sigma == 0 else f"noise std {std:.2g}*C is negligible beside the rows"
     return _engine_reason(steps, config, noise)
   eps = f"sound epsilon {results.get('epsilon', float('nan')):.4g}"
-  if results.get("accounting_used_for_budget", config.get("accounting")) == "paper":
+  if results.get("accounting_used_for_budget", config.accounting) == "paper":
     chose = ("the paper's formula chose the noise, and its epsilon grows with C^2/sigma^2"
-             if config.get("target_epsilon") is not None else
+             if config.target_epsilon is not None else
              "the paper's epsilon grows with C^2/sigma^2")
     return (f"why at chance: {chose}: at C = {bound:g} the noise std per coordinate "
             f"{std * bound:.3g} drowns rows of norm <= C ({eps} for this run); its Table 1 "
             "recipe keeps rows far below a tiny C: --l2_norm_bound=1e-10 "
             f"--teacher_loss_scale=1e-12 --gamma=1e12 ({PAPER_TABLE_ANCHOR})")
-  probes = (config.get("probe_directions", 1)
-            if config.get("generator_objective") == "disagreement" else 0)
-  batch = config.get("batch_size", 1) * (1 + probes)  # rows of one release
+  batch = config.batch_size * (1 + config.probes_per_sample)  # rows of one release
   z = sigma / (2 * m * math.sqrt(batch))
   per_step = (f"{eps} leaves noise multiplier sigma/(2m*sqrt(B)) = {z:.3g} per step over "
               f"{steps} steps")

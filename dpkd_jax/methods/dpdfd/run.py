@@ -296,8 +296,8 @@ def train_dpdfd(config: config_lib.DPDFDConfig, workdir: str, *, progress: bool 
   init_key, train_key = jax.random.split(seeds.root_key(root_seed))
   state = init_state(config, init_key)
   if config.pretrained_generator_dir is not None:  # labelled variant: record-level ε = inf
-    state = step_lib.DPDFDState(state.student, generator_prior.load(config, state.generator),
-                                state.replay)
+    state = step_lib.DPDFDState(state.student, generator_prior.load(
+        config, state.generator, ensemble.member(0)), state.replay)
   ledger = run.ledger(plan.new_ledger())
   start = 0
   if run.resuming:
@@ -330,7 +330,7 @@ def train_dpdfd(config: config_lib.DPDFDConfig, workdir: str, *, progress: bool 
   if prior:
     results["epsilon_note"] = generator_prior.RECORD_EPSILON_NOTE
     results["release_epsilon_given_generator"] = release_epsilon
-  outputs.finish_run(workdir, results, clock=clock, dataset=config.dataset,
+  outputs.finish_run(workdir, results, run=run, clock=clock, dataset=config.dataset,
                      test_accuracy=accuracy, sound_epsilon=epsilon, delta=plan.delta,
                      accounting=plan.accounting, paper_epsilon=plan.paper_epsilon,
                      target_epsilon=config.target_epsilon, neighbouring=plan.relation,

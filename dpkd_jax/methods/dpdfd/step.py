@@ -89,6 +89,12 @@ class TeacherEnsemble(NamedTuple):
   def size(self) -> int:
     return jax.tree.leaves(self.params)[0].shape[0]
 
+  def member(self, index: int) -> core.ModelParts:
+    """Teacher `index` alone (leaves without the teacher axis), as `stack` was given it."""
+    take = lambda x: x[index]  # noqa: E731
+    return core.ModelParts(self.graphdef, jax.tree.map(take, self.params),
+                           jax.tree.map(take, self.batch_stats))
+
 
 def teacher_logits(graphdef: nnx.GraphDef, params: PyTree, batch_stats: PyTree,
                    x: jax.Array, *, teachers_per_group: int = TEACHERS_PER_GROUP) -> jax.Array:
@@ -165,6 +171,20 @@ def student_loss(config: config_lib.DPDFDConfig, logits: jax.Array,
                  target: jax.Array) -> jax.Array:
   """L_S: the batch mean of `student_loss_rows` for `config.student_loss`."""
   return student_loss_rows(config.student_loss, logits, target).mean()
+
+
+def _student_forward(stu: TrainState, x: jax.Array,
+                     replayed: tuple[jax.Array, jax.Array, jax.Array] | None):
+  """(logits (B + R, K), their vjp to the student's params, new BatchNorm statistics): the
+  student on the fresh batch x (B, ...) and, with replay, the R replayed images in one
+  forward pass (the released rows are computed from the first B)."""
+  rows = x if replayed is None else jnp.concatenate([x, replayed[0]])
+
+  def logits(params):
+    out, new_stats = core.apply(stu.graphdef, params, stu.batch_stats, rows, train=True)
+    return out.logits, new_stats
+
+  return jax.vjp(logits, stu.params, has_aux=True)
 
 
 def _student_objective(config: config_lib.DPDFDConfig, logits: jax.Array, target: jax.Array,
@@ -253,6 +273,23 @@ def disagreement_ascent(config: config_lib.DPDFDConfig, noisy: jax.Array, direct
   return -jnp.mean(base), {"disagreement": jnp.mean(base)}, -grad / batch
 
 
+def _generator_grad(config: config_lib.DPDFDConfig, stu: TrainState, target: jax.Array,
+                    x: jax.Array, noisy: jax.Array, directions: jax.Array | None
+                    ) -> tuple[jax.Array, dict[str, jax.Array], jax.Array]:
+  """(loss, terms, d loss / d x) of the generator: the paper's (through the updated student)
+  without probe `directions`, else the released disagreement's ascent (plus the diversity
+  term through the student, if weighted)."""
+  if directions is None:
+    return _paper_generator_grad(config, stu, target, x)
+  g_loss, terms, d_images = disagreement_ascent(config, noisy, directions,
+                                                step=config.probe_step)
+  if config.diversity_weight:  # class balance through the updated student
+    div_loss, d_div = _diversity_grad(config, stu, jax.lax.stop_gradient(x))
+    terms["diversity"] = div_loss
+    g_loss, d_images = g_loss + div_loss, d_images + d_div
+  return g_loss, terms, d_images
+
+
 def build_train_step(plan: privacy.DPDFDPlan, config: config_lib.DPDFDConfig,
                      teacher_graphdef: nnx.GraphDef):
   """Returns the pure, un-jitted `train_step(state, teacher_params, teacher_batch_stats, key)
@@ -277,18 +314,9 @@ def build_train_step(plan: privacy.DPDFDPlan, config: config_lib.DPDFDConfig,
     x, generator_vjp, gen_stats = jax.vjp(generate, gen.params, has_aux=True)
     x_const = jax.lax.stop_gradient(x)
 
-    # The student sees the fresh batch and, with replay, R earlier released pairs in one
-    # forward pass ((B + R, ...) rows; the released rows are computed from the first B).
-    student_x, replayed = x_const, None
-    if replay is not None:
-      replayed = replay_lib.sample(replay, jax.random.fold_in(key, 3), config.replay_rows)
-      student_x = jnp.concatenate([x_const, replayed[0]])
-
-    def student_logits(params):
-      out, new_stats = core.apply(stu.graphdef, params, stu.batch_stats, student_x, train=True)
-      return out.logits, new_stats
-
-    all_logits, student_vjp, s_stats = jax.vjp(student_logits, stu.params, has_aux=True)
+    replayed = None if replay is None else replay_lib.sample(
+        replay, jax.random.fold_in(key, 3), config.replay_rows)
+    all_logits, student_vjp, s_stats = _student_forward(stu, x_const, replayed)
     s_logits = all_logits[:plan.batch_size]
     queries, s_queries, directions = x_const, s_logits, None
     if plan.probes_per_sample:  # the disagreement probes x + δu are queries of the same release
@@ -316,15 +344,8 @@ def build_train_step(plan: privacy.DPDFDPlan, config: config_lib.DPDFDConfig,
       replay = replay_lib.write(replay, x_const, target)
 
     # 5b. Generator update (post-processing of the release and teacher-free computation).
-    if directions is None:
-      g_loss, terms, d_images = _paper_generator_grad(config, stu, target, x)
-    else:
-      g_loss, terms, d_images = disagreement_ascent(
-          config, release.noisy, directions, step=config.probe_step)
-      if config.diversity_weight:  # class balance through the updated student
-        div_loss, d_div = _diversity_grad(config, stu, x_const)
-        terms["diversity"] = div_loss
-        g_loss, d_images = g_loss + div_loss, d_images + d_div
+    g_loss, terms, d_images = _generator_grad(config, stu, target, x, release.noisy,
+                                              directions)
     (g_grads,) = generator_vjp(d_images)
     # Generator BN statistics come from the forward pass that made x (one update per step).
     gen = gen.apply_gradients(g_grads, gen_stats)

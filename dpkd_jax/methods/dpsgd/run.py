@@ -122,7 +122,7 @@ def train_dpsgd(config: DPSGDConfig, workdir: str, *, resume: bool = False,
   # 6. Results record: the replace-one ε of the steps run, the add/remove ε beside it.
   results = _results(loop, state, test_metrics, workdir=workdir,
                      seconds=time.time() - start_time)
-  outputs.finish_run(workdir, results, clock=clock, dataset=config.dataset,
+  outputs.finish_run(workdir, results, run=run, clock=clock, dataset=config.dataset,
                      test_accuracy=results["test_accuracy"], sound_epsilon=results["epsilon"],
                      delta=plan.delta, target_epsilon=config.target_epsilon,
                      neighbouring=plan.relation, extra=_record_extra(results))

@@ -262,7 +262,7 @@ def train_rknn(config: config_lib.RKNNConfig, workdir: str, *,
   results = _results(config, plan, ledger, representation, splits, per_round, seed, started,
                      workdir)
   return outputs.finish_run(
-      workdir, results, clock=clock, dataset=config.dataset,
+      workdir, results, run=run, clock=clock, dataset=config.dataset,
       test_accuracy=results["student_accuracy"], sound_epsilon=results["ledger_epsilon"],
       delta=plan.delta, paper_epsilon=plan.paper_epsilon, neighbouring=plan.relation,
       extra={"pure_epsilon": plan.paper_epsilon, "pure_delta": 0.0})

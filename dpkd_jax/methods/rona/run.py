@@ -380,7 +380,7 @@ def _finish(ctx: _Context, carry: _Carry, test_metrics: dict[str, float] | None,
           files=("teacher",)),
   }
   return outputs.finish_run(
-      workdir, results, clock=clock, dataset=config.dataset,
+      workdir, results, run=ctx.run, clock=clock, dataset=config.dataset,
       test_accuracy=test_metrics["accuracy"], sound_epsilon=epsilon, delta=config.delta,
       paper_epsilon=plan.paper_epsilon, target_epsilon=config.target_epsilon,
       extra={"paper_epsilon_scope": "per query (classic Gaussian bound, sensitivity B)"})

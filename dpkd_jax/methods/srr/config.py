@@ -14,7 +14,9 @@ from typing import Any
 from dpkd_jax import config_checks
 from dpkd_jax import data
 from dpkd_jax import models
+from dpkd_jax import teacher as teacher_lib
 from dpkd_jax.methods.srr import generator
+from dpkd_jax.models import core
 
 FIRST_PRIORS = ("uniform", "student")
 GENERATOR_PRIORS = ("teacher", "none")
@@ -38,9 +40,10 @@ class SRRConfig:
     student_model, student_norm, generator_model, generator_channels, latent_dim: networks.
     pretrain_steps, pretrain_batch_size, pretrain_lr: generator pretraining ("teacher").
     generator_terms, entropy_weight, bn_weight: pretraining terms (ablation) and alpha, beta.
-    pretrained_generator_dir: reuse a generator pretrained for the same dataset, teacher,
-      architecture and pretraining fields (`<other run>/generator_pretrain`, or a
-      `pretrain(...)` workdir), instead of pretraining again.
+    pretrained_generator_dir: reuse a generator pretrained for the same dataset, teacher (its
+      weights, wherever they lie: `models.generator_identity`), architecture and pretraining
+      fields (`<other run>/generator_pretrain`, or a `pretrain(...)` workdir), instead of
+      pretraining again.
     stages, samples_per_stage, batch_size: S, N and B.
     student_epochs, generator_epochs: passes over each stage's labels (0: no fine-tuning).
     student_lr, generator_lr: Adam (student cosine-decayed over all its steps).
@@ -136,9 +139,10 @@ class SRRConfig:
         steps=self.pretrain_steps, batch_size=self.pretrain_batch_size,
         latent_dim=self.latent_dim, learning_rate=self.pretrain_lr)
 
-  def generator_identity(self) -> dict[str, Any]:
-    """What a pretrained generator must have been trained for to be reused by this run."""
-    return models.generator_identity(self, self.teacher_dir)
+  def generator_identity(self, teacher: core.ModelParts) -> dict[str, Any]:
+    """What a pretrained generator must have been trained for to be reused by this run, with
+    `teacher` the loaded teacher of `teacher_dir` (named by its weights, not its path)."""
+    return models.generator_identity(self, teacher_lib.weights_sha256(teacher))
 
   def to_json(self) -> dict[str, Any]:
     """The config as saved in checkpoints and results (a resumed run must match it)."""

@@ -3,8 +3,8 @@ against the frozen teacher (resumable, reusable by later runs), or none.
 
 `generator_prior="teacher"`: the generator is pretrained with `step.make_pretrain_step` (the
 `generator` losses) in `<workdir>/generator_pretrain`, or loaded from
-`pretrained_generator_dir`, checked to be pretrained for the same dataset, teacher,
-architecture and pretraining config. Such a generator is a noiseless function of the teacher:
+`pretrained_generator_dir`, checked to be pretrained for the same dataset, teacher (by the
+hash of its weights, not its directory), architecture and pretraining config. Such a generator is a noiseless function of the teacher:
 record-level ε = inf (`privacy`). `"none"`: the generator starts from its public random
 initialisation.
 """
@@ -20,6 +20,7 @@ import jax.numpy as jnp
 import optax
 import tqdm
 
+from dpkd_jax import models
 from dpkd_jax.methods.srr import config as config_lib
 from dpkd_jax.methods.srr import generator as generator_lib
 from dpkd_jax.methods.srr import step as step_lib
@@ -36,10 +37,11 @@ def starting_generator(config: config_lib.SRRConfig, generator: core.ModelParts,
   """The generator the stages start from (pretrained against the teacher, or as given)."""
   if config.generator_prior == "none":
     return generator
-  identity = config.generator_identity()
+  identity = config.generator_identity(teacher)
   if config.pretrained_generator_dir is not None:
     return load_pretrained(config.pretrained_generator_dir, generator,
-                           config=config.pretrain_config(), identity=identity)
+                           config=config.pretrain_config(), identity=identity,
+                           teacher_dir=config.teacher_dir)
   return pretrain_generator(
       config.pretrain_config(), generator, teacher, os.path.join(workdir, "generator_pretrain"),
       key, identity=identity, progress=progress, mesh=mesh)
@@ -53,8 +55,8 @@ def pretrain_generator(config: generator_lib.PretrainConfig, generator: core.Mod
   """Pretrains `generator` against the frozen `teacher`, resumable from `workdir`.
 
   `workdir/checkpoints/<step>` holds the generator state and, in its metadata, the config,
-  `identity` (what the generator is for: dataset, teacher, architecture; compared on resume
-  and by `load_pretrained`) and the key data of `key`, so a resumed run continues the same
+  `identity` (what the generator is for: dataset, teacher by its weights, architecture;
+  `models.generator_identity`; compared on resume and by `load_pretrained`) and the key data of `key`, so a resumed run continues the same
   stream. `key` must be derived from the caller's root key (never the root key itself).
 
   Args:
@@ -108,21 +110,24 @@ def pretrain_generator(config: generator_lib.PretrainConfig, generator: core.Mod
 
 
 def load_pretrained(workdir: str, template: core.ModelParts, *, config: generator_lib.PretrainConfig,
-                    identity: dict[str, Any]) -> core.ModelParts:
+                    identity: dict[str, Any], teacher_dir: str) -> core.ModelParts:
   """The finished generator of `pretrain_generator(config, ..., workdir, identity=identity)`.
 
-  Both must match, so that a run reusing the generator reports its true pretraining.
+  Both must match, so that a run reusing the generator reports its true pretraining; the
+  teacher is compared by its weights (`models.generator_identity`), so a copy of the teacher
+  elsewhere is accepted and a teacher retrained in place is not. `teacher_dir` (this run's
+  teacher) only names it in the error.
 
   Raises:
     FileNotFoundError: no checkpoint in `workdir`.
-    ValueError: it was pretrained for another dataset/teacher/architecture or with another
-      config, or is unfinished.
+    UserError: it was pretrained for another dataset/teacher/architecture, or saved before
+      identities named the teacher by its weights (`models.check_generator_identity`).
+    ValueError: it was pretrained with another config, or is unfinished.
   """
   ckpt_dir = os.path.join(workdir, "checkpoints")
   meta = checkpoint.restore_metadata(ckpt_dir)
-  if meta.get("identity") != identity:
-    raise ValueError(f"the generator in {workdir!r} was pretrained for {meta.get('identity')},"
-                     f" not for {identity}")
+  models.check_generator_identity(meta.get("identity"), identity,
+                                  where=f"the generator in {workdir!r}", teacher_dir=teacher_dir)
   if meta.get("config") != _config_json(config):
     raise ValueError(f"the generator in {workdir!r} was pretrained with {meta.get('config')},"
                      f" this run asks for {_config_json(config)}")

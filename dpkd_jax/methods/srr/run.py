@@ -90,7 +90,7 @@ def pretrain(config: config_lib.SRRConfig, workdir: str, *, progress: bool = Tru
   _, generator = step_lib.init_models(config, keys.init)
   generator = pretraining.pretrain_generator(
       config.pretrain_config(), generator, teacher.parts, workdir, keys.pretrain,
-      identity=config.generator_identity(), progress=progress, mesh=mesh)
+      identity=config.generator_identity(teacher.parts), progress=progress, mesh=mesh)
   _save_grid(config, generator, jax.random.fold_in(keys.init, _GRID_TAG), mesh,
              os.path.join(workdir, "samples.png"))
   return generator
@@ -146,7 +146,7 @@ def train_srr(config: config_lib.SRRConfig, workdir: str, *, resume: bool = Fals
              os.path.join(workdir, "samples.png"))
   results = _results(config, plan, ledger, history, root_seed, teacher.card, state, workdir)
   return outputs.finish_run(
-      workdir, results, clock=clock, dataset=config.dataset,
+      workdir, results, run=run, clock=clock, dataset=config.dataset,
       test_accuracy=results["test_accuracy"], sound_epsilon=results["record_level_epsilon"],
       delta=config.delta, paper_epsilon=results["paper_label_epsilon_per_query"],
       target_epsilon=config.target_epsilon, extra={"paper_epsilon_scope": "label-DP per query"})

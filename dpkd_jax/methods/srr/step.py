@@ -30,6 +30,7 @@ from dpkd_jax.methods.srr import generator as generator_lib
 from dpkd_jax.methods.srr import privacy
 from dpkd_jax.methods.srr import stage as stage_lib
 from dpkd_jax.models import core
+from dpkd_jax.privacy import randomized_response
 from dpkd_jax.train.state import TrainState
 
 PyTree = Any
@@ -80,11 +81,10 @@ def rr_likelihood_loss(logits: jax.Array, labels: jax.Array, candidate_mask: jax
   """Mean over the batch of -log P(released label | student), through the known SRR channel.
 
   The student's softmax p is its belief about the teacher's label y; selective RR with the
-  query's public candidate set C (k = |C|) then releases y~ with probability
-  T(y, y~) = e^eps/(e^eps+k-1) if y = y~, 1/(e^eps+k-1) if y in C minus y~, 1/k if y not in C
-  (`randomized_response.selective_randomized_response`). The loss is -log sum_y p_y T(y, y~)
-  (forward loss correction with the exact channel): a function of released labels and public
-  sets only, so post-processing.
+  query's public candidate set then releases y~ with probability T(y, y~), the mechanism's own
+  channel (`randomized_response.selective_rr_log_likelihood`). The loss is
+  -log sum_y p_y T(y, y~) (forward loss correction with the exact channel): a function of
+  released labels and public sets only, so post-processing.
 
   Args:
     logits: (B, K) student logits.
@@ -95,12 +95,8 @@ def rr_likelihood_loss(logits: jax.Array, labels: jax.Array, candidate_mask: jax
   Returns:
     Scalar loss.
   """
-  k = jnp.sum(candidate_mask, axis=-1, keepdims=True).astype(jnp.float32)  # (B, 1)
-  # log(e^eps + k - 1) = eps + log1p((k - 1) e^-eps): finite for eps = inf.
-  log_norm = jnp.log1p((k - 1.0) * jnp.exp(-epsilon))  # (B, 1), without the eps
-  is_label = jax.nn.one_hot(labels, logits.shape[-1], dtype=bool)  # (B, K)
-  log_channel = jnp.where(
-      candidate_mask, jnp.where(is_label, -log_norm, -epsilon - log_norm), -jnp.log(k))
+  log_channel = randomized_response.selective_rr_log_likelihood(labels, candidate_mask,
+                                                                epsilon)  # (B, K)
   log_released = jax.nn.logsumexp(jax.nn.log_softmax(logits) + log_channel, axis=-1)  # (B,)
   return -jnp.mean(log_released)
 
