@@ -44,6 +44,25 @@ def test_sampling_draws_only_written_rows_and_an_empty_buffer_weighs_nothing():
   np.testing.assert_array_equal(targets[:, 1], images.ravel())
 
 
+def test_class_balanced_sampling_draws_every_class_alike():
+  # 90 rows of class 0, 10 of class 1, 0 of class 2, in a ring of 128 (28 slots unfilled).
+  buffer = replay.ReplayBuffer.empty(128, (1, 1, 1), 3)
+  targets = jnp.zeros((100, 3)).at[:90, 0].set(1.0).at[90:, 1].set(1.0)
+  buffer = replay.write(buffer, jnp.arange(100.0).reshape(100, 1, 1, 1), targets)
+  images, got, weight = replay.sample(buffer, jax.random.key(2), 20000,
+                                      sampling="class_balanced")
+  assert float(weight) == 1.0 and float(images.max()) < 100  # never an unfilled slot
+  share = np.bincount(np.argmax(np.asarray(got), -1), minlength=3) / 20000
+  np.testing.assert_allclose(share, [0.5, 0.5, 0.0], atol=0.02)
+  uniform = replay.sample(buffer, jax.random.key(2), 20000)[1]
+  assert np.mean(np.argmax(np.asarray(uniform), -1) == 1) < 0.15
+  _, _, empty_weight = replay.sample(replay.ReplayBuffer.empty(8, (1, 1, 1), 3),
+                                     jax.random.key(0), 4, sampling="class_balanced")
+  assert float(empty_weight) == 0.0
+  with pytest.raises(ValueError, match="sampling"):
+    replay.sample(buffer, jax.random.key(0), 4, sampling="newest")
+
+
 def test_the_replay_key_is_none_of_the_step_keys():
   key = jax.random.key(11)
   keys = list(jax.random.split(key, 3)) + [jax.random.fold_in(key, 3)]
@@ -69,6 +88,10 @@ def test_config_checks_replay(teacher_dir):
   assert _config(teacher_dir, replay_size=64).replay_rows == 8
   assert _config(teacher_dir, replay_size=64, replay_batch=5).replay_rows == 5
   assert "replay_size" not in _config(teacher_dir).to_json()  # old runs resume
+  with pytest.raises(ValueError, match="replay_sampling needs replay_size"):
+    _config(teacher_dir, replay_sampling="class_balanced")
+  with pytest.raises(ValueError, match="replay_sampling"):
+    _config(teacher_dir, replay_size=64, replay_sampling="newest")
 
 
 def test_an_empty_buffer_changes_nothing_then_the_step_writes_its_batch(teacher_dir):

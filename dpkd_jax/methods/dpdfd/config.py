@@ -16,6 +16,7 @@ from dpkd_jax import config_checks
 from dpkd_jax import data
 from dpkd_jax import errors
 from dpkd_jax import models
+from dpkd_jax.methods.dpdfd import replay
 from dpkd_jax.methods.dpdfd import restarts
 from dpkd_jax.privacy import mechanisms
 from dpkd_jax.privacy import plan as plan_lib
@@ -145,6 +146,8 @@ class DPDFDConfig:
       `replay_batch` rows (default: batch_size). Post-processing of the releases: same rows,
       same ε. 0 (default): the student learns from the newest batch only.
     replay_batch: see replay_size.
+    replay_sampling: how replayed rows are drawn: "uniform" (default) or "class_balanced"
+      (every class, as the stored target's argmax names it, alike: `dpdfd.replay.sample`).
     pretrained_generator_dir: None (default, the paper: the generator starts from random
       weights and sees only the student), or the workdir of `python -m experiments.srr
       pretrain` for the same dataset, teacher and generator: a generator pretrained against the
@@ -195,6 +198,7 @@ class DPDFDConfig:
   generator_max_restarts: int = 2
   replay_size: int = 0
   replay_batch: int | None = None
+  replay_sampling: str = "uniform"
   pretrained_generator_dir: str | None = None
   seed: int | None = None
   eval_every: int = 200
@@ -238,6 +242,9 @@ class DPDFDConfig:
       config_checks.integer("replay_batch", self.replay_batch, minimum=1)
       if not self.replay_size:
         raise ValueError("replay_batch needs replay_size > 0")
+    config_checks.one_of("replay_sampling", self.replay_sampling, replay.SAMPLINGS)
+    if self.replay_sampling != "uniform" and not self.replay_size:
+      raise ValueError("replay_sampling needs replay_size > 0")
     check_output_gradient_fields(self)
     check_privacy_request(self)
 
@@ -278,6 +285,8 @@ class DPDFDConfig:
         del out[name]
     if not self.replay_size:  # replay off: likewise
       del out["replay_size"], out["replay_batch"]
+    if self.replay_sampling == "uniform":  # as saved before the field existed
+      del out["replay_sampling"]
     if self.teacher_ensemble_dir is None:  # as saved before the field existed: runs resume
       del out["teacher_ensemble_dir"]
     return out

@@ -55,17 +55,40 @@ class ReplayBuffer:
     return ReplayBuffer(arrays["images"], arrays["targets"], arrays["written"])
 
 
-def sample(buffer: ReplayBuffer, key: jax.Array,
-           count: int) -> tuple[jax.Array, jax.Array, jax.Array]:
-  """`count` rows drawn uniformly with replacement from the filled part of the ring.
+SAMPLINGS = ("uniform", "class_balanced")
+
+
+def sample(buffer: ReplayBuffer, key: jax.Array, count: int, *,
+           sampling: str = "uniform") -> tuple[jax.Array, jax.Array, jax.Array]:
+  """`count` rows drawn with replacement from the filled part of the ring.
+
+  Args:
+    buffer: the ring.
+    key: this draw's key.
+    count: rows to draw.
+    sampling: "uniform" (every filled row alike) or "class_balanced": every class, as the
+      argmax of the stored target names it, alike (each row weighs 1 / the number of filled
+      rows of its class). The disagreement generator dwells on a few classes at a time
+      (the student's class entropy on its batches is far below log K), so a uniform draw
+      replays mostly the classes it visited last.
 
   Returns:
     (images (count, H, W, C), targets (count, K), weight): weight is 1.0, or 0.0 while the
     buffer is still empty (the rows are then zeros and must not count).
   """
   filled = jnp.minimum(buffer.written, buffer.size)
-  index = jax.random.randint(key, (count,), 0, jnp.maximum(filled, 1))
   weight = (filled > 0).astype(jnp.float32)
+  if sampling == "uniform":
+    index = jax.random.randint(key, (count,), 0, jnp.maximum(filled, 1))
+  elif sampling == "class_balanced":
+    is_filled = jnp.arange(buffer.size) < filled  # the ring fills from slot 0
+    labels = jnp.argmax(buffer.targets, axis=-1)  # (size,)
+    per_class = jnp.zeros(buffer.targets.shape[-1]).at[labels].add(is_filled)  # (K,)
+    logits = jnp.where(is_filled, -jnp.log(jnp.maximum(per_class[labels], 1.0)), -jnp.inf)
+    logits = jnp.where(filled > 0, logits, 0.0)  # empty ring: any index (weight 0)
+    index = jax.random.categorical(key, logits, shape=(count,))
+  else:
+    raise ValueError(f"sampling must be one of {SAMPLINGS}, got {sampling!r}")
   return buffer.images[index], buffer.targets[index], weight
 
 

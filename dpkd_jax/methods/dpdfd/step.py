@@ -315,7 +315,8 @@ def build_train_step(plan: privacy.DPDFDPlan, config: config_lib.DPDFDConfig,
     x_const = jax.lax.stop_gradient(x)
 
     replayed = None if replay is None else replay_lib.sample(
-        replay, jax.random.fold_in(key, 3), config.replay_rows)
+        replay, jax.random.fold_in(key, 3), config.replay_rows,
+        sampling=config.replay_sampling)
     all_logits, student_vjp, s_stats = _student_forward(stu, x_const, replayed)
     s_logits = all_logits[:plan.batch_size]
     queries, s_queries, directions = x_const, s_logits, None
