@@ -14,8 +14,8 @@ computation only. Replaying them is post-processing: no new row is released and 
 the run is that of the same run without replay.
 
 The buffer is a ring of `size` rows: rows are written in release order at
-(written + arange(B)) mod size, and each step draws its replay rows uniformly, with
-replacement, from the rows written before that step.
+(written + arange(B)) mod size, and each step draws its replay rows with replacement from
+the rows written before that step, uniformly or class-balanced (`sample`).
 """
 
 from __future__ import annotations
