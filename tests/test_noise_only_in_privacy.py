@@ -66,6 +66,12 @@ ALLOWED: dict[tuple[str, str, str], str] = {
     ("methods/dfpate/student.py", "train_student", "permutation"): (
         "student epoch shuffles over queries and labels already released (post-processing)"),
     ("methods/rona/run.py", "_query_batches", "permutation"): "order of PUBLIC query samples",
+    ("methods/dpdfd/replay.py", "sample", "randint"): (
+        "which replay rows the student re-reads: rows of released (x, y_s) pairs, drawn "
+        "independently of the data (post-processing, replay.py's docstring)"),
+    ("methods/dpdfd/replay.py", "sample", "uniform"): (
+        "class-balanced choice of replay rows: inverse-CDF over weights computed from released "
+        "targets only (post-processing)"),
     ("methods/rona/run.py", "_private_epoch", "permutation"): (
         "hint epochs' random PUBLIC query samples (RONA's public split)"),
     ("methods/rknn/votes.py", "kmeans_plus_plus_init", "randint"): (
