@@ -125,6 +125,14 @@ def test_resume_is_bit_identical(teacher_dir, finished_run, tmp_path):
   _, b, _ = dpdfd.load_run(workdir)
   chex.assert_trees_all_equal(a.student.params, b.student.params)
   chex.assert_trees_all_equal(a.generator.params, b.generator.params)
+  # The checkpoint names its teachers by their weights: a directory retrained since (the same
+  # path, other weights) is refused before any step.
+  assert len(meta["teachers_sha256"]) == 64
+  other_dir = str(tmp_path / "other_teachers")
+  checkpoint.save(os.path.join(other_dir, "checkpoints"), 2, arrays,
+                  {**meta, "teachers_sha256": "0" * 64})
+  with pytest.raises(errors.UserError, match="was run with other teachers"):
+    dpdfd.train_dpdfd(config, other_dir, progress=False)
 
 
 def test_resume_with_spent_budget_raises(teacher_dir, tmp_path):

@@ -36,6 +36,7 @@ from dpkd_jax.methods.dpdfd import step as step_lib
 from dpkd_jax.privacy import ledger as ledger_lib
 from dpkd_jax.privacy import seeds
 from dpkd_jax.train import averaging
+from dpkd_jax.train import checkpoint
 from dpkd_jax.train import distributed
 from dpkd_jax.train import evaluate
 from dpkd_jax.train import metrics as metrics_lib
@@ -246,9 +247,18 @@ def _results(config: config_lib.DPDFDConfig, plan: privacy.DPDFDPlan, *, accurac
   }
 
 
-def _check_same_teachers(run: workdir_lib.Run, plan: privacy.DPDFDPlan) -> None:
-  """A resumed run must account the same n and m as its checkpoint (the config names the
-  teachers' directories, not what they hold: a directory retrained since is refused)."""
+def _teachers_sha256(ensemble: step_lib.TeacherEnsemble) -> str:
+  """The loaded teachers by content: SHA-256 of their stacked params and BatchNorm statistics
+  (`checkpoint.checksum`), the same wherever their directories lie."""
+  return checkpoint.checksum({"params": ensemble.params, "batch_stats": ensemble.batch_stats})
+
+
+def _check_same_teachers(run: workdir_lib.Run, plan: privacy.DPDFDPlan,
+                         teachers_sha256: str) -> None:
+  """A resumed run must account the same n and m as its checkpoint and query the same
+  teachers: the config names the teachers' directories, not what they hold, so a directory
+  retrained since is refused by its weights (checkpoints written before the weights' hash
+  was kept are checked by n and m only)."""
   saved = run.saved.get("plan") if run.resuming else None
   if not isinstance(saved, dict):
     return
@@ -257,6 +267,11 @@ def _check_same_teachers(run: workdir_lib.Run, plan: privacy.DPDFDPlan) -> None:
   if was != now:
     raise errors.UserError(f"{run.workdir!r} was run with teachers {was}, its teacher "
                            f"directories now give {now}; use a fresh workdir")
+  was_sha = run.saved.get("teachers_sha256", teachers_sha256)
+  if was_sha != teachers_sha256:
+    raise errors.UserError(f"{run.workdir!r} was run with other teachers: the weights in its "
+                           "teacher directories changed since its checkpoint (retrained?); "
+                           "use a fresh workdir")
 
 
 def _prior_fields(release_epsilon: float) -> dict[str, Any]:
@@ -290,7 +305,8 @@ def train_dpdfd(config: config_lib.DPDFDConfig, workdir: str, *, progress: bool 
   test = data.load(config.dataset, "test", data_dir=config.data_dir)
   # 3. Plan: σ and the steps, the only place they are resolved.
   plan = privacy.make_plan(config, overlap.teachers_per_record, num_teachers=ensemble.size)
-  _check_same_teachers(run, plan)
+  teachers_sha256 = _teachers_sha256(ensemble)
+  _check_same_teachers(run, plan, teachers_sha256)
   # 4. Root seed (secret unless chosen; a resumed run continues with its own), state, ledger.
   root_seed = run.root_seed(config.seed)
   init_key, train_key = jax.random.split(seeds.root_key(root_seed))
@@ -305,7 +321,8 @@ def train_dpdfd(config: config_lib.DPDFDConfig, workdir: str, *, progress: bool 
     state, start = state.with_arrays(arrays), int(saved["step"])
   # 5. Train: charge -> release -> seal -> save, one chunk per evaluation.
   state, ensemble = sharding.replicate(state, mesh), sharding.replicate(ensemble, mesh)
-  meta = {"config": config.to_json(), "plan": plan.to_json(), "root_seed": list(root_seed)}
+  meta = {"config": config.to_json(), "plan": plan.to_json(), "root_seed": list(root_seed),
+          "teachers_sha256": teachers_sha256}
   restarter = None
   if config.restart_rule is not None:  # resumes the rule where the checkpoint left it
     saved_rule = run.saved.get("generator_restarts") if run.resuming else None
