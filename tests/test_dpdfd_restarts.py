@@ -1,16 +1,17 @@
 """dpkd_jax.methods.dpdfd.restarts: the generator-restart rule, and a run that restarts."""
 
+import dataclasses
 import json
 import math
 import os
 import warnings
 
 import chex
-import dataclasses
 import jax
 import numpy as np
 import pytest
 
+from dpkd_jax import models
 from dpkd_jax.methods import dpdfd
 from dpkd_jax.methods.dpdfd import restarts
 from dpkd_jax.privacy import paper_accounting
@@ -182,3 +183,14 @@ def test_restart_generator_is_fresh_and_keeps_the_student(teacher_dir):
   before, after = jax.tree.leaves(moved), jax.tree.leaves(new.generator.params)
   assert all(a.shape == b.shape for a, b in zip(before, after))
   assert not any(np.array_equal(a, b) for a, b in zip(before, after) if a.size > 1)
+
+
+def test_restart_generator_is_the_generator_half_of_the_pair_init(teacher_dir):
+  """The restarted runs on record drew their generator from `create_student_and_generator`'s
+  fold 1: building the generator alone gives the same weights."""
+  config = _config(teacher_dir, generator_restart_ratio=1.5)
+  state = dpdfd.init_state(config, jax.random.key(0))
+  key = restarts.restart_key(jax.random.key(0), 1)
+  _, pair_generator = models.create_student_and_generator(config, key)
+  new = dpdfd.restart_generator(config, state, key)
+  chex.assert_trees_all_equal(new.generator.params, pair_generator.params)

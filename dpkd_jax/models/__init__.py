@@ -16,8 +16,9 @@ from dpkd_jax.models.adapter import InputAdapter
 from dpkd_jax.models.generators import DAFLGenerator
 from dpkd_jax.models.mobilenet import MobileNet
 from dpkd_jax.models.registry import (CLASSIFIERS, GENERATORS, check_generator_identity,
-                                      create_classifier, create_generator,
-                                      create_student_and_generator, generator_identity)
+                                      create_classifier, create_data_free_generator,
+                                      create_generator, create_student_and_generator,
+                                      generator_identity)
 from dpkd_jax.models.resnet import ResNet, ResNet18, ResNet34, WideResNet
 
 __all__ = [
@@ -42,6 +43,7 @@ __all__ = [
     "check_generator_identity",
     "count_params",
     "create_classifier",
+    "create_data_free_generator",
     "create_generator",
     "create_student_and_generator",
     "generator_identity",

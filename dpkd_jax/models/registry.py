@@ -107,10 +107,16 @@ def create_student_and_generator(config: Any,
   student = create_classifier(config.student_model, num_classes=info.num_classes,
                               input_shape=info.image_shape, norm=config.student_norm,
                               rngs=nnx.Rngs(s_key))
-  generator = create_generator(config.generator_model, latent_dim=config.latent_dim,
-                               image_shape=info.image_shape, rngs=nnx.Rngs(g_key),
-                               base_channels=config.generator_channels)
-  return core.split(student), core.split(generator)
+  return core.split(student), create_data_free_generator(config, g_key)
+
+
+def create_data_free_generator(config: Any, key: jax.Array) -> core.ModelParts:
+  """The generator of `create_student_and_generator` alone, initialised from `key` (that
+  function's fold 1)."""
+  info = config.info
+  return core.split(create_generator(config.generator_model, latent_dim=config.latent_dim,
+                                     image_shape=info.image_shape, rngs=nnx.Rngs(key),
+                                     base_channels=config.generator_channels))
 
 
 def generator_identity(config: Any, teacher_sha256: str) -> dict[str, Any]:

@@ -130,7 +130,9 @@ def restart_generator(config: config_lib.DPDFDConfig, state: step_lib.DPDFDState
   cosine schedule starts again at the full rate (a random generator must learn from the
   start); the student is kept. The optimizer is the one `init_state` builds, so a resumed run
   restores a restarted generator into the same structure."""
-  _, generator = models.create_student_and_generator(config, key)
+  # split(key)[1]: the generator half of `create_student_and_generator(config, key)`, which
+  # the restarted runs on record were initialised with.
+  generator = models.create_data_free_generator(config, jax.random.split(key)[1])
   return step_lib.DPDFDState(state.student,
                              TrainState.create(generator, _adam(config, config.generator_lr)),
                              state.replay)
