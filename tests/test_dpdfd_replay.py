@@ -1,6 +1,5 @@
 """dpkd_jax.methods.dpdfd.replay: the ring of released pairs, the step that replays it, a run."""
 
-import os
 import warnings
 
 import chex
@@ -15,8 +14,8 @@ from dpkd_jax.methods import dpdfd
 from dpkd_jax.methods.dpdfd import replay
 from dpkd_jax.methods.dpdfd import step as step_lib
 from dpkd_jax.privacy import paper_accounting
-from dpkd_jax.train import checkpoint
 from dpkd_jax.train.state import TrainState
+from resume_fixtures import assert_same_dpdfd_state, interrupted_dpdfd
 
 
 def _rows(start, count):
@@ -106,16 +105,16 @@ def test_an_empty_buffer_changes_nothing_then_the_step_writes_its_batch(teacher_
   key = jax.random.key(5)
   args = (ensemble.params, ensemble.batch_stats, key)
   a, ma = dpdfd.build_train_step(dpdfd.make_plan(plain), plain, ensemble.graphdef)(state, *args)
-  b, mb = dpdfd.build_train_step(dpdfd.make_plan(replaying), replaying, ensemble.graphdef)(
-      with_buffer, *args)
+  replaying_step = dpdfd.build_train_step(dpdfd.make_plan(replaying), replaying,
+                                          ensemble.graphdef)  # compiled once, stepped twice
+  b, mb = replaying_step(with_buffer, *args)
   chex.assert_trees_all_close(a.student.params, b.student.params, atol=1e-6)
   chex.assert_trees_all_close(a.generator.params, b.generator.params, atol=1e-6)
   assert float(ma["student_loss"]) == pytest.approx(float(mb["student_loss"]), rel=1e-6)
   assert int(b.replay.written) == 8 and float(jnp.abs(b.replay.images[:8]).sum()) > 0
   assert float(jnp.abs(b.replay.images[8:]).sum()) == 0
   # The second step replays the first step's rows: its replay loss is theirs, not zero rows'.
-  _, m2 = dpdfd.build_train_step(dpdfd.make_plan(replaying), replaying, ensemble.graphdef)(
-      b, ensemble.params, ensemble.batch_stats, jax.random.key(6))
+  _, m2 = replaying_step(b, ensemble.params, ensemble.batch_stats, jax.random.key(6))
   assert float(m2["replay_loss"]) > 0
 
 
@@ -130,14 +129,9 @@ def test_a_replaying_run_keeps_its_epsilon_checkpoints_the_buffer_and_resumes(te
     workdir = str(tmp_path / "replay")
     full = dpdfd.train_dpdfd(config, workdir, progress=False)
     assert full["epsilon"] == pytest.approx(plain["epsilon"], rel=1e-12)
-    template = dpdfd.init_state(config, jax.random.key(0)).arrays()
-    arrays, meta = checkpoint.restore(os.path.join(workdir, "checkpoints"), template, step=2)
-    assert int(arrays["replay"]["written"]) == 16
     resumed_dir = str(tmp_path / "resumed")
-    checkpoint.save(os.path.join(resumed_dir, "checkpoints"), 2, arrays, meta)
+    arrays, _ = interrupted_dpdfd(config, workdir, 2, resumed_dir)
+    assert int(arrays["replay"]["written"]) == 16
     resumed = dpdfd.train_dpdfd(config, resumed_dir, progress=False)
   assert resumed["test_accuracy"] == full["test_accuracy"]
-  _, a, _ = dpdfd.load_run(resumed_dir)
-  _, b, _ = dpdfd.load_run(workdir)
-  chex.assert_trees_all_equal(a.student.params, b.student.params)
-  chex.assert_trees_all_equal(a.replay.arrays(), b.replay.arrays())
+  assert_same_dpdfd_state(resumed_dir, workdir)

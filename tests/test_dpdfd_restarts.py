@@ -11,6 +11,8 @@ import jax
 import numpy as np
 import pytest
 
+from resume_fixtures import assert_same_dpdfd_state, interrupted_dpdfd, resume_dpdfd
+
 from dpkd_jax import models
 from dpkd_jax.methods import dpdfd
 from dpkd_jax.methods.dpdfd import restarts
@@ -157,19 +159,12 @@ def test_a_restart_replaces_the_generator_and_keeps_the_epsilon(restarted_run):
 def test_a_run_resumed_after_a_restart_is_bit_identical(restarted_run, teacher_dir, tmp_path):
   _, full, _, workdir = restarted_run
   config = _config(teacher_dir, **RESTARTING)
-  template = dpdfd.init_state(config, jax.random.key(0)).arrays()
-  arrays, meta = checkpoint.restore(os.path.join(workdir, "checkpoints"), template, step=4)
-  assert meta["generator_restarts"]["restarts"] == 1
   resumed_dir = str(tmp_path / "resumed")
-  checkpoint.save(os.path.join(resumed_dir, "checkpoints"), 4, arrays, meta)
-  with warnings.catch_warnings():
-    warnings.simplefilter("ignore", paper_accounting.PaperAccountingWarning)
-    resumed = dpdfd.train_dpdfd(config, resumed_dir, progress=False)
+  _, meta = interrupted_dpdfd(config, workdir, 4, resumed_dir)
+  assert meta["generator_restarts"]["restarts"] == 1
+  resumed = resume_dpdfd(config, resumed_dir)
   assert resumed["generator_restarts"] == full["generator_restarts"]
-  _, a, _ = dpdfd.load_run(resumed_dir)
-  _, b, _ = dpdfd.load_run(workdir)
-  chex.assert_trees_all_equal(a.generator.params, b.generator.params)
-  chex.assert_trees_all_equal(a.student.params, b.student.params)
+  assert_same_dpdfd_state(resumed_dir, workdir)
 
 
 def test_restart_generator_is_fresh_and_keeps_the_student(teacher_dir):

@@ -6,11 +6,11 @@ import os
 import shutil
 import warnings
 
-import chex
 import jax
 import numpy as np
 import pytest
 import tensorflow_datasets as tfds
+from resume_fixtures import assert_same_dpdfd_state, interrupted_dpdfd, resume_dpdfd
 from teacher_fixtures import copy_without_partition
 
 from dpkd_jax import data
@@ -112,19 +112,12 @@ def test_resume_is_bit_identical(teacher_dir, finished_run, tmp_path):
   # Simulate an interruption after step 2: a fresh workdir holding only the step-2 checkpoint
   # (arrays + ledger + plan + secret root seed) of the finished 4-step run, then resume: equal
   # results show the resumed run continued the original's (never printed) key streams.
-  template = dpdfd.init_state(config, jax.random.key(0)).arrays()
-  arrays, meta = checkpoint.restore(os.path.join(workdir, "checkpoints"), template, step=2)
   resumed_dir = str(tmp_path / "resumed")
-  checkpoint.save(os.path.join(resumed_dir, "checkpoints"), 2, arrays, meta)
-  with warnings.catch_warnings():
-    warnings.simplefilter("ignore", paper_accounting.PaperAccountingWarning)
-    resumed = dpdfd.train_dpdfd(config, resumed_dir, progress=False)
+  arrays, meta = interrupted_dpdfd(config, workdir, 2, resumed_dir)
+  resumed = resume_dpdfd(config, resumed_dir)
   assert resumed["test_accuracy"] == full["test_accuracy"]
   assert resumed["epsilon"] == pytest.approx(full["epsilon"], rel=1e-9)
-  _, a, _ = dpdfd.load_run(resumed_dir)
-  _, b, _ = dpdfd.load_run(workdir)
-  chex.assert_trees_all_equal(a.student.params, b.student.params)
-  chex.assert_trees_all_equal(a.generator.params, b.generator.params)
+  assert_same_dpdfd_state(resumed_dir, workdir)
   # The checkpoint names its teachers by their weights: a directory retrained since (the same
   # path, other weights) is refused before any step.
   assert len(meta["teachers_sha256"]) == 64

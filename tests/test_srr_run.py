@@ -20,6 +20,7 @@ from dpkd_jax.train import checkpoint
 from dpkd_jax.train import outputs
 from dpkd_jax.train import records
 from experiments import srr as srr_cli
+from resume_fixtures import interrupted_at
 from teacher_fixtures import retrain_in_place
 
 
@@ -107,9 +108,8 @@ def test_resume_is_bit_identical_and_refused_without_resume(teacher_dir, finishe
     srr.train_srr(config, workdir, progress=False)
   # An interruption after stage 1: a fresh workdir holding only the stage-1 checkpoint.
   _, template, _ = srr.load_run(workdir)
-  arrays, meta = checkpoint.restore(os.path.join(workdir, "checkpoints"), template.arrays(), step=1)
   resumed_dir = str(tmp_path / "resumed")
-  checkpoint.save(os.path.join(resumed_dir, "checkpoints"), 1, arrays, meta)
+  interrupted_at(workdir, 1, template.arrays(), resumed_dir)
   resumed = srr.train_srr(config, resumed_dir, resume=True, progress=False)
   assert resumed["accuracy_per_stage"] == full["accuracy_per_stage"]
   assert resumed["labels_epsilon"] == pytest.approx(full["labels_epsilon"], rel=1e-9)
