@@ -62,6 +62,45 @@ def test_class_balanced_sampling_draws_every_class_alike():
     replay.sample(buffer, jax.random.key(0), 4, sampling="newest")
 
 
+def _labelled(start, labels, num_classes=3):
+  """Rows valued start, start+1, ... whose targets name `labels` (one-hot)."""
+  images = jnp.arange(start, start + len(labels), dtype=jnp.float32).reshape(-1, 1, 1, 1)
+  return images, jax.nn.one_hot(jnp.asarray(labels), num_classes)
+
+
+def test_the_per_class_memory_keeps_a_class_the_generator_left():
+  buffer = replay.ReplayBuffer.empty(12, (1, 1, 1), 3, memory="per_class")  # 4 rows a class
+  buffer = replay.write(buffer, *_labelled(0, [2, 0, 2]))
+  for start in (10, 20, 30):  # then only class 0: 9 more rows into its ring of 4
+    buffer = replay.write(buffer, *_labelled(start, [0, 0, 0]))
+  np.testing.assert_array_equal(buffer.class_written, [10, 0, 2])
+  assert int(buffer.written) == 12
+  # Class 0's ring holds its newest 4 (rows 30, 31, 32 after 22 at slot 1); class 2 keeps both.
+  np.testing.assert_array_equal(sorted(buffer.images[:4].ravel()), [22, 30, 31, 32])
+  np.testing.assert_array_equal(buffer.images[8:10].ravel(), [0, 2])
+  assert set(buffer.arrays()) == {"images", "targets", "written", "class_written"}
+  ring = replay.ReplayBuffer.empty(12, (1, 1, 1), 3)  # a ring keeps the layout it had
+  assert set(ring.arrays()) == {"images", "targets", "written"}
+  assert ring.with_arrays(ring.arrays()).class_written is None
+  with pytest.raises(ValueError, match="memory"):
+    replay.ReplayBuffer.empty(12, (1, 1, 1), 3, memory="fifo")
+
+
+def test_per_class_sampling_draws_filled_rows_by_row_or_by_class():
+  buffer = replay.ReplayBuffer.empty(300, (1, 1, 1), 3, memory="per_class")  # 100 a class
+  _, _, empty_weight = replay.sample(buffer, jax.random.key(0), 4, sampling="class_balanced")
+  assert float(empty_weight) == 0.0
+  buffer = replay.write(buffer, *_labelled(0, [0] * 90 + [2] * 10))
+  for sampling, expected in (("uniform", [0.9, 0.0, 0.1]), ("class_balanced", [0.5, 0.0, 0.5])):
+    images, targets, weight = replay.sample(buffer, jax.random.key(3), 20000, sampling=sampling)
+    assert float(weight) == 1.0 and float(images.max()) < 100  # never an unfilled slot
+    share = np.bincount(np.argmax(np.asarray(targets), -1), minlength=3) / 20000
+    np.testing.assert_allclose(share, expected, atol=0.02)
+    # Within a class every filled row alike: class 2's ten rows 90..99.
+    rows = np.asarray(images).ravel()[np.argmax(np.asarray(targets), -1) == 2]
+    assert set(np.unique(rows)) == set(range(90, 100))
+
+
 def test_the_replay_key_is_none_of_the_step_keys():
   key = jax.random.key(11)
   keys = list(jax.random.split(key, 3)) + [jax.random.fold_in(key, 3)]
@@ -91,6 +130,13 @@ def test_config_checks_replay(teacher_dir):
     _config(teacher_dir, replay_sampling="class_balanced")
   with pytest.raises(ValueError, match="replay_sampling"):
     _config(teacher_dir, replay_size=64, replay_sampling="newest")
+  with pytest.raises(ValueError, match="replay_memory"):
+    _config(teacher_dir, replay_size=64, replay_memory="fifo")
+  with pytest.raises(ValueError, match="replay_size must be >= 80"):
+    _config(teacher_dir, replay_size=64, replay_memory="per_class")  # 6 rows a class < B = 8
+  assert _config(teacher_dir, replay_size=80, replay_memory="per_class").to_json()[
+      "replay_memory"] == "per_class"
+  assert "replay_memory" not in _config(teacher_dir, replay_size=64).to_json()
 
 
 def test_an_empty_buffer_changes_nothing_then_the_step_writes_its_batch(teacher_dir):
@@ -125,13 +171,15 @@ def test_a_replaying_run_keeps_its_epsilon_checkpoints_the_buffer_and_resumes(te
     warnings.simplefilter("ignore", paper_accounting.PaperAccountingWarning)
     plain = dpdfd.train_dpdfd(_config(teacher_dir, **kw), str(tmp_path / "plain"),
                               progress=False)
-    config = _config(teacher_dir, replay_size=24, replay_batch=4, **kw)
+    # The per-class memory with class-balanced draws: its checkpoint adds the class counts.
+    config = _config(teacher_dir, replay_size=80, replay_batch=4, replay_memory="per_class",
+                     replay_sampling="class_balanced", **kw)
     workdir = str(tmp_path / "replay")
     full = dpdfd.train_dpdfd(config, workdir, progress=False)
     assert full["epsilon"] == pytest.approx(plain["epsilon"], rel=1e-12)
     resumed_dir = str(tmp_path / "resumed")
     arrays, _ = interrupted_dpdfd(config, workdir, 2, resumed_dir)
-    assert int(arrays["replay"]["written"]) == 16
+    assert int(arrays["replay"]["written"]) == 16 == int(arrays["replay"]["class_written"].sum())
     resumed = dpdfd.train_dpdfd(config, resumed_dir, progress=False)
   assert resumed["test_accuracy"] == full["test_accuracy"]
   assert_same_dpdfd_state(resumed_dir, workdir)

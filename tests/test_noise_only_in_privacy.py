@@ -25,6 +25,8 @@ DRAWS = frozenset(n for n in dir(jax.random) if not n.startswith("_")) - _NOT_DR
 _LATENT = "generator latent z ~ N(0, I): the generator's input, independent of the data"
 _PROCEDURAL = "procedural query image: drawn from a fixed public program, no data involved"
 _AUGMENT = "data augmentation of a training batch: its output is not released"
+_REPLAY = ("which released (x, y_s) rows the student re-reads: drawn independently of the data, "
+           "with weights from released targets only (post-processing, dpdfd/replay.py)")
 ALLOWED: dict[tuple[str, str, str], str] = {
     # --- generator latents
     ("train/samples.py", "generate", "normal"): _LATENT + " (evaluation / sample grids)",
@@ -66,12 +68,10 @@ ALLOWED: dict[tuple[str, str, str], str] = {
     ("methods/dfpate/student.py", "train_student", "permutation"): (
         "student epoch shuffles over queries and labels already released (post-processing)"),
     ("methods/rona/run.py", "_query_batches", "permutation"): "order of PUBLIC query samples",
-    ("methods/dpdfd/replay.py", "sample", "randint"): (
-        "which replay rows the student re-reads: rows of released (x, y_s) pairs, drawn "
-        "independently of the data (post-processing, replay.py's docstring)"),
-    ("methods/dpdfd/replay.py", "sample", "uniform"): (
-        "class-balanced choice of replay rows: inverse-CDF over weights computed from released "
-        "targets only (post-processing)"),
+    ("methods/dpdfd/replay.py", "_sample_ring", "randint"): _REPLAY,
+    ("methods/dpdfd/replay.py", "_sample_ring", "uniform"): _REPLAY + " (class-balanced)",
+    ("methods/dpdfd/replay.py", "_sample_per_class", "uniform"): _REPLAY + " (the class)",
+    ("methods/dpdfd/replay.py", "_sample_per_class", "randint"): _REPLAY + " (the row)",
     ("methods/rona/run.py", "_private_epoch", "permutation"): (
         "hint epochs' random PUBLIC query samples (RONA's public split)"),
     ("methods/rknn/votes.py", "kmeans_plus_plus_init", "randint"): (

@@ -141,13 +141,17 @@ class DPDFDConfig:
       `generator_max_restarts` times (`dpdfd.restarts`). It reads released rows only:
       post-processing, same releases, same ε. 0 (default): never restart.
     generator_restart_patience, generator_max_restarts: see generator_restart_ratio.
-    replay_size: rows of earlier released pairs (x, y_s) the run keeps in a ring buffer
+    replay_size: rows of earlier released pairs (x, y_s) the run keeps in a memory
       (`dpdfd.replay`; >= batch_size), from which each step's student update also draws
       `replay_batch` rows (default: batch_size). Post-processing of the releases: same rows,
       same ε. 0 (default): the student learns from the newest batch only.
     replay_batch: see replay_size.
     replay_sampling: how replayed rows are drawn: "uniform" (default) or "class_balanced"
       (every class, as the stored target's argmax names it, alike: `dpdfd.replay.sample`).
+    replay_memory: which released rows the memory keeps: "ring" (default: the newest
+      replay_size) or "per_class" (the newest replay_size // K of each class, as the stored
+      target's argmax names it, so a class the generator left is not forgotten; needs
+      replay_size >= K · batch_size).
     pretrained_generator_dir: None (default, the paper: the generator starts from random
       weights and sees only the student), or the workdir of `python -m experiments.srr
       pretrain` for the same dataset, teacher and generator: a generator pretrained against the
@@ -199,6 +203,7 @@ class DPDFDConfig:
   replay_size: int = 0
   replay_batch: int | None = None
   replay_sampling: str = "uniform"
+  replay_memory: str = "ring"
   pretrained_generator_dir: str | None = None
   seed: int | None = None
   eval_every: int = 200
@@ -245,6 +250,14 @@ class DPDFDConfig:
     config_checks.one_of("replay_sampling", self.replay_sampling, replay.SAMPLINGS)
     if self.replay_sampling != "uniform" and not self.replay_size:
       raise ValueError("replay_sampling needs replay_size > 0")
+    config_checks.one_of("replay_memory", self.replay_memory, replay.MEMORIES)
+    if self.replay_memory != "ring":
+      classes = self.info.num_classes
+      if self.replay_size < classes * self.batch_size:
+        raise ValueError(f"replay_memory={self.replay_memory!r} keeps replay_size // "
+                         f"{classes} rows per class, which must hold a step's batch: "
+                         f"replay_size must be >= {classes * self.batch_size}, got "
+                         f"{self.replay_size}")
     check_output_gradient_fields(self)
     check_privacy_request(self)
 
@@ -287,6 +300,8 @@ class DPDFDConfig:
       del out["replay_size"], out["replay_batch"]
     if self.replay_sampling == "uniform":  # as saved before the field existed
       del out["replay_sampling"]
+    if self.replay_memory == "ring":  # likewise
+      del out["replay_memory"]
     if self.teacher_ensemble_dir is None:  # as saved before the field existed: runs resume
       del out["teacher_ensemble_dir"]
     return out

@@ -118,7 +118,8 @@ def init_state(config: config_lib.DPDFDConfig, key: jax.Array) -> step_lib.DPDFD
   replay = None
   if config.replay_size:
     replay = replay_lib.ReplayBuffer.empty(config.replay_size, config.info.image_shape,
-                                           config.info.num_classes)
+                                           config.info.num_classes,
+                                           memory=config.replay_memory)
   return step_lib.DPDFDState(TrainState.create(student, student_tx),
                              TrainState.create(generator, _adam(config, config.generator_lr)),
                              replay)
