@@ -13,6 +13,7 @@ from dpkd_jax import models
 from dpkd_jax import teacher as teacher_lib
 from dpkd_jax import teacher_ensemble
 from dpkd_jax.methods import dpdfd
+from dpkd_jax.methods.dpdfd import probes as probes_lib
 from dpkd_jax.methods.dpdfd import step as step_lib
 from dpkd_jax.models import core
 from dpkd_jax.privacy import mechanisms
@@ -252,11 +253,11 @@ def test_disagreement_ascent_estimates_the_gradient_of_the_released_disagreement
   w = jax.random.normal(jax.random.key(1), (16, 5))
   rows = lambda v: -(v.reshape(v.shape[0], -1) @ w)  # noqa: E731
   count, step = 20000, 1e-3
-  u = step_lib.unit_directions(jax.random.key(2), x, count)  # (m, B, 4, 4, 1)
+  u = probes_lib.unit_directions(jax.random.key(2), x, count)  # (m, B, 4, 4, 1)
   np.testing.assert_allclose(jnp.sum(u[:, 0] ** 2, axis=(1, 2, 3)), 1.0, rtol=1e-5)
   probes = (x[None] + step * u).reshape((-1,) + x.shape[1:])
   noisy = jnp.concatenate([rows(x), rows(probes)])
-  loss, terms, d_images = step_lib.disagreement_ascent(config, noisy, u, step=step)
+  loss, terms, d_images = probes_lib.disagreement_ascent(config.gamma, noisy, u, step=step)
   want = jax.vmap(jax.grad(lambda v: jnp.abs(rows(v[None])).sum()))(x)
   np.testing.assert_allclose(float(terms["disagreement"]), np.abs(rows(x)).sum(-1).mean(),
                              rtol=1e-5)
@@ -280,25 +281,54 @@ def test_disagreement_step_releases_the_probes_rows_in_the_same_draw(teacher_dir
   assert float(metrics["noise_std"]) == pytest.approx(10.0)
 
 
-def test_diversity_term_adds_the_students_class_balance_gradient(teacher_dir):
-  # The same key and state: the student update and the release are unchanged; only the
-  # generator's loss gains the weighted DAFL entropy of the updated student's predictions.
+def test_class_balance_terms_move_only_the_generator(teacher_dir):
+  # The same key and state: the release and the student update are unchanged; only the
+  # generator's loss gains the weighted DAFL entropy of the updated student's predictions
+  # (diversity_weight) or minus the weighted entropy of the released targets
+  # (released_balance_weight).
   ensemble, _ = dpdfd.load_teachers(_disagreement_config(teacher_dir))
   out = {}
-  for weight in (0.0, 5.0):
-    config = _disagreement_config(teacher_dir, diversity_weight=weight)
+  for name, kw in (("plain", {}), ("diversity", {"diversity_weight": 5.0}),
+                   ("released", {"released_balance_weight": 3.0})):
+    config = _disagreement_config(teacher_dir, **kw)
     step = dpdfd.make_train_step(dpdfd.make_plan(config), config, ensemble.graphdef)
-    out[weight] = step(dpdfd.init_state(config, jax.random.key(0)), ensemble.params,
-                       ensemble.batch_stats, jax.random.key(1))
-  (plain, m0), (balanced, m5) = out[0.0], out[5.0]
-  chex.assert_trees_all_close(plain.student.params, balanced.student.params)
-  assert "lg_diversity" not in m0
+    out[name] = step(dpdfd.init_state(config, jax.random.key(0)), ensemble.params,
+                     ensemble.batch_stats, jax.random.key(1))
+  (plain, m0), (diverse, m5), (released, m3) = out["plain"], out["diversity"], out["released"]
+  for other in (diverse, released):
+    chex.assert_trees_all_close(plain.student.params, other.student.params)
+    deltas = jax.tree.leaves(jax.tree.map(lambda a, b: jnp.max(jnp.abs(a - b)),
+                                          plain.generator.params, other.generator.params))
+    assert max(float(d) for d in deltas) > 0
+  assert "lg_diversity" not in m0 and "lg_released_entropy" not in m0
   assert -5 * np.log(10) <= float(m5["lg_diversity"]) <= 0  # 5·(-H), H <= log K
   assert float(m5["generator_loss"]) == pytest.approx(
       float(m0["generator_loss"]) + float(m5["lg_diversity"]), rel=1e-5)
-  deltas = jax.tree.leaves(jax.tree.map(lambda a, b: jnp.max(jnp.abs(a - b)),
-                                        plain.generator.params, balanced.generator.params))
-  assert max(float(d) for d in deltas) > 0
+  assert 0 <= float(m3["lg_released_entropy"]) <= np.log(10) + 1e-6
+  assert float(m3["generator_loss"]) == pytest.approx(
+      float(m0["generator_loss"]) - 3 * float(m3["lg_released_entropy"]), rel=1e-5)
+  with pytest.raises(ValueError, match="needs generator_objective='disagreement'"):
+    _config(teacher_dir, released_balance_weight=1.0)
+
+
+def test_released_balance_ascent_estimates_the_gradient_of_the_batch_entropy():
+  # Targets y = W x (a linear "teacher" through the release): the forward-difference estimate
+  # of ∇_x H(mean_b softmax(W x_b)) points along autodiff's, at its scale.
+  x = jax.random.normal(jax.random.key(0), (3, 4, 4, 1))
+  w = 0.5 * jax.random.normal(jax.random.key(1), (16, 5))
+  targets = lambda v: v.reshape(v.shape[0], -1) @ w  # noqa: E731
+  count, step = 20000, 1e-3
+  u = probes_lib.unit_directions(jax.random.key(2), x, count)
+  probes = (x[None] + step * u).reshape((-1,) + x.shape[1:])
+  entropy, d_images = probes_lib.released_balance_ascent(
+      jnp.concatenate([targets(x), targets(probes)]), u, step=step)
+  batch_entropy = lambda v: -losses.information_entropy(targets(v))  # noqa: E731
+  assert float(entropy) == pytest.approx(float(batch_entropy(x)), rel=1e-5)
+  want = jax.grad(batch_entropy)(x)
+  for got, expected in zip(d_images, want):
+    cosine = jnp.vdot(got, expected) / (jnp.linalg.norm(got) * jnp.linalg.norm(expected))
+    assert float(cosine) > 0.95
+    assert float(jnp.linalg.norm(got) / jnp.linalg.norm(expected)) == pytest.approx(1, abs=0.1)
 
 
 def test_paper_objective_keeps_its_latents_and_noise(teacher_dir):

@@ -31,7 +31,7 @@ ALLOWED: dict[tuple[str, str, str], str] = {
     # --- generator latents
     ("train/samples.py", "generate", "normal"): _LATENT + " (evaluation / sample grids)",
     ("methods/dpdfd/step.py", "build_train_step.train_step", "normal"): _LATENT,
-    ("methods/dpdfd/step.py", "unit_directions", "normal"): (
+    ("methods/dpdfd/probes.py", "unit_directions", "normal"): (
         "probe directions of the disagreement generator: uniform on the unit sphere, drawn "
         "independently of the data; the probes' teacher rows go through A_{C,σ} in privacy/"),
     ("methods/srr/run.py", "_save_grid", "normal"): _LATENT + " (sample grid)",

@@ -130,6 +130,11 @@ class DPDFDConfig:
       disagreement alone may keep to a few). Teacher-free: no row, no privacy cost. 0
       (default): the disagreement alone. The paper generator weighs the same term by
       `entropy_weight`.
+    released_balance_weight: with generator_objective="disagreement", the weight of the same
+      DAFL entropy on the released targets y_s of the generated batch (the teacher's view
+      through the release, not the student's): H(mean_b softmax(y_s)), ascended by forward
+      differences along the probes, as the disagreement (`step.released_balance_ascent`).
+      It reads released rows only: post-processing, same rows, same ε. 0 (default): off.
     param_averaging_decay: d in [0, 1): evaluate, checkpoint and release an exponential moving
       average of the student's iterates (`train.averaging.param_averaging`, bias-corrected)
       instead of the last iterate; its BatchNorm statistics are the running ones. 0 (default):
@@ -196,6 +201,7 @@ class DPDFDConfig:
   probe_directions: int = 1
   probe_step: float = 1e-3
   diversity_weight: float = 0.0
+  released_balance_weight: float = 0.0
   param_averaging_decay: float = 0.0
   generator_restart_ratio: float = 0.0
   generator_restart_patience: int = 2
@@ -234,10 +240,13 @@ class DPDFDConfig:
                        "of the released rows, which bound_method='normalize' sets to C for "
                        "every row: use bound_method='clip'")
     config_checks.non_negative(self, "entropy_weight", "feature_weight", "one_hot_weight",
-                               "diversity_weight")
+                               "diversity_weight", "released_balance_weight")
     if self.diversity_weight and self.generator_objective != "disagreement":
       raise ValueError("diversity_weight adds the class-balance term to the disagreement "
                        "generator; the paper generator weighs it by entropy_weight")
+    if self.released_balance_weight and self.generator_objective != "disagreement":
+      raise ValueError("released_balance_weight is ascended along the disagreement "
+                       "generator's probes: it needs generator_objective='disagreement'")
     _ = self.restart_rule  # validates the restart fields
     config_checks.integers(self, "replay_size", minimum=0)
     if self.replay_size and self.replay_size < self.batch_size:
@@ -289,7 +298,7 @@ class DPDFDConfig:
     """The config as saved in checkpoints and results (a resumed run must match it)."""
     out = dataclasses.asdict(self)
     out["teacher_dirs"] = list(self.teacher_dirs)
-    for name in ("param_averaging_decay", "diversity_weight"):
+    for name in ("param_averaging_decay", "diversity_weight", "released_balance_weight"):
       if not out[name]:  # at its default: the dict saved before the field existed
         del out[name]
     if not self.generator_restart_ratio:  # restarts off: the dict saved before they existed

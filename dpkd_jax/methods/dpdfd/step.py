@@ -35,6 +35,7 @@ from flax import nnx
 from dpkd_jax import losses
 from dpkd_jax.methods.dpdfd import config as config_lib
 from dpkd_jax.methods.dpdfd import privacy
+from dpkd_jax.methods.dpdfd import probes as probes_lib
 from dpkd_jax.methods.dpdfd import replay as replay_lib
 from dpkd_jax.models import core
 from dpkd_jax.privacy import mechanisms
@@ -238,55 +239,29 @@ def _diversity_grad(config: config_lib.DPDFDConfig, stu: TrainState,
   return jax.value_and_grad(loss_fn)(x)
 
 
-def unit_directions(key: jax.Array, x: jax.Array, count: int) -> jax.Array:
-  """(count, B, ...) directions uniform on the unit sphere of one sample's space (x: (B, ...))."""
-  u = jax.random.normal(key, (count,) + x.shape, x.dtype)
-  norms = jnp.sqrt(jnp.sum(jnp.square(u.reshape(count, x.shape[0], -1)), axis=-1))
-  return u / norms.reshape(norms.shape + (1,) * (x.ndim - 1))
-
-
-def disagreement_ascent(config: config_lib.DPDFDConfig, noisy: jax.Array, directions: jax.Array,
-                        *, step: float) -> tuple[jax.Array, dict[str, jax.Array], jax.Array]:
-  """The disagreement generator's gradient, from released rows only (DFME's estimator).
-
-  D(x) = ||s(x) - y_s(x)||_1 = γ||g~(x)||_1 is read off the released rows; with u_j uniform on
-  the unit sphere of the d-dimensional sample space, ∇D(x) ≈ d/m Σ_j (D(x + δu_j) - D(x))/δ·u_j
-  (forward differences). The generator ascends D: its loss is -Σ_i <∇D(x_i), x_i>/B.
-
-  Args:
-    config: gives γ.
-    noisy: (B·(1 + m), K) the release: the B samples' rows, then the m·B probes' (direction
-      major, as the step stacks them).
-    directions: (m, B, ...) the unit directions u of the probes.
-    step: δ.
-
-  Returns:
-    (loss, terms, d loss / d x): the mean disagreement negated, {"disagreement": mean D}, and
-    the (B, ...) gradient the generator's vjp pulls back.
-  """
-  count, batch = directions.shape[:2]
-  dim = directions[0, 0].size
-  sizes = config.gamma * jnp.sum(jnp.abs(noisy), axis=-1)  # (B·(1 + m),): D of every query
-  base, probes = sizes[:batch], sizes[batch:].reshape(count, batch)
-  slopes = (probes - base[None]) / step  # (m, B)
-  grad = dim / count * jnp.einsum("mb,mb...->b...", slopes, directions)
-  return -jnp.mean(base), {"disagreement": jnp.mean(base)}, -grad / batch
-
-
 def _generator_grad(config: config_lib.DPDFDConfig, stu: TrainState, target: jax.Array,
-                    x: jax.Array, noisy: jax.Array, directions: jax.Array | None
+                    x: jax.Array, noisy: jax.Array, directions: jax.Array | None,
+                    s_queries: jax.Array | None = None
                     ) -> tuple[jax.Array, dict[str, jax.Array], jax.Array]:
   """(loss, terms, d loss / d x) of the generator: the paper's (through the updated student)
-  without probe `directions`, else the released disagreement's ascent (plus the diversity
-  term through the student, if weighted)."""
+  without probe `directions`, else the released disagreement's ascent, plus, if weighted,
+  the diversity term through the student and the class balance of the released targets
+  s - γ·g̃ of every query (`noisy` and the student's logits `s_queries`, (B·(1 + m), K))."""
   if directions is None:
     return _paper_generator_grad(config, stu, target, x)
-  g_loss, terms, d_images = disagreement_ascent(config, noisy, directions,
-                                                step=config.probe_step)
+  g_loss, terms, d_images = probes_lib.disagreement_ascent(config.gamma, noisy, directions,
+                                                           step=config.probe_step)
   if config.diversity_weight:  # class balance through the updated student
     div_loss, d_div = _diversity_grad(config, stu, jax.lax.stop_gradient(x))
     terms["diversity"] = div_loss
     g_loss, d_images = g_loss + div_loss, d_images + d_div
+  if config.released_balance_weight:  # class balance as the release shows it
+    released_targets = jax.lax.stop_gradient(s_queries - config.gamma * noisy)
+    entropy, d_entropy = probes_lib.released_balance_ascent(released_targets, directions,
+                                                            step=config.probe_step)
+    terms["released_entropy"] = entropy
+    weight = config.released_balance_weight
+    g_loss, d_images = g_loss - weight * entropy, d_images - weight * d_entropy
   return g_loss, terms, d_images
 
 
@@ -321,7 +296,8 @@ def build_train_step(plan: privacy.DPDFDPlan, config: config_lib.DPDFDConfig,
     s_logits = all_logits[:plan.batch_size]
     queries, s_queries, directions = x_const, s_logits, None
     if plan.probes_per_sample:  # the disagreement probes x + δu are queries of the same release
-      directions = unit_directions(probe_key, x_const, plan.probes_per_sample)  # (m, B, ...)
+      directions = probes_lib.unit_directions(probe_key, x_const,
+                                              plan.probes_per_sample)  # (m, B, ...)
       probes = (x_const[None] + config.probe_step * directions).reshape(
           (-1,) + x_const.shape[1:])  # (m·B, ...)
       s_probes, _ = core.apply(stu.graphdef, stu.params, stu.batch_stats, probes, train=True)
@@ -346,7 +322,7 @@ def build_train_step(plan: privacy.DPDFDPlan, config: config_lib.DPDFDConfig,
 
     # 5b. Generator update (post-processing of the release and teacher-free computation).
     g_loss, terms, d_images = _generator_grad(config, stu, target, x, release.noisy,
-                                              directions)
+                                              directions, s_queries)
     (g_grads,) = generator_vjp(d_images)
     # Generator BN statistics come from the forward pass that made x (one update per step).
     gen = gen.apply_gradients(g_grads, gen_stats)

@@ -1,0 +1,80 @@
+"""The disagreement generator's probes: random directions and forward-difference ascents.
+
+The disagreement generator never differentiates through the teacher. It queries the probes
+x + δu beside each sample x, with u uniform on the unit sphere, in the same release as the
+samples, and estimates the gradient of a function of the released rows from their
+differences (DFME's estimator, Truong et al. 2021): ∇F(x) ≈ d/m Σ_j (F(x + δu_j) - F(x))/δ·u_j.
+Two such functions: the released disagreement D = γ‖g̃‖₁ (`disagreement_ascent`) and the
+class balance of the released targets y_s (`released_balance_ascent`). Both read released
+rows and the student only: post-processing of the release (docs/privacy.md).
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+
+
+def unit_directions(key: jax.Array, x: jax.Array, count: int) -> jax.Array:
+  """(count, B, ...) directions uniform on the unit sphere of one sample's space (x: (B, ...))."""
+  u = jax.random.normal(key, (count,) + x.shape, x.dtype)
+  norms = jnp.sqrt(jnp.sum(jnp.square(u.reshape(count, x.shape[0], -1)), axis=-1))
+  return u / norms.reshape(norms.shape + (1,) * (x.ndim - 1))
+
+
+def disagreement_ascent(gamma: float, noisy: jax.Array, directions: jax.Array,
+                        *, step: float) -> tuple[jax.Array, dict[str, jax.Array], jax.Array]:
+  """The disagreement generator's gradient, from released rows only (DFME's estimator).
+
+  D(x) = ||s(x) - y_s(x)||_1 = γ||g~(x)||_1 is read off the released rows; with u_j uniform on
+  the unit sphere of the d-dimensional sample space, ∇D(x) ≈ d/m Σ_j (D(x + δu_j) - D(x))/δ·u_j
+  (forward differences). The generator ascends D: its loss is -Σ_i <∇D(x_i), x_i>/B.
+
+  Args:
+    gamma: γ of y_s = s - γ·g̃.
+    noisy: (B·(1 + m), K) the release: the B samples' rows, then the m·B probes' (direction
+      major, as the step stacks them).
+    directions: (m, B, ...) the unit directions u of the probes.
+    step: δ.
+
+  Returns:
+    (loss, terms, d loss / d x): the mean disagreement negated, {"disagreement": mean D}, and
+    the (B, ...) gradient the generator's vjp pulls back.
+  """
+  count, batch = directions.shape[:2]
+  dim = directions[0, 0].size
+  sizes = gamma * jnp.sum(jnp.abs(noisy), axis=-1)  # (B·(1 + m),): D of every query
+  base, probes = sizes[:batch], sizes[batch:].reshape(count, batch)
+  slopes = (probes - base[None]) / step  # (m, B)
+  grad = dim / count * jnp.einsum("mb,mb...->b...", slopes, directions)
+  return -jnp.mean(base), {"disagreement": jnp.mean(base)}, -grad / batch
+
+
+def released_balance_ascent(targets: jax.Array, directions: jax.Array, *,
+                            step: float) -> tuple[jax.Array, jax.Array]:
+  """The class balance of the released targets and its gradient, from released rows only.
+
+  H(p̄), p̄ = mean_b softmax(y_s(x_b)), is DAFL's information entropy of the batch as the
+  release shows it. Moving x_i moves only p_i, by ∂H/∂p_i = -(log p̄ + 1)/B, so with the
+  probes' targets ∇_{x_i} H ≈ d/m Σ_j (F_i(x_i + δu_j) - F_i(x_i))/δ·u_j for
+  F_i(x) = -<log p̄, softmax(y_s(x))>/B (the +1 cancels: softmax rows sum to 1).
+
+  Args:
+    targets: (B·(1 + m), K) released targets y_s = s - γ·g̃ of the samples, then the probes
+      (direction major, as the step stacks them).
+    directions: (m, B, ...) the probes' unit directions u.
+    step: δ.
+
+  Returns:
+    (H, dH/dx (B, ...)).
+  """
+  count, batch = directions.shape[:2]
+  dim = directions[0, 0].size
+  p = jax.nn.softmax(targets, axis=-1)  # (B·(1 + m), K)
+  mean = jnp.mean(p[:batch], axis=0)  # (K,)
+  log_mean = jnp.log(jnp.maximum(mean, 1e-12))
+  entropy = -jnp.sum(mean * log_mean)
+  scores = -(p @ log_mean) / batch  # (B·(1 + m),): F of every query
+  base, probes = scores[:batch], scores[batch:].reshape(count, batch)
+  slopes = (probes - base[None]) / step  # (m, B)
+  return entropy, dim / count * jnp.einsum("mb,mb...->b...", slopes, directions)
