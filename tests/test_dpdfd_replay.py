@@ -30,6 +30,9 @@ def test_the_ring_keeps_the_newest_rows_in_release_order():
   assert int(buffer.written) == 9
   np.testing.assert_array_equal(buffer.images.ravel(), [5, 6, 7, 8, 4])
   np.testing.assert_array_equal(buffer.targets[:, 0], [5, 6, 7, 8, 4])
+  held = replay.class_counts(replay.write(replay.ReplayBuffer.empty(5, (1, 1, 1), 3),
+                                          *_rows(0, 2)))  # targets (0,0,0), (1,1,1)
+  assert held == {"replay_rows_held_per_class": [2, 0, 0]}
 
 
 def test_sampling_draws_only_written_rows_and_an_empty_buffer_weighs_nothing():
@@ -79,6 +82,8 @@ def test_the_per_class_memory_keeps_a_class_the_generator_left():
   np.testing.assert_array_equal(sorted(buffer.images[:4].ravel()), [22, 30, 31, 32])
   np.testing.assert_array_equal(buffer.images[8:10].ravel(), [0, 2])
   assert set(buffer.arrays()) == {"images", "targets", "written", "class_written"}
+  assert replay.class_counts(buffer) == {"replay_rows_held_per_class": [4, 0, 2],
+                                         "replay_rows_written_per_class": [10, 0, 2]}
   ring = replay.ReplayBuffer.empty(12, (1, 1, 1), 3)  # a ring keeps the layout it had
   assert set(ring.arrays()) == {"images", "targets", "written"}
   assert ring.with_arrays(ring.arrays()).class_written is None
@@ -183,3 +188,6 @@ def test_a_replaying_run_keeps_its_epsilon_checkpoints_the_buffer_and_resumes(te
     resumed = dpdfd.train_dpdfd(config, resumed_dir, progress=False)
   assert resumed["test_accuracy"] == full["test_accuracy"]
   assert_same_dpdfd_state(resumed_dir, workdir)
+  # The results say which classes the generator made: 4 steps of 8 rows, all held.
+  assert sum(full["replay_rows_written_per_class"]) == 32
+  assert full["replay_rows_held_per_class"] == full["replay_rows_written_per_class"]

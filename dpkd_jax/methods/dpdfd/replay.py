@@ -163,3 +163,17 @@ def write(buffer: ReplayBuffer, images: jax.Array, targets: jax.Array) -> Replay
   return ReplayBuffer(buffer.images.at[position].set(images.astype(buffer.images.dtype)),
                       buffer.targets.at[position].set(targets.astype(buffer.targets.dtype)),
                       buffer.written + count, class_written)
+
+
+def class_counts(buffer: ReplayBuffer) -> dict[str, list[int]]:
+  """What the memory shows of the generator's classes (the stored targets' argmax), for the
+  run's results: the rows it holds per class and, for a "per_class" memory, the rows written
+  per class over the whole run (released targets only: post-processing)."""
+  classes = buffer.targets.shape[-1]
+  if buffer.class_written is not None:
+    held = jnp.minimum(buffer.class_written, buffer.class_capacity)
+    return {"replay_rows_held_per_class": [int(v) for v in held],
+            "replay_rows_written_per_class": [int(v) for v in buffer.class_written]}
+  filled = jnp.arange(buffer.size) < jnp.minimum(buffer.written, buffer.size)
+  held = jnp.zeros((classes,), jnp.int32).at[jnp.argmax(buffer.targets, -1)].add(filled)
+  return {"replay_rows_held_per_class": [int(v) for v in held]}

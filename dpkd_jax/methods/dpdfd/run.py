@@ -347,6 +347,8 @@ def train_dpdfd(config: config_lib.DPDFDConfig, workdir: str, *, progress: bool 
                      workdir=workdir)
   if restarter is not None:
     results["generator_restarts"] = restarter.state.to_json()
+  if state.replay is not None:
+    results.update(replay_lib.class_counts(state.replay))
   if prior:
     results["epsilon_note"] = generator_prior.RECORD_EPSILON_NOTE
     results["release_epsilon_given_generator"] = release_epsilon
