@@ -133,7 +133,7 @@ class DPDFDConfig:
     released_balance_weight: with generator_objective="disagreement", the weight of the same
       DAFL entropy on the released targets y_s of the generated batch (the teacher's view
       through the release, not the student's): H(mean_b softmax(y_s)), ascended by forward
-      differences along the probes, as the disagreement (`step.released_balance_ascent`).
+      differences along the probes, as the disagreement (`probes.released_balance_ascent`).
       It reads released rows only: post-processing, same rows, same ε. 0 (default): off.
     param_averaging_decay: d in [0, 1): evaluate, checkpoint and release an exponential moving
       average of the student's iterates (`train.averaging.param_averaging`, bias-corrected)

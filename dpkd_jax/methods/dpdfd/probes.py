@@ -41,13 +41,10 @@ def disagreement_ascent(gamma: float, noisy: jax.Array, directions: jax.Array,
     (loss, terms, d loss / d x): the mean disagreement negated, {"disagreement": mean D}, and
     the (B, ...) gradient the generator's vjp pulls back.
   """
-  count, batch = directions.shape[:2]
-  dim = directions[0, 0].size
+  batch = directions.shape[1]
   sizes = gamma * jnp.sum(jnp.abs(noisy), axis=-1)  # (B·(1 + m),): D of every query
-  base, probes = sizes[:batch], sizes[batch:].reshape(count, batch)
-  slopes = (probes - base[None]) / step  # (m, B)
-  grad = dim / count * jnp.einsum("mb,mb...->b...", slopes, directions)
-  return -jnp.mean(base), {"disagreement": jnp.mean(base)}, -grad / batch
+  grad = _forward_difference_gradient(sizes, directions, step)
+  return -jnp.mean(sizes[:batch]), {"disagreement": jnp.mean(sizes[:batch])}, -grad / batch
 
 
 def released_balance_ascent(targets: jax.Array, directions: jax.Array, *,
@@ -68,13 +65,21 @@ def released_balance_ascent(targets: jax.Array, directions: jax.Array, *,
   Returns:
     (H, dH/dx (B, ...)).
   """
-  count, batch = directions.shape[:2]
-  dim = directions[0, 0].size
+  batch = directions.shape[1]
   p = jax.nn.softmax(targets, axis=-1)  # (B·(1 + m), K)
   mean = jnp.mean(p[:batch], axis=0)  # (K,)
   log_mean = jnp.log(jnp.maximum(mean, 1e-12))
   entropy = -jnp.sum(mean * log_mean)
   scores = -(p @ log_mean) / batch  # (B·(1 + m),): F of every query
-  base, probes = scores[:batch], scores[batch:].reshape(count, batch)
+  return entropy, _forward_difference_gradient(scores, directions, step)
+
+
+def _forward_difference_gradient(values: jax.Array, directions: jax.Array,
+                                 step: float) -> jax.Array:
+  """d/m Σ_j (F(x_b + δu_j) - F(x_b))/δ·u_j, (B, ...), from F of every query: `values`
+  (B·(1 + m),), the B samples' then the m·B probes' (direction major); `directions` (m, B, ...)."""
+  count, batch = directions.shape[:2]
+  dim = directions[0, 0].size
+  base, probes = values[:batch], values[batch:].reshape(count, batch)
   slopes = (probes - base[None]) / step  # (m, B)
-  return entropy, dim / count * jnp.einsum("mb,mb...->b...", slopes, directions)
+  return dim / count * jnp.einsum("mb,mb...->b...", slopes, directions)

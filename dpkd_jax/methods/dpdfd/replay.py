@@ -115,9 +115,7 @@ def _sample_ring(buffer: ReplayBuffer, key: jax.Array, count: int,
   weight = (filled > 0).astype(jnp.float32)
   if sampling == "uniform":
     return jax.random.randint(key, (count,), 0, jnp.maximum(filled, 1)), weight
-  is_filled = jnp.arange(buffer.size) < filled  # the ring fills from slot 0
-  labels = jnp.argmax(buffer.targets, axis=-1)  # (size,)
-  per_class = jnp.zeros(buffer.targets.shape[-1]).at[labels].add(is_filled)  # (K,)
+  is_filled, labels, per_class = _ring_classes(buffer)
   # Inverse CDF over the row weights: O(size + count log size) per draw (a categorical
   # draw would make count × size Gumbel variates).
   weights = jnp.where(is_filled, 1.0 / jnp.maximum(per_class[labels], 1.0), 0.0)
@@ -126,6 +124,15 @@ def _sample_ring(buffer: ReplayBuffer, key: jax.Array, count: int,
   index = jnp.minimum(jnp.searchsorted(cdf, u, side="right"),
                       jnp.maximum(filled, 1) - 1)  # u == total in float: the last filled row
   return index, weight
+
+
+def _ring_classes(buffer: ReplayBuffer) -> tuple[jax.Array, jax.Array, jax.Array]:
+  """Of a "ring" memory: which slots are filled (size,), each slot's class (size,), the
+  stored targets' argmax, and the filled slots per class (K,)."""
+  is_filled = jnp.arange(buffer.size) < jnp.minimum(buffer.written, buffer.size)  # from slot 0
+  labels = jnp.argmax(buffer.targets, axis=-1)
+  per_class = jnp.zeros((buffer.targets.shape[-1],), jnp.int32).at[labels].add(is_filled)
+  return is_filled, labels, per_class
 
 
 def _sample_per_class(buffer: ReplayBuffer, key: jax.Array, count: int,
@@ -153,10 +160,9 @@ def write(buffer: ReplayBuffer, images: jax.Array, targets: jax.Array) -> Replay
   if class_written is None:
     position = (buffer.written + jnp.arange(count)) % buffer.size
   else:
-    onehot = jax.nn.one_hot(jnp.argmax(targets, axis=-1), targets.shape[-1],
-                            dtype=jnp.int32)  # (B, K)
+    labels = jnp.argmax(targets, axis=-1)  # (B,)
+    onehot = jax.nn.one_hot(labels, targets.shape[-1], dtype=jnp.int32)  # (B, K)
     rank = jnp.sum((jnp.cumsum(onehot, axis=0) - 1) * onehot, axis=-1)  # (B,) within class
-    labels = jnp.argmax(onehot, axis=-1)
     cap = buffer.class_capacity
     position = labels * cap + (class_written[labels] + rank) % cap
     class_written = class_written + onehot.sum(axis=0)
@@ -169,11 +175,8 @@ def class_counts(buffer: ReplayBuffer) -> dict[str, list[int]]:
   """What the memory shows of the generator's classes (the stored targets' argmax), for the
   run's results: the rows it holds per class and, for a "per_class" memory, the rows written
   per class over the whole run (released targets only: post-processing)."""
-  classes = buffer.targets.shape[-1]
   if buffer.class_written is not None:
     held = jnp.minimum(buffer.class_written, buffer.class_capacity)
     return {"replay_rows_held_per_class": [int(v) for v in held],
             "replay_rows_written_per_class": [int(v) for v in buffer.class_written]}
-  filled = jnp.arange(buffer.size) < jnp.minimum(buffer.written, buffer.size)
-  held = jnp.zeros((classes,), jnp.int32).at[jnp.argmax(buffer.targets, -1)].add(filled)
-  return {"replay_rows_held_per_class": [int(v) for v in held]}
+  return {"replay_rows_held_per_class": [int(v) for v in _ring_classes(buffer)[2]]}
