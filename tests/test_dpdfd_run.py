@@ -65,6 +65,10 @@ def test_results_report_sound_epsilon_of_executed_noise(finished_run):
   assert results["epsilon"] == pytest.approx(expected, rel=1e-9)
   assert results["paper_epsilon"] is not None and results["paper_epsilon"] < results["epsilon"]
   assert results["steps"] == 4
+  # The generator's class coverage as released: every target of every step, counted by class.
+  counts = results["released_rows_per_class"]
+  assert len(counts) == 10 and sum(counts) == 4 * 16
+  assert results["released_rows_counted_from_step"] == 0
   assert os.path.getsize(os.path.join(workdir, "samples.png")) > 0
   # No seed given: a secret root seed, never printed, kept only in the checkpoint.
   assert results["seed"].startswith("os-entropy") and results["config"]["seed"] is None
@@ -118,6 +122,17 @@ def test_resume_is_bit_identical(teacher_dir, finished_run, tmp_path):
   assert resumed["test_accuracy"] == full["test_accuracy"]
   assert resumed["epsilon"] == pytest.approx(full["epsilon"], rel=1e-9)
   assert_same_dpdfd_state(resumed_dir, workdir)
+  # The class counts continue across the resume (the checkpoint carries the first 2 steps').
+  assert sum(meta["released_rows_per_class"]) == 2 * 16
+  assert resumed["released_rows_per_class"] == full["released_rows_per_class"]
+  assert resumed["released_rows_counted_from_step"] == 0
+  # A checkpoint from before the count: counted from its step on, and said so.
+  old_dir = str(tmp_path / "old_checkpoint")
+  old_meta = {k: v for k, v in meta.items() if not k.startswith("released_rows")}
+  checkpoint.save(os.path.join(old_dir, "checkpoints"), 2, arrays, old_meta)
+  old = resume_dpdfd(config, old_dir)
+  assert old["released_rows_counted_from_step"] == 2
+  assert sum(old["released_rows_per_class"]) == 2 * 16
   # The checkpoint names its teachers by their weights: a directory retrained since (the same
   # path, other weights) is refused before any step.
   assert len(meta["teachers_sha256"]) == 64

@@ -18,6 +18,7 @@ import os
 from typing import Any, NamedTuple
 
 import jax
+import jax.numpy as jnp
 import optax
 import tqdm
 
@@ -44,6 +45,11 @@ from dpkd_jax.train import outputs
 from dpkd_jax.train import records
 from dpkd_jax.train import samples
 from dpkd_jax.train import sharding
+
+# Checkpoint meta and results key: released targets per class (their argmax), summed over steps.
+RELEASED_ROWS_KEY = "released_rows_per_class"
+# ... and the step the sum starts from (0 unless first resumed from an older checkpoint).
+RELEASED_ROWS_FROM_KEY = "released_rows_counted_from_step"
 from dpkd_jax.train import workdir as workdir_lib
 from dpkd_jax.train.state import TrainState
 
@@ -177,13 +183,17 @@ def _train(run: workdir_lib.Run, plan: privacy.DPDFDPlan, config: config_lib.DPD
            ) -> tuple[step_lib.DPDFDState, int, float]:
   """Steps `start`..plan.releases in chunks up to each evaluation: charge -> release ->
   (restart the generator?) -> seal -> evaluate -> save. Returns (state, steps done, last test
-  accuracy)."""
+  accuracy, released targets per class (K,) counted since `meta`'s start step, or None)."""
   train_step = step_lib.make_train_step(plan, config, ensemble.graphdef)
   writer = metrics_lib.MetricsWriter(run.workdir, resume_step=start)
   bar = tqdm.tqdm(total=plan.releases, initial=start, disable=not progress,
                   desc=f"DPDFD {config.dataset}")
   accuracy = math.nan
   step = start
+  # Released targets per class (argmax) since step 0, carried across resumes by the checkpoint
+  # meta: the generator's class coverage as the release shows it (post-processing).
+  class_counts = jnp.asarray(meta.get(RELEASED_ROWS_KEY, [0] * config.info.num_classes),
+                             jnp.int32)
   while step < plan.releases:
     chunk = min(config.eval_every - step % config.eval_every, plan.releases - step)
     if ledger is not None:  # account before releasing: a crash never under-counts
@@ -193,9 +203,11 @@ def _train(run: workdir_lib.Run, plan: privacy.DPDFDPlan, config: config_lib.DPD
       state, step_metrics = train_step(state, ensemble.params, ensemble.batch_stats,
                                        jax.random.fold_in(train_key, step))
       window = window + step_metrics.get("lg_disagreement", 0.0)
+      class_counts = class_counts + step_metrics.pop(step_lib.RELEASED_CLASS_COUNTS)
       step += 1
       bar.update(1)
     step_metrics = jax.device_get(step_metrics)
+    meta = {**meta, RELEASED_ROWS_KEY: [int(v) for v in jax.device_get(class_counts)]}
     if "lg_disagreement" in step_metrics:  # released rows only: post-processing
       step_metrics["window_disagreement"] = float(window) / chunk
       if restarter is not None:
@@ -218,7 +230,7 @@ def _train(run: workdir_lib.Run, plan: privacy.DPDFDPlan, config: config_lib.DPD
   writer.close()
   if start == step and step > 0:  # resumed at the end: evaluate the restored student
     accuracy = _evaluate(state.student, test)["accuracy"]
-  return state, step, accuracy
+  return state, step, accuracy, meta.get(RELEASED_ROWS_KEY)
 
 
 def _results(config: config_lib.DPDFDConfig, plan: privacy.DPDFDPlan, *, accuracy: float,
@@ -331,7 +343,12 @@ def train_dpdfd(config: config_lib.DPDFDConfig, workdir: str, *, progress: bool 
     saved_rule = run.saved.get("generator_restarts") if run.resuming else None
     restarter = _Restarter(config, config.restart_rule,
                            restarts.RestartState.from_json(saved_rule), init_key, mesh)
-  state, step, accuracy = _train(
+  if run.resuming and RELEASED_ROWS_KEY in run.saved:
+    meta[RELEASED_ROWS_KEY] = run.saved[RELEASED_ROWS_KEY]
+  # Checkpoints written before the count started count from their step on.
+  meta[RELEASED_ROWS_FROM_KEY] = int(run.saved.get(RELEASED_ROWS_FROM_KEY, start)
+                                     if RELEASED_ROWS_KEY in run.saved else start)
+  state, step, accuracy, released_rows = _train(
       run, plan, config, state, ensemble, test, sharding.replicate(train_key, mesh),
       start=start, ledger=ledger, meta=meta, progress=progress, restarter=restarter)
   # 6. Sample grid and results record. The grid takes fold_in(init_key, 2): init_state took
@@ -347,6 +364,9 @@ def train_dpdfd(config: config_lib.DPDFDConfig, workdir: str, *, progress: bool 
                      workdir=workdir)
   if restarter is not None:
     results["generator_restarts"] = restarter.state.to_json()
+  if released_rows is not None:  # the generator's class coverage as the release shows it
+    results[RELEASED_ROWS_KEY] = released_rows
+    results[RELEASED_ROWS_FROM_KEY] = meta[RELEASED_ROWS_FROM_KEY]
   if state.replay is not None:
     results.update(replay_lib.class_counts(state.replay))
   if prior:

@@ -265,6 +265,11 @@ def _generator_grad(config: config_lib.DPDFDConfig, stu: TrainState, target: jax
   return g_loss, terms, d_images
 
 
+# The one per-step metric that is a (K,) vector, not a scalar: the run sums it rather than
+# writing it to the curves.
+RELEASED_CLASS_COUNTS = "released_class_counts"
+
+
 def build_train_step(plan: privacy.DPDFDPlan, config: config_lib.DPDFDConfig,
                      teacher_graphdef: nnx.GraphDef):
   """Returns the pure, un-jitted `train_step(state, teacher_params, teacher_batch_stats, key)
@@ -339,6 +344,9 @@ def build_train_step(plan: privacy.DPDFDPlan, config: config_lib.DPDFDConfig,
         # the student's batch-mean prediction (log K: the batch spreads over every class).
         "released_agreement": jnp.mean(jnp.argmax(s_logits, -1) == jnp.argmax(target, -1)),
         "student_class_entropy": -losses.information_entropy(s_logits),
+        # (K,) int32: how many of this step's B released targets name each class (their
+        # argmax), summed by the run into the generator's class coverage.
+        RELEASED_CLASS_COUNTS: jnp.bincount(jnp.argmax(target, -1), length=target.shape[-1]),
     }
     if replay is not None:
       metrics["replay_loss"] = replay_loss
