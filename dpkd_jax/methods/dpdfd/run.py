@@ -262,6 +262,15 @@ def _results(config: config_lib.DPDFDConfig, plan: privacy.DPDFDPlan, *, accurac
   }
 
 
+def _released_rows_meta(run: workdir_lib.Run, start: int) -> dict[str, Any]:
+  """The released-targets-per-class count to continue from (none: from zero) and the step it
+  counts from: 0, or the step of a resumed checkpoint written before runs counted."""
+  if RELEASED_ROWS_KEY not in run.saved:
+    return {RELEASED_ROWS_FROM_KEY: start}
+  return {RELEASED_ROWS_KEY: run.saved[RELEASED_ROWS_KEY],
+          RELEASED_ROWS_FROM_KEY: int(run.saved.get(RELEASED_ROWS_FROM_KEY, 0))}
+
+
 def _teachers_sha256(ensemble: step_lib.TeacherEnsemble) -> str:
   """The loaded teachers by content: SHA-256 of their stacked params and BatchNorm statistics
   (`checkpoint.checksum`), the same wherever their directories lie."""
@@ -343,11 +352,7 @@ def train_dpdfd(config: config_lib.DPDFDConfig, workdir: str, *, progress: bool 
     saved_rule = run.saved.get("generator_restarts") if run.resuming else None
     restarter = _Restarter(config, config.restart_rule,
                            restarts.RestartState.from_json(saved_rule), init_key, mesh)
-  if run.resuming and RELEASED_ROWS_KEY in run.saved:
-    meta[RELEASED_ROWS_KEY] = run.saved[RELEASED_ROWS_KEY]
-  # Checkpoints written before the count started count from their step on.
-  meta[RELEASED_ROWS_FROM_KEY] = int(run.saved.get(RELEASED_ROWS_FROM_KEY, start)
-                                     if RELEASED_ROWS_KEY in run.saved else start)
+  meta.update(_released_rows_meta(run, start))
   state, step, accuracy, released_rows = _train(
       run, plan, config, state, ensemble, test, sharding.replicate(train_key, mesh),
       start=start, ledger=ledger, meta=meta, progress=progress, restarter=restarter)

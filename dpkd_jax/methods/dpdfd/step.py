@@ -265,6 +265,19 @@ def _generator_grad(config: config_lib.DPDFDConfig, stu: TrainState, target: jax
   return g_loss, terms, d_images
 
 
+def _collapse_diagnostics(s_logits: jax.Array, target: jax.Array) -> dict[str, jax.Array]:
+  """Diagnostics of collapse (`restarts`) from the student's logits and the released targets
+  y_s, both (B, K), alone: how often the student's class is the released target's, the entropy
+  (nats) of the student's batch-mean prediction (log K: the batch spreads over every class),
+  and (K,) int32 how many released targets name each class (their argmax), which the run sums
+  into the generator's class coverage."""
+  return {
+      "released_agreement": jnp.mean(jnp.argmax(s_logits, -1) == jnp.argmax(target, -1)),
+      "student_class_entropy": -losses.information_entropy(s_logits),
+      RELEASED_CLASS_COUNTS: jnp.bincount(jnp.argmax(target, -1), length=target.shape[-1]),
+  }
+
+
 # The one per-step metric that is a (K,) vector, not a scalar: the run sums it rather than
 # writing it to the curves.
 RELEASED_CLASS_COUNTS = "released_class_counts"
@@ -334,20 +347,9 @@ def build_train_step(plan: privacy.DPDFDPlan, config: config_lib.DPDFDConfig,
 
     # Metrics are outputs too: only post-mechanism, teacher-free quantities are reported
     # (no teacher agreement, no raw gradient norms), so logs never leak beyond the release.
-    metrics = {
-        "student_loss": s_loss,
-        "generator_loss": g_loss,
-        **{f"lg_{k}": v for k, v in terms.items()},
-        "noise_std": release.noise_stddev,
-        # Diagnostics of collapse (`restarts`), from released targets and the student alone:
-        # how often the student's class is the released target's, and the entropy (nats) of
-        # the student's batch-mean prediction (log K: the batch spreads over every class).
-        "released_agreement": jnp.mean(jnp.argmax(s_logits, -1) == jnp.argmax(target, -1)),
-        "student_class_entropy": -losses.information_entropy(s_logits),
-        # (K,) int32: how many of this step's B released targets name each class (their
-        # argmax), summed by the run into the generator's class coverage.
-        RELEASED_CLASS_COUNTS: jnp.bincount(jnp.argmax(target, -1), length=target.shape[-1]),
-    }
+    metrics = _collapse_diagnostics(s_logits, target)
+    metrics.update(student_loss=s_loss, generator_loss=g_loss, noise_std=release.noise_stddev,
+                   **{f"lg_{k}": v for k, v in terms.items()})
     if replay is not None:
       metrics["replay_loss"] = replay_loss
     return DPDFDState(stu, gen, replay), metrics
