@@ -5,9 +5,10 @@ missing data offline. Prints what it tried and whether anything was lost.
 
 Tiny runs on the embedded digits (`python -m experiments.<method>` subprocesses), each compared
 with an uninterrupted run of the same flags and `--seed`:
-  * kill -9 a DP-SGD and a DPDFD run at a random release (after the k-th charge of the ledger
-    file, plus a random delay), then `--resume`: the same final arrays, results, metrics.csv
-    and ledger as the uninterrupted run; the ledger file, polled throughout, never goes down;
+  * kill -9 a DP-SGD and a DPDFD run (with a per-class replay memory) at a random release
+    (after the k-th charge of the ledger file, plus a random delay), then `--resume`: the same
+    final arrays (the replay buffer included), results, metrics.csv and ledger as the
+    uninterrupted run; the ledger file, polled throughout, never goes down;
   * overwrite 8 bytes of the newest checkpoint's array file and `--resume`: the run falls back
     to the previous checkpoint and ends as the uninterrupted one; with every checkpoint
     overwritten it is refused in one line (exit 2) and the ledger file is untouched;
@@ -53,7 +54,9 @@ TEACHER_FLAGS = ["--dataset=digits", "--model=lenet5", "--epochs=1", "--batch_si
 def dpdfd_flags(teacher_dir: str) -> list[str]:
   return ["--dataset=digits", f"--teacher_dirs={teacher_dir}", "--student_model=lenet5_half",
           "--noise_multiplier=10", "--steps=12", "--batch_size=16", "--eval_every=4",
-          "--latent_dim=8", "--generator_channels=16", "--seed=0", "--no_progress"]
+          "--latent_dim=8", "--generator_channels=16", "--seed=0", "--no_progress",
+          # A per-class replay memory, so that kill -9 also covers the buffer's checkpoint.
+          "--replay_size=160", "--replay_memory=per_class", "--replay_sampling=class_balanced"]
 
 
 @dataclasses.dataclass
@@ -340,7 +343,9 @@ def run_all(tmp: str, seed: int) -> dict[str, Outcome]:
   parallel(dpsgd, dpdfd, offline)
   for key, ref, killed, keys in (
       ("kill_dpsgd", "dpsgd_ref", "dpsgd_killed", ("test_accuracy", "test_loss", "epsilon")),
-      ("kill_dpdfd", "dpdfd_ref", "dpdfd_killed", ("test_accuracy", "epsilon", "steps"))):
+      ("kill_dpdfd", "dpdfd_ref", "dpdfd_killed",
+       ("test_accuracy", "epsilon", "steps", "released_rows_per_class",
+        "replay_rows_written_per_class", "replay_rows_held_per_class"))):
     if key in outcomes and not outcomes[key].problems and os.path.exists(
         os.path.join(d[ref], "results.json")):
       outcomes[key].problems += compare(d[ref], d[killed], keys)
