@@ -295,8 +295,20 @@ def test_results_anchors_exist():
   slugs = {re.sub(r"[^\w\- ]", "", h.lower()).strip().replace(" ", "-")
            for h in re.findall(r"^#+ (.+)$", text, re.M)}
   for anchor in (quickstart.ENGINE_ANCHOR, quickstart.DISAGREEMENT_ANCHOR,
-                 quickstart.PAPER_TABLE_ANCHOR, quickstart.ENSEMBLE_ANCHOR):
+                 quickstart.PAPER_TABLE_ANCHOR, quickstart.ENSEMBLE_ANCHOR,
+                 quickstart.COVERAGE_ANCHOR):
     assert anchor.split("#")[1] in slugs, anchor
+
+
+def test_coverage_line_flags_the_classes_the_generator_rarely_made():
+  assert quickstart.coverage_line({}) is None
+  assert quickstart.coverage_line({"released_rows_per_class": [0, 0]}) is None
+  even = quickstart.coverage_line({"released_rows_per_class": [50, 50]})
+  assert even == "generator classes (released targets' argmax, 100 rows): 0:50% 1:50%"
+  skewed = quickstart.coverage_line({"released_rows_per_class": [5, 995, 1000, 0]})
+  assert skewed.startswith("generator classes (released targets' argmax, 2,000 rows): "
+                           "0:0% 1:50% 2:50% 3:0%; rarely generated (< 1%): class 0, 3, ")
+  assert quickstart.COVERAGE_ANCHOR in skewed
 
 
 def test_privacy_doc_anchor_and_its_figures():

@@ -48,6 +48,7 @@ PAPER_TABLE_ANCHOR = RESULTS + "table-1-with-the-disagreement-generator-mnist"
 ENSEMBLE_ANCHOR = (RESULTS + "many-disjoint-teachers-under-sound-accounting-22-item-5-"
                    "session-11")
 PRIVACY_ANCHOR = "docs/privacy.md#why-a-one-teacher-student-stays-at-chance"
+COVERAGE_ANCHOR = RESULTS + "leaving-the-collapse-generator-restarts-and-replay-session-13"
 
 # The best measured engine (DISAGREEMENT_ANCHOR): the generator climbs the released
 # student-teacher disagreement (clipped logit-gap rows, C above the gaps, one probe direction).
@@ -244,8 +245,33 @@ def chance_reason(results: Mapping[str, Any]) -> str:
           "experiments.dfpate")
 
 
+# A class named by fewer than this share of the released targets is flagged as rarely generated.
+RARE_CLASS_SHARE = 0.01
+
+
+def coverage_line(results: Mapping[str, Any]) -> str | None:
+  """One line on the generator's class coverage as the release shows it (the share of released
+  targets naming each class, `released_rows_per_class`), flagging the classes the generator
+  rarely made: the student sees few targets of those and often misses them. None without counts.
+  """
+  counts = results.get("released_rows_per_class")
+  if not counts or not sum(counts):
+    return None
+  total = sum(counts)
+  shares = " ".join(f"{k}:{100 * c / total:.0f}%" for k, c in enumerate(counts))
+  rare = [str(k) for k, c in enumerate(counts) if c < RARE_CLASS_SHARE * total]
+  line = f"generator classes (released targets' argmax, {total:,} rows): {shares}"
+  if rare:
+    line += (f"; rarely generated (< {100 * RARE_CLASS_SHARE:g}%): class {', '.join(rare)}, "
+             f"which the student likely misses ({COVERAGE_ANCHOR})")
+  return line
+
+
 def summary_lines(results: dict[str, Any], workdir: str) -> list[str]:
-  """The Quickstart's closing summary of a DPDFD run (`summary.conversion_lines`)."""
+  """The Quickstart's closing summary of a DPDFD run (`summary.conversion_lines`) with the
+  generator's class coverage before its last line (a chance reason stays last)."""
   info = data.DATASETS[results["config"]["dataset"]]
-  return summary.conversion_lines(results, workdir=workdir, num_classes=info.num_classes,
-                                  chance_reason=chance_reason(results))
+  lines = summary.conversion_lines(results, workdir=workdir, num_classes=info.num_classes,
+                                   chance_reason=chance_reason(results))
+  coverage = coverage_line(results)
+  return lines if coverage is None else lines[:-1] + [coverage, lines[-1]]
