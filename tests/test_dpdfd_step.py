@@ -329,6 +329,45 @@ def test_released_balance_ascent_estimates_the_gradient_of_the_batch_entropy():
     assert float(jnp.linalg.norm(got) / jnp.linalg.norm(expected)) == pytest.approx(1, abs=0.1)
 
 
+def test_released_class_descent_estimates_the_gradient_of_the_requested_class_ce():
+  # Targets y = W x through the release; each sample asks for its own class: the estimate of
+  # ∇_x mean_b CE(softmax(W x_b), c_b) points along autodiff's, at its scale.
+  x = jax.random.normal(jax.random.key(0), (3, 4, 4, 1))
+  w = 0.5 * jax.random.normal(jax.random.key(1), (16, 5))
+  classes = jnp.array([4, 0, 2])
+  targets = lambda v: v.reshape(v.shape[0], -1) @ w  # noqa: E731
+  count, step = 20000, 1e-3
+  u = probes_lib.unit_directions(jax.random.key(2), x, count)
+  probes = (x[None] + step * u).reshape((-1,) + x.shape[1:])
+  ce, d_images = probes_lib.released_class_descent(
+      jnp.concatenate([targets(x), targets(probes)]), classes, u, step=step)
+  mean_ce = lambda v: jnp.mean(optax.softmax_cross_entropy_with_integer_labels(  # noqa: E731
+      targets(v), classes))
+  assert float(ce) == pytest.approx(float(mean_ce(x)), rel=1e-5)
+  for got, expected in zip(d_images, jax.grad(mean_ce)(x)):
+    cosine = jnp.vdot(got, expected) / (jnp.linalg.norm(got) * jnp.linalg.norm(expected))
+    assert float(cosine) > 0.95
+    assert float(jnp.linalg.norm(got) / jnp.linalg.norm(expected)) == pytest.approx(1, abs=0.1)
+
+
+def test_a_class_conditional_step_asks_for_classes_and_descends_their_released_ce(teacher_dir):
+  config = _disagreement_config(teacher_dir, class_conditional_weight=2.0, latent_dim=16)
+  assert config.class_codes == 10 and "class_conditional_weight" not in _disagreement_config(
+      teacher_dir).to_json()
+  ensemble, _ = dpdfd.load_teachers(config)
+  step = dpdfd.make_train_step(dpdfd.make_plan(config), config, ensemble.graphdef)
+  _, metrics = step(dpdfd.init_state(config, jax.random.key(0)), ensemble.params,
+                    ensemble.batch_stats, jax.random.key(1))
+  ce = float(metrics["lg_released_class_ce"])
+  assert np.isfinite(ce) and ce >= 0
+  assert float(metrics["generator_loss"]) == pytest.approx(
+      -float(metrics["lg_disagreement"]) + 2 * ce, rel=1e-5)
+  with pytest.raises(ValueError, match="needs generator_objective='disagreement'"):
+    _config(teacher_dir, class_conditional_weight=1.0)
+  with pytest.raises(ValueError, match="latent_dim must exceed it, got 8"):
+    _disagreement_config(teacher_dir, class_conditional_weight=1.0)  # latent_dim 8 < K
+
+
 def test_paper_objective_keeps_its_latents_and_noise(teacher_dir):
   # The disagreement generator draws its directions from a third key of split(key, 3); the
   # paper's two keys are those of split(key, 2), so existing runs replay unchanged.

@@ -5,6 +5,7 @@ import functools
 import chex
 import jax
 import jax.numpy as jnp
+import numpy as np
 import pytest
 from flax import nnx
 
@@ -104,3 +105,12 @@ def test_wrong_latent_size_raises():
   with pytest.raises(ValueError, match="z must have shape"):
     core.apply(parts.graphdef, parts.params, parts.batch_stats,
                jnp.zeros((2, LATENT_DIM + 1)), train=False)
+
+
+def test_class_coded_latents_put_a_scaled_one_hot_first():
+  z = jax.random.normal(jax.random.key(0), (3, 12))
+  coded = generators.class_coded_latents(z, jnp.array([0, 2, 1]), 3)
+  np.testing.assert_allclose(coded[:, :3], np.sqrt(3) * np.eye(3)[[0, 2, 1]])
+  np.testing.assert_array_equal(coded[:, 3:], z[:, 3:])
+  with pytest.raises(ValueError, match="must exceed num_classes 3"):
+    generators.class_coded_latents(z[:, :3], jnp.array([0, 1, 2]), 3)

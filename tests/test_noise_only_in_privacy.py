@@ -31,6 +31,9 @@ ALLOWED: dict[tuple[str, str, str], str] = {
     # --- generator latents
     ("train/samples.py", "generate", "normal"): _LATENT + " (evaluation / sample grids)",
     ("methods/dpdfd/step.py", "build_train_step.train_step", "normal"): _LATENT,
+    ("methods/dpdfd/step.py", "build_train_step.train_step", "randint"): (
+        "the class a class-conditional generator is asked for: part of its latent input, "
+        "uniform and independent of the data"),
     ("methods/dpdfd/probes.py", "unit_directions", "normal"): (
         "probe directions of the disagreement generator: uniform on the unit sphere, drawn "
         "independently of the data; the probes' teacher rows go through A_{C,σ} in privacy/"),

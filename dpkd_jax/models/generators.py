@@ -102,3 +102,15 @@ class DAFLGenerator(nnx.Module):
     x = nnx.leaky_relu(self.norm2(self.conv2(x), use_running_average=running), 0.2)  # c / 2
     x = jnp.tanh(self.conv_out(x))  # (B, H, W, C)
     return self.output_norm(x, use_running_average=running)
+
+
+def class_coded_latents(z: jax.Array, classes: jax.Array, num_classes: int) -> jax.Array:
+  """z (B, latent_dim) with its first `num_classes` coordinates replaced by the one-hot code of
+  `classes` (B,) int, scaled by sqrt(num_classes) so that the code's mean square per coordinate
+  is z's (1): a class-conditional generator with the same architecture and parameters."""
+  if z.shape[-1] <= num_classes:
+    raise ValueError(f"latent_dim {z.shape[-1]} must exceed num_classes {num_classes} to hold "
+                     "a class code beside the noise")
+  code = jax.nn.one_hot(classes, num_classes, dtype=z.dtype) * jnp.sqrt(float(num_classes))
+  return z.at[:, :num_classes].set(code)
+

@@ -13,19 +13,26 @@ import numpy as np
 
 from dpkd_jax import data
 from dpkd_jax.models import core
+from dpkd_jax.models import generators
 from dpkd_jax.train import distributed
 from dpkd_jax.train.state import TrainState
 
 
 def generate(gen: TrainState, key: jax.Array, num: int, latent_dim: int,
-             *, batch_size: int = 500) -> np.ndarray:
-  """(num, H, W, C) normalized synthetic images from the generator (eval-mode BatchNorm)."""
+             *, batch_size: int = 500, class_codes: int = 0) -> np.ndarray:
+  """(num, H, W, C) normalized synthetic images from the generator (eval-mode BatchNorm).
+
+  `class_codes` = K > 0: a class-conditional generator (`generators.class_coded_latents`);
+  image i is asked for class i mod K."""
   fn = jax.jit(lambda p, s, z: core.apply(gen.graphdef, p, s, z, train=False)[0])
   # Host copies: each process evaluates locally (multi-host: the trained params are global).
   params, batch_stats = distributed.to_host((gen.params, gen.batch_stats))
   out = []
   for i, start in enumerate(range(0, num, batch_size)):
     z = jax.random.normal(jax.random.fold_in(key, i), (batch_size, latent_dim))
+    if class_codes:
+      z = generators.class_coded_latents(z, (start + np.arange(batch_size)) % class_codes,
+                                         class_codes)
     out.append(np.asarray(fn(params, batch_stats, z))[:num - start])
   return np.concatenate(out)
 

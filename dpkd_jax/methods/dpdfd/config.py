@@ -135,6 +135,13 @@ class DPDFDConfig:
       through the release, not the student's): H(mean_b softmax(y_s)), ascended by forward
       differences along the probes, as the disagreement (`probes.released_balance_ascent`).
       It reads released rows only: post-processing, same rows, same ε. 0 (default): off.
+    class_conditional_weight: with generator_objective="disagreement", make the generator
+      class-conditional (each sample asks for a uniformly drawn class through a code in its
+      first K latent coordinates, `generators.class_coded_latents`) and add this weight times
+      the cross-entropy of the released targets to the requested classes, descended by forward
+      differences along the probes (`probes.released_class_descent`): every class is asked
+      for equally often. Released rows only: post-processing, same rows, same ε. 0 (default):
+      off. Needs latent_dim > K.
     param_averaging_decay: d in [0, 1): evaluate, checkpoint and release an exponential moving
       average of the student's iterates (`train.averaging.param_averaging`, bias-corrected)
       instead of the last iterate; its BatchNorm statistics are the running ones. 0 (default):
@@ -202,6 +209,7 @@ class DPDFDConfig:
   probe_step: float = 1e-3
   diversity_weight: float = 0.0
   released_balance_weight: float = 0.0
+  class_conditional_weight: float = 0.0
   param_averaging_decay: float = 0.0
   generator_restart_ratio: float = 0.0
   generator_restart_patience: int = 2
@@ -240,13 +248,21 @@ class DPDFDConfig:
                        "of the released rows, which bound_method='normalize' sets to C for "
                        "every row: use bound_method='clip'")
     config_checks.non_negative(self, "entropy_weight", "feature_weight", "one_hot_weight",
-                               "diversity_weight", "released_balance_weight")
+                               "diversity_weight", "released_balance_weight",
+                               "class_conditional_weight")
     if self.diversity_weight and self.generator_objective != "disagreement":
       raise ValueError("diversity_weight adds the class-balance term to the disagreement "
                        "generator; the paper generator weighs it by entropy_weight")
     if self.released_balance_weight and self.generator_objective != "disagreement":
       raise ValueError("released_balance_weight is ascended along the disagreement "
                        "generator's probes: it needs generator_objective='disagreement'")
+    if self.class_conditional_weight and self.generator_objective != "disagreement":
+      raise ValueError("class_conditional_weight is descended along the disagreement "
+                       "generator's probes: it needs generator_objective='disagreement'")
+    if self.class_conditional_weight and self.latent_dim <= self.info.num_classes:
+      raise ValueError(f"class_conditional_weight puts a class code in the first "
+                       f"{self.info.num_classes} latent coordinates: latent_dim must exceed "
+                       f"it, got {self.latent_dim}")
     _ = self.restart_rule  # validates the restart fields
     config_checks.integers(self, "replay_size", minimum=0)
     if self.replay_size and self.replay_size < self.batch_size:
@@ -275,6 +291,11 @@ class DPDFDConfig:
     return data.DATASETS[self.dataset]
 
   @property
+  def class_codes(self) -> int:
+    """K when the generator is class-conditional (`class_conditional_weight`), else 0."""
+    return self.info.num_classes if self.class_conditional_weight else 0
+
+  @property
   def replay_rows(self) -> int:
     """Replayed rows per step: 0 without replay, else replay_batch (default batch_size)."""
     if not self.replay_size:
@@ -298,7 +319,8 @@ class DPDFDConfig:
     """The config as saved in checkpoints and results (a resumed run must match it)."""
     out = dataclasses.asdict(self)
     out["teacher_dirs"] = list(self.teacher_dirs)
-    for name in ("param_averaging_decay", "diversity_weight", "released_balance_weight"):
+    for name in ("param_averaging_decay", "diversity_weight", "released_balance_weight",
+                 "class_conditional_weight"):
       if not out[name]:  # at its default: the dict saved before the field existed
         del out[name]
     if not self.generator_restart_ratio:  # restarts off: the dict saved before they existed

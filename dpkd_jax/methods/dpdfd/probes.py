@@ -4,8 +4,9 @@ The disagreement generator never differentiates through the teacher. It queries 
 x + δu beside each sample x, with u uniform on the unit sphere, in the same release as the
 samples, and estimates the gradient of a function of the released rows from their
 differences (DFME's estimator, Truong et al. 2021): ∇F(x) ≈ d/m Σ_j (F(x + δu_j) - F(x))/δ·u_j.
-Two such functions: the released disagreement D = γ‖g̃‖₁ (`disagreement_ascent`) and the
-class balance of the released targets y_s (`released_balance_ascent`). Both read released
+Three such functions: the released disagreement D = γ‖g̃‖₁ (`disagreement_ascent`), the
+class balance of the released targets y_s (`released_balance_ascent`) and their distance to the
+classes a class-conditional generator was asked for (`released_class_descent`). Both read released
 rows and the student only: post-processing of the release (docs/privacy.md).
 """
 
@@ -72,6 +73,32 @@ def released_balance_ascent(targets: jax.Array, directions: jax.Array, *,
   entropy = -jnp.sum(mean * log_mean)
   scores = -(p @ log_mean) / batch  # (B·(1 + m),): F of every query
   return entropy, _forward_difference_gradient(scores, directions, step)
+
+
+def released_class_descent(targets: jax.Array, classes: jax.Array, directions: jax.Array, *,
+                           step: float) -> tuple[jax.Array, jax.Array]:
+  """How far the released targets are from the classes a class-conditional generator was
+  asked for, and its gradient, from released rows only.
+
+  CE_i = -log softmax(y_s(x_i))[c_i], the cross-entropy of the released target of sample i to
+  its requested class c_i (`generators.class_coded_latents`). A probe x_i + δu_j asks for c_i
+  too, so ∇_{x_i} CE_i ≈ d/m Σ_j (CE_i(x_i + δu_j) - CE_i(x_i))/δ·u_j.
+
+  Args:
+    targets: (B·(1 + m), K) released targets y_s of the samples, then the probes (direction
+      major, as the step stacks them).
+    classes: (B,) int requested classes of the samples.
+    directions: (m, B, ...) the probes' unit directions u.
+    step: δ.
+
+  Returns:
+    (mean CE over the B samples, d mean CE / dx (B, ...)).
+  """
+  count, batch = directions.shape[:2]
+  requested = jnp.tile(classes, 1 + count)  # (B·(1 + m),): a probe asks for its sample's class
+  log_p = jax.nn.log_softmax(targets, axis=-1)
+  ce = -jnp.take_along_axis(log_p, requested[:, None], axis=-1)[:, 0]  # (B·(1 + m),)
+  return jnp.mean(ce[:batch]), _forward_difference_gradient(ce / batch, directions, step)
 
 
 def _forward_difference_gradient(values: jax.Array, directions: jax.Array,

@@ -67,7 +67,8 @@ def sample(workdir: str, num: int, *, seed: int, out_path: str | None = None) ->
   if num < 1:
     raise ValueError(f"num must be >= 1, got {num}")
   config, state, _ = load_run(workdir)
-  images = samples.generate(state.generator, seeds.root_key(seed), num, config.latent_dim)
+  images = samples.generate(state.generator, seeds.root_key(seed), num, config.latent_dim,
+                            class_codes=config.class_codes)
   logits = jax.jit(lambda x: core.apply(state.student.graphdef, state.student.params,
                                         state.student.batch_stats, x, train=False)[0].logits)
   labels = np.concatenate([np.argmax(np.asarray(logits(images[i:i + 500])), -1)

@@ -359,7 +359,8 @@ def train_dpdfd(config: config_lib.DPDFDConfig, workdir: str, *, progress: bool 
   # 6. Sample grid and results record. The grid takes fold_in(init_key, 2): init_state took
   # split(init_key) = fold_in(init_key, 0 and 1); key(seed + 1) would be another run's root.
   grid_key = jax.random.fold_in(init_key, 2)
-  samples.save_sample_grid(samples.generate(state.generator, grid_key, 64, config.latent_dim),
+  samples.save_sample_grid(samples.generate(state.generator, grid_key, 64, config.latent_dim,
+                                            class_codes=config.class_codes),
                            config.info, os.path.join(workdir, "samples.png"))
   release_epsilon = math.inf if ledger is None else ledger.spent_epsilon()
   prior = config.pretrained_generator_dir is not None

@@ -38,6 +38,7 @@ from dpkd_jax.methods.dpdfd import privacy
 from dpkd_jax.methods.dpdfd import probes as probes_lib
 from dpkd_jax.methods.dpdfd import replay as replay_lib
 from dpkd_jax.models import core
+from dpkd_jax.models import generators
 from dpkd_jax.privacy import mechanisms
 from dpkd_jax.train.state import TrainState
 
@@ -241,12 +242,13 @@ def _diversity_grad(config: config_lib.DPDFDConfig, stu: TrainState,
 
 def _generator_grad(config: config_lib.DPDFDConfig, stu: TrainState, target: jax.Array,
                     x: jax.Array, noisy: jax.Array, directions: jax.Array | None,
-                    s_queries: jax.Array | None = None
+                    s_queries: jax.Array | None = None, classes: jax.Array | None = None
                     ) -> tuple[jax.Array, dict[str, jax.Array], jax.Array]:
   """(loss, terms, d loss / d x) of the generator: the paper's (through the updated student)
   without probe `directions`, else the released disagreement's ascent, plus, if weighted,
-  the diversity term through the student and the class balance of the released targets
-  s - γ·g̃ of every query (`noisy` and the student's logits `s_queries`, (B·(1 + m), K))."""
+  the diversity term through the student, and the class balance of the released targets
+  s - γ·g̃ of every query (`noisy` and the student's logits `s_queries`, (B·(1 + m), K)) and
+  their cross-entropy to the requested `classes` (B,) of a class-conditional generator."""
   if directions is None:
     return _paper_generator_grad(config, stu, target, x)
   g_loss, terms, d_images = probes_lib.disagreement_ascent(config.gamma, noisy, directions,
@@ -255,13 +257,19 @@ def _generator_grad(config: config_lib.DPDFDConfig, stu: TrainState, target: jax
     div_loss, d_div = _diversity_grad(config, stu, jax.lax.stop_gradient(x))
     terms["diversity"] = div_loss
     g_loss, d_images = g_loss + div_loss, d_images + d_div
+  released_targets = jax.lax.stop_gradient(s_queries - config.gamma * noisy)
   if config.released_balance_weight:  # class balance as the release shows it
-    released_targets = jax.lax.stop_gradient(s_queries - config.gamma * noisy)
     entropy, d_entropy = probes_lib.released_balance_ascent(released_targets, directions,
                                                             step=config.probe_step)
     terms["released_entropy"] = entropy
     weight = config.released_balance_weight
     g_loss, d_images = g_loss - weight * entropy, d_images - weight * d_entropy
+  if classes is not None:  # the requested classes, as the release shows them
+    ce, d_ce = probes_lib.released_class_descent(released_targets, classes, directions,
+                                                 step=config.probe_step)
+    terms["released_class_ce"] = ce
+    weight = config.class_conditional_weight
+    g_loss, d_images = g_loss + weight * ce, d_images + weight * d_ce
   return g_loss, terms, d_images
 
 
@@ -293,9 +301,14 @@ def build_train_step(plan: privacy.DPDFDPlan, config: config_lib.DPDFDConfig,
   def train_step(state: DPDFDState, teacher_params: PyTree, teacher_batch_stats: PyTree,
                  key: jax.Array):
     # split(key, 3)[:2] == split(key, 2): the paper path keeps its latents and noise.
-    # split(key, 3)[i] == fold_in(key, i): the replay draw takes tag 3.
+    # split(key, 3)[i] == fold_in(key, i): the replay draw takes tag 3, the classes tag 4.
     z_key, noise_key, probe_key = jax.random.split(key, 3)
     z = jax.random.normal(z_key, (plan.batch_size, config.latent_dim))
+    classes = None
+    if config.class_codes:  # a class-conditional generator: each sample asks for a class
+      classes = jax.random.randint(jax.random.fold_in(key, 4), (plan.batch_size,), 0,
+                                   config.class_codes)
+      z = generators.class_coded_latents(z, classes, config.class_codes)
     gen, stu, replay = state.generator, state.student, state.replay
 
     # 1-3. Synthetic batch, teacher and student outputs, per-sample output gradients. Each
@@ -340,7 +353,7 @@ def build_train_step(plan: privacy.DPDFDPlan, config: config_lib.DPDFDConfig,
 
     # 5b. Generator update (post-processing of the release and teacher-free computation).
     g_loss, terms, d_images = _generator_grad(config, stu, target, x, release.noisy,
-                                              directions, s_queries)
+                                              directions, s_queries, classes)
     (g_grads,) = generator_vjp(d_images)
     # Generator BN statistics come from the forward pass that made x (one update per step).
     gen = gen.apply_gradients(g_grads, gen_stats)
