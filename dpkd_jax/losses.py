@@ -251,6 +251,22 @@ def information_entropy(logits: jax.Array) -> jax.Array:
   return jnp.sum(jnp.exp(log_mean_probs) * log_mean_probs)
 
 
+def total_variation(images: jax.Array) -> jax.Array:
+  """Smoothness prior of synthetic images: the mean squared difference of neighbouring pixels
+  (vertical and horizontal), as DeepInversion's L2 image prior (Yin et al., CVPR 2020).
+
+  Args:
+    images: (B, H, W, C) float images.
+
+  Returns:
+    Scalar mean over the (B, H-1, W, C) and (B, H, W-1, C) differences, summed.
+  """
+  chex.assert_rank(images, 4)
+  vertical = jnp.mean(jnp.square(images[:, 1:] - images[:, :-1]))
+  horizontal = jnp.mean(jnp.square(images[:, :, 1:] - images[:, :, :-1]))
+  return vertical + horizontal
+
+
 def feature_norm(features: jax.Array) -> jax.Array:
   """Activation loss on penultimate features: -mean_b ||f_b||_2 (rewards large activations).
 

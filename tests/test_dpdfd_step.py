@@ -351,7 +351,9 @@ def test_released_class_descent_estimates_the_gradient_of_the_requested_class_ce
 
 
 def test_a_class_conditional_step_asks_for_classes_and_descends_their_released_ce(teacher_dir):
-  config = _disagreement_config(teacher_dir, class_conditional_weight=2.0, latent_dim=16)
+  # With the smoothness prior too (one compile): the generator's loss is the sum of the terms.
+  config = _disagreement_config(teacher_dir, class_conditional_weight=2.0, latent_dim=16,
+                                smoothness_weight=0.5)
   assert config.class_codes == 10 and "class_conditional_weight" not in _disagreement_config(
       teacher_dir).to_json()
   ensemble, _ = dpdfd.load_teachers(config)
@@ -360,10 +362,13 @@ def test_a_class_conditional_step_asks_for_classes_and_descends_their_released_c
                     ensemble.batch_stats, jax.random.key(1))
   ce = float(metrics["lg_released_class_ce"])
   assert np.isfinite(ce) and ce >= 0
+  smoothness = float(metrics["lg_smoothness"])
+  assert smoothness > 0
   assert float(metrics["generator_loss"]) == pytest.approx(
-      -float(metrics["lg_disagreement"]) + 2 * ce, rel=1e-5)
-  with pytest.raises(ValueError, match="needs generator_objective='disagreement'"):
-    _config(teacher_dir, class_conditional_weight=1.0)
+      -float(metrics["lg_disagreement"]) + 2 * ce + smoothness, rel=1e-5)
+  for name in ("class_conditional_weight", "smoothness_weight"):
+    with pytest.raises(ValueError, match=f"{name} is a term of the disagreement generator"):
+      _config(teacher_dir, **{name: 1.0})
   with pytest.raises(ValueError, match="latent_dim must exceed it, got 8"):
     _disagreement_config(teacher_dir, class_conditional_weight=1.0)  # latent_dim 8 < K
 

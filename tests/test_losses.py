@@ -292,6 +292,18 @@ def test_information_entropy_extremes_and_dafl_log10_relation():
   assert -math.log(K) < float(value) < 0.0
 
 
+def test_total_variation_is_zero_on_flat_images_and_counts_both_directions():
+  flat = jnp.full((2, 4, 5, 3), 0.7)
+  assert float(losses.total_variation(flat)) == 0.0
+  ramp = jnp.broadcast_to(jnp.arange(5.0)[None, None, :, None], (2, 4, 5, 1))  # +1 a column
+  assert float(losses.total_variation(ramp)) == pytest.approx(1.0)  # horizontal only
+  assert float(losses.total_variation(jnp.swapaxes(ramp, 1, 2))) == pytest.approx(1.0)
+  checker = (jnp.indices((4, 4)).sum(0) % 2).astype(jnp.float32)[None, :, :, None]
+  assert float(losses.total_variation(checker)) == pytest.approx(2.0)
+  with pytest.raises(AssertionError, match="rank"):  # chex: images are (B, H, W, C)
+    losses.total_variation(jnp.zeros((4, 4)))
+
+
 def test_feature_norm_value_and_sign():
   features = _random_logits(42, (B, K))
   expected = -np.mean(np.linalg.norm(np.asarray(features, np.float64), axis=1))

@@ -142,6 +142,9 @@ class DPDFDConfig:
       differences along the probes (`probes.released_class_descent`): every class is asked
       for equally often. Released rows only: post-processing, same rows, same ε. 0 (default):
       off. Needs latent_dim > K.
+    smoothness_weight: with generator_objective="disagreement", the weight of a smoothness
+      prior on the generated images (`losses.total_variation`, DeepInversion's), descended
+      exactly: it reads no teacher and no row, so it costs no privacy. 0 (default): off.
     param_averaging_decay: d in [0, 1): evaluate, checkpoint and release an exponential moving
       average of the student's iterates (`train.averaging.param_averaging`, bias-corrected)
       instead of the last iterate; its BatchNorm statistics are the running ones. 0 (default):
@@ -210,6 +213,7 @@ class DPDFDConfig:
   diversity_weight: float = 0.0
   released_balance_weight: float = 0.0
   class_conditional_weight: float = 0.0
+  smoothness_weight: float = 0.0
   param_averaging_decay: float = 0.0
   generator_restart_ratio: float = 0.0
   generator_restart_patience: int = 2
@@ -249,16 +253,17 @@ class DPDFDConfig:
                        "every row: use bound_method='clip'")
     config_checks.non_negative(self, "entropy_weight", "feature_weight", "one_hot_weight",
                                "diversity_weight", "released_balance_weight",
-                               "class_conditional_weight")
+                               "class_conditional_weight", "smoothness_weight")
     if self.diversity_weight and self.generator_objective != "disagreement":
       raise ValueError("diversity_weight adds the class-balance term to the disagreement "
                        "generator; the paper generator weighs it by entropy_weight")
     if self.released_balance_weight and self.generator_objective != "disagreement":
       raise ValueError("released_balance_weight is ascended along the disagreement "
                        "generator's probes: it needs generator_objective='disagreement'")
-    if self.class_conditional_weight and self.generator_objective != "disagreement":
-      raise ValueError("class_conditional_weight is descended along the disagreement "
-                       "generator's probes: it needs generator_objective='disagreement'")
+    for name in ("class_conditional_weight", "smoothness_weight"):
+      if getattr(self, name) and self.generator_objective != "disagreement":
+        raise ValueError(f"{name} is a term of the disagreement generator: it needs "
+                         "generator_objective='disagreement'")
     if self.class_conditional_weight and self.latent_dim <= self.info.num_classes:
       raise ValueError(f"class_conditional_weight puts a class code in the first "
                        f"{self.info.num_classes} latent coordinates: latent_dim must exceed "
@@ -320,7 +325,7 @@ class DPDFDConfig:
     out = dataclasses.asdict(self)
     out["teacher_dirs"] = list(self.teacher_dirs)
     for name in ("param_averaging_decay", "diversity_weight", "released_balance_weight",
-                 "class_conditional_weight"):
+                 "class_conditional_weight", "smoothness_weight"):
       if not out[name]:  # at its default: the dict saved before the field existed
         del out[name]
     if not self.generator_restart_ratio:  # restarts off: the dict saved before they existed

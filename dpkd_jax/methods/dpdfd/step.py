@@ -247,8 +247,9 @@ def _generator_grad(config: config_lib.DPDFDConfig, stu: TrainState, target: jax
   """(loss, terms, d loss / d x) of the generator: the paper's (through the updated student)
   without probe `directions`, else the released disagreement's ascent, plus, if weighted,
   the diversity term through the student, and the class balance of the released targets
-  s - γ·g̃ of every query (`noisy` and the student's logits `s_queries`, (B·(1 + m), K)) and
-  their cross-entropy to the requested `classes` (B,) of a class-conditional generator."""
+  s - γ·g̃ of every query (`noisy` and the student's logits `s_queries`, (B·(1 + m), K)), the
+  smoothness of x, and the cross-entropy of the released targets to the requested `classes`
+  (B,) of a class-conditional generator."""
   if directions is None:
     return _paper_generator_grad(config, stu, target, x)
   g_loss, terms, d_images = probes_lib.disagreement_ascent(config.gamma, noisy, directions,
@@ -264,6 +265,10 @@ def _generator_grad(config: config_lib.DPDFDConfig, stu: TrainState, target: jax
     terms["released_entropy"] = entropy
     weight = config.released_balance_weight
     g_loss, d_images = g_loss - weight * entropy, d_images - weight * d_entropy
+  if config.smoothness_weight:  # an image prior: no teacher, no row
+    tv, d_tv = jax.value_and_grad(losses.total_variation)(jax.lax.stop_gradient(x))
+    terms["smoothness"] = config.smoothness_weight * tv
+    g_loss, d_images = g_loss + terms["smoothness"], d_images + config.smoothness_weight * d_tv
   if classes is not None:  # the requested classes, as the release shows them
     ce, d_ce = probes_lib.released_class_descent(released_targets, classes, directions,
                                                  step=config.probe_step)
