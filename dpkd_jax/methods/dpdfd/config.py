@@ -257,10 +257,7 @@ class DPDFDConfig:
     if self.diversity_weight and self.generator_objective != "disagreement":
       raise ValueError("diversity_weight adds the class-balance term to the disagreement "
                        "generator; the paper generator weighs it by entropy_weight")
-    if self.released_balance_weight and self.generator_objective != "disagreement":
-      raise ValueError("released_balance_weight is ascended along the disagreement "
-                       "generator's probes: it needs generator_objective='disagreement'")
-    for name in ("class_conditional_weight", "smoothness_weight"):
+    for name in ("released_balance_weight", "class_conditional_weight", "smoothness_weight"):
       if getattr(self, name) and self.generator_objective != "disagreement":
         raise ValueError(f"{name} is a term of the disagreement generator: it needs "
                          "generator_objective='disagreement'")

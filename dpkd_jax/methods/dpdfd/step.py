@@ -278,6 +278,11 @@ def _generator_grad(config: config_lib.DPDFDConfig, stu: TrainState, target: jax
   return g_loss, terms, d_images
 
 
+# The one per-step metric that is a (K,) vector, not a scalar: the run sums it rather than
+# writing it to the curves.
+RELEASED_CLASS_COUNTS = "released_class_counts"
+
+
 def _collapse_diagnostics(s_logits: jax.Array, target: jax.Array) -> dict[str, jax.Array]:
   """Diagnostics of collapse (`restarts`) from the student's logits and the released targets
   y_s, both (B, K), alone: how often the student's class is the released target's, the entropy
@@ -289,11 +294,6 @@ def _collapse_diagnostics(s_logits: jax.Array, target: jax.Array) -> dict[str, j
       "student_class_entropy": -losses.information_entropy(s_logits),
       RELEASED_CLASS_COUNTS: jnp.bincount(jnp.argmax(target, -1), length=target.shape[-1]),
   }
-
-
-# The one per-step metric that is a (K,) vector, not a scalar: the run sums it rather than
-# writing it to the curves.
-RELEASED_CLASS_COUNTS = "released_class_counts"
 
 
 def build_train_step(plan: privacy.DPDFDPlan, config: config_lib.DPDFDConfig,
