@@ -66,6 +66,7 @@ def _recipe(config) -> dict:
 @pytest.mark.parametrize("dataset", ["mnist", "fashion_mnist"])
 def test_mnist_defaults_are_the_best_measured_recipe(dataset):
   engine = {**quickstart.ENGINE_RECIPE, "teacher_loss_scale": 1.0, "gamma": 1.0,
+            "class_conditional_weight": 0.0,
             # Fashion-MNIST's student is the teacher's architecture (measured better there).
             "student_model": {"mnist": "datalens_cnn", "fashion_mnist": "small_cnn"}[dataset]}
   # σ = 0 and a sound run of one teacher: the disagreement engine.
@@ -83,6 +84,13 @@ def test_mnist_defaults_are_the_best_measured_recipe(dataset):
                                       "--target_epsilon=10", "--accounting=paper"])
   assert _recipe(config) == {**engine, **quickstart.PAPER_RECIPE}
   assert config.teacher_loss_scale * config.gamma == pytest.approx(1.0)
+  assert config.class_conditional_weight == 1.0 and config.class_codes == 10
+  # The paper generator has no class code: asking for it drops that default (and only it).
+  config, _ = dpdfd_cli.parse_config([f"--dataset={dataset}", "--teacher_dirs=t",
+                                      "--target_epsilon=10", "--accounting=paper",
+                                      "--generator_objective=paper"])
+  assert _recipe(config) == {**engine, **quickstart.PAPER_RECIPE, "generator_objective": "paper",
+                             "class_conditional_weight": 0.0}
   config, _ = dpdfd_cli.parse_config([f"--dataset={dataset}", "--teacher_dirs=t",
                                       "--noise_multiplier=0", "--accounting=paper"])
   assert _recipe(config) == engine
@@ -111,7 +119,8 @@ def test_given_flags_always_win():
     config, _ = dpdfd_cli.parse_config(["--dataset=mnist", "--target_epsilon=10",
                                         "--bound_method=normalize", *teachers, *extra])
     assert (config.bound_method, config.generator_objective, config.l2_norm_bound,
-            config.teacher_loss_scale, config.gamma) == ("normalize", "paper", 1.0, 1.0, 1.0)
+            config.teacher_loss_scale, config.gamma, config.class_conditional_weight) == (
+                "normalize", "paper", 1.0, 1.0, 1.0, 0.0)
     assert config.teacher_loss == "logit" and config.batch_size == 64
 
 
@@ -354,3 +363,23 @@ def test_recorded_mnist_commands_still_run_what_they_ran():
       assert config.bound_method == "normalize", path
     checked += 1
   assert checked >= 30
+
+
+def test_recorded_commands_that_ran_no_class_code_still_run_none():
+  # The class-conditional generator became a default (quickstart.PAPER_RECIPE) after most
+  # DPDFD rows ran: every recorded command that names none must still parse to none.
+  checked = 0
+  for path in sorted(glob.glob(os.path.join(_REPO, "docs", "results", "dpdfd__*.json"))):
+    command = json.load(open(path, encoding="utf-8"))["command"]
+    if "experiments.dpdfd" not in command:  # a benchmark script's own flags
+      continue
+    tail = command.split("experiments.dpdfd", 1)[1]
+    if "--class_conditional_weight" in tail or "--mode=direct" in tail or "sample" in tail[:8]:
+      continue
+    argv = shlex.split(re.sub(r"\$\([^)]*\)", "a,b", tail))
+    with warnings.catch_warnings():
+      warnings.simplefilter("ignore")
+      config, _ = dpdfd_cli.parse_config(argv)
+    assert config.class_conditional_weight == 0, path
+    checked += 1
+  assert checked >= 60

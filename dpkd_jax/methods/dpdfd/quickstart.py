@@ -64,11 +64,16 @@ ENSEMBLE_RECIPE: dict[str, Any] = {
     "generator_objective": "paper", "l2_norm_bound": 1.0, "steps": 2000, "eval_every": 500}
 # --accounting=paper (PAPER_TABLE_ANCHOR): Theorem 3 prices the noise std σ·C by C²/σ², so rows
 # scaled by κ far below a tiny C, with κ·γ = 1, make its ε admit an almost noiseless run (the
-# sound ε printed beside it says what that is worth). Give all three flags together.
+# sound ε printed beside it says what that is worth). Give the first three flags together. The
+# class-conditional generator (COVERAGE_ANCHOR, session 15: every seed measured learns with it, two
+# of four collapse without) is post-processing of the same rows.
 PAPER_RECIPE: dict[str, Any] = {
-    "l2_norm_bound": 1e-10, "teacher_loss_scale": 1e-12, "gamma": 1e12}
+    "l2_norm_bound": 1e-10, "teacher_loss_scale": 1e-12, "gamma": 1e12,
+    "class_conditional_weight": 1.0}
 CLIP_RECIPE_FLAGS = ("generator_objective", "probe_directions", "l2_norm_bound",
-                     "teacher_loss_scale", "gamma")
+                     "teacher_loss_scale", "gamma", "class_conditional_weight")
+# Terms of the disagreement generator: a given other --generator_objective drops their defaults.
+DISAGREEMENT_ONLY_FLAGS = ("class_conditional_weight",)
 # Flags of `experiments.dpdfd` whose default depends on the dataset.
 DATASET_DEFAULTS: dict[str, dict[str, Any]] = {
     # The best measured digits recipe (ENGINE_ANCHOR, "Side by side on digits"): logit-gap rows
@@ -108,7 +113,8 @@ def flag_defaults(dataset: str, given: Mapping[str, Any] | None = None) -> dict[
     dataset: the --dataset flag.
     given: the flags the user gave, with their values ({} or None: none); they always win.
       A given `--bound_method` other than clip keeps the config's C, κ, γ and generator: the
-      recipes' values assume clipped rows (normalised rows all have norm C).
+      recipes' values assume clipped rows (normalised rows all have norm C). A given
+      `--generator_objective` other than disagreement drops that generator's own terms.
   """
   given = given or {}
   out = dict(DATASET_DEFAULTS.get(dataset, {}))
@@ -116,6 +122,9 @@ def flag_defaults(dataset: str, given: Mapping[str, Any] | None = None) -> dict[
     out.update(recipe_rule(given))
     if given.get("bound_method", "clip") != "clip":
       for name in CLIP_RECIPE_FLAGS:
+        out.pop(name, None)
+    if given.get("generator_objective", "disagreement") != "disagreement":
+      for name in DISAGREEMENT_ONLY_FLAGS:
         out.pop(name, None)
   return {name: value for name, value in out.items() if name not in given}
 
