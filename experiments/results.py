@@ -16,6 +16,11 @@ Every reported run is one JSON record in docs/results/ (schema: dpkd_jax/train/r
                     plots the mean, never a lucky seed):
       python -m experiments.results combine --records=dpsgd__mnist__a_s0,dpsgd__mnist__a_s1,\
           dpsgd__mnist__a_s2 --name=dpsgd__mnist__a --table=dpsgd_full_scale
+  attach            adds curves a run logged (metrics.csv) to its published record, so a
+                    figure the text cites is read from the run, never typed:
+      python -m experiments.results attach --name=dpdfd__mnist__m_s10 \
+          --curve=train/released_agreement   # the record's own run (its `source`)
+    publish takes the same --curve. A curve is the column "curve:<metric>": [[step, value]].
   report --run=DIR  (re)writes DIR/report.md (`dpkd_jax.train.report`; every run writes one
                     when it finishes): curves, ε spent, samples, the run among the records
 """
@@ -89,6 +94,37 @@ def _add_curve(record: dict, run: str) -> None:
     columns["eval_steps"] = [step for step, _ in curve]
 
 
+def _add_logged_curves(record: dict, run: str, names: list[str]) -> None:
+  """Each metric of `names` that the run logged, as the column "curve:<name>" of `record`:
+  [[step, value rounded to 4 digits], ...] in the order of metrics.csv."""
+  if not names:
+    return
+  logged = metrics_lib.read_metrics(run) if os.path.exists(
+      os.path.join(run, "metrics.csv")) else {}
+  for name in names:
+    if name not in logged:
+      raise UserError(f"--curve={name}: {run}/metrics.csv logs no such metric (it has: "
+                      f"{', '.join(sorted(logged)) or 'none'})")
+    record.setdefault("columns", {})["curve:" + name] = [
+        [step, round(value, 4)] for step, value in logged[name]]
+
+
+def _attach(a: argparse.Namespace) -> int:
+  dest = os.path.join(a.results_dir, a.name + ".json")
+  if not _NAME.match(a.name) or not os.path.exists(dest):
+    raise UserError(f"--name={a.name!r}: no record {dest}")
+  record = records_lib.read_record(dest)
+  source = record.get("source")
+  if not isinstance(source, str) or not source.endswith("record.json"):
+    raise UserError(f"{dest} names no single run as its source (a combined record?): attach "
+                    "curves to its seed records")
+  run = os.path.dirname(source)
+  _add_logged_curves(record, run if os.path.isabs(run) else os.path.join(a.root, run), a.curve)
+  records_lib.write_record(dest, record)
+  print(f"wrote {os.path.relpath(dest)}; now run: python -m experiments.results render")
+  return 0
+
+
 def _destination(a: argparse.Namespace) -> str:
   """docs/results/<--name>.json, after checking the name and that --force allows replacing."""
   if not _NAME.match(a.name):
@@ -126,6 +162,7 @@ def _publish(a: argparse.Namespace) -> int:
       raise UserError(f"--paper_epsilon wants a number or inf, got {a.paper_epsilon!r}") from None
   _add_rows_and_labels(record, a)
   _add_curve(record, a.run)
+  _add_logged_curves(record, a.run, a.curve)
   record.update(single_seed=record.get("single_seed", True), regenerated=True, source=source)
   try:
     records_lib.validate_record(record)
@@ -183,6 +220,13 @@ def _parser() -> argparse.ArgumentParser:
   u.add_argument("--column", action="append", default=[], help="KEY=VALUE (repeatable)")
   u.add_argument("--text", action="append", default=[], help="KEY=VALUE label (repeatable)")
   u.add_argument("--force", action="store_true", help="replace an existing record")
+  u.add_argument("--curve", action="append", default=[],
+                 help="a metric the run logged, kept as column curve:<metric> (repeatable)")
+  t = sub.add_parser("attach", help="add a run's logged curves to its published record")
+  t.add_argument("--name", required=True, help="the published record's name")
+  t.add_argument("--curve", action="append", required=True,
+                 help="a metric of the run's metrics.csv (repeatable)")
+  t.add_argument("--root", default=_ROOT, help="the directory the record's source is under")
   c = sub.add_parser("combine", help="one record for a run over seeds (mean and spread)")
   c.add_argument("--records", required=True, help="comma-separated names of the seed records")
   c.add_argument("--name", required=True, help="the combined record's name")
@@ -198,7 +242,7 @@ def _parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
   a = _parser().parse_args(sys.argv[1:] if argv is None else argv)
   try:
-    return {"render": _render, "publish": _publish, "combine": _combine,
+    return {"render": _render, "publish": _publish, "combine": _combine, "attach": _attach,
             "report": _report}[a.command](a)
   except UserError as e:
     print(f"error: {e}", file=sys.stderr)

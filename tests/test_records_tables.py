@@ -230,6 +230,33 @@ def test_publish_reads_the_accuracy_curve_from_metrics_csv(tmp_path):
   assert given == {"accuracy_per_eval": [0.1]}
 
 
+def test_logged_curves_come_from_the_run_at_publish_and_attach(tmp_path, capsys):
+  run = tmp_path / "runs" / "r"
+  records.write_record(str(run / "record.json"), _record())
+  (run / "metrics.csv").write_text("step,name,value\n100,train/agree,0.812345\n"
+                                   "200,train/agree,0.9\n200,test/accuracy,0.5\n")
+  out = tmp_path / "results"
+  out.mkdir()
+  assert results_cli.main([f"--results_dir={out}", "publish", f"--run={run}",
+                           "--name=dpdfd__mnist__p", "--curve=train/agree"]) == 0
+  published = records.read_record(str(out / "dpdfd__mnist__p.json"))
+  assert published["columns"]["curve:train/agree"] == [[100, 0.8123], [200, 0.9]]
+  # attach: the record's own source run, relative to --root as the repo's records are.
+  records.write_record(str(out / "dpdfd__mnist__a.json"),
+                       {**_record(), "source": "runs/r/record.json"})
+  attach = [f"--results_dir={out}", "attach", "--name=dpdfd__mnist__a", f"--root={tmp_path}"]
+  assert results_cli.main(attach + ["--curve=train/agree"]) == 0
+  attached = records.read_record(str(out / "dpdfd__mnist__a.json"))
+  assert attached["columns"] == {"curve:train/agree": [[100, 0.8123], [200, 0.9]]}
+  capsys.readouterr()
+  for bad, match in ((["--curve=train/nope"], "train/agree"),
+                     (["--curve=train/agree", "--name=dpdfd__mnist__none"], "no record")):
+    assert results_cli.main(attach + bad) == 2
+    err = capsys.readouterr().err
+    assert match in err and err.count("\n") == 1
+  assert records.read_record(str(out / "dpdfd__mnist__a.json")) == attached
+
+
 @pytest.mark.parametrize("args,match", [
     (["--name=../x"], "--name"), (["--name=ok", "--paper_accuracy=2"], "paper_accuracy"),
     (["--name=ok", "--paper_epsilon=big"], "--paper_epsilon"),
