@@ -9,6 +9,8 @@ Two privacy figures are always printed together: the paper's ε-label-DP per que
 record-level ε w.r.t. the teacher's private data (the composition of every label query; inf
 with --generator_prior=teacher, whose generator is a noiseless function of the teacher).
 `--generator_terms=ce,ie,bn` picks the pretraining terms (ablation); `--resume` continues.
+Defaults: the best measured engine (srr/config.py CLI_DEFAULTS: 4 stages of 12,800 queries, 10
+student epochs each, --student_loss=rr_likelihood, generator width 64); a flag you give wins.
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ import os
 from dpkd_jax import errors
 from dpkd_jax import teacher
 from dpkd_jax.methods import srr
+from dpkd_jax.methods.srr import config as srr_config
 from dpkd_jax.methods.srr import summary as srr_summary
 from dpkd_jax.train import distributed
 from experiments import _cli
@@ -44,7 +47,7 @@ def parse_config(argv: list[str], *, pretrain_only: bool = False,
   suffix = "_generator" if pretrain_only else ""
   p = _cli.Parser(prog=prog, description=__doc__,
                   formatter_class=argparse.RawDescriptionHelpFormatter)
-  _flags.add_config_flags(p, srr.SRRConfig, help=_HELP)
+  _flags.add_config_flags(p, srr.SRRConfig, help=_HELP, defaults=srr_config.CLI_DEFAULTS)
   p.add_argument("--workdir", default=None, help=f"default runs/srr/<dataset>{suffix}")
   p.add_argument("--resume", action="store_true", help="continue the run in --workdir")
   p.add_argument("--no_progress", action="store_true")
