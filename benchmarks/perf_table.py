@@ -54,7 +54,7 @@ import protocol  # noqa: E402  (idle check, peak check, repeat until the interva
 from dpkd_jax import models  # noqa: E402
 from dpkd_jax.methods import dpdfd  # noqa: E402
 from dpkd_jax.methods.dpdfd import step as dpdfd_step  # noqa: E402
-from dpkd_jax.models import classifiers, core, fast_conv, fast_norm  # noqa: E402
+from dpkd_jax.models import classifiers, conv_routes, core, fast_conv, fast_norm  # noqa: E402
 from dpkd_jax.privacy import mechanisms  # noqa: E402
 from dpkd_jax.train.state import TrainState  # noqa: E402
 
@@ -83,21 +83,17 @@ class Timed:
 def compiled_flops(fn: Callable, *args) -> float | None:
   """XLA's FLOP count of `fn` (un-jitted) on `args`; None where the backend reports none.
 
-  XLA's cost analysis does not count the matrix products of `fast_conv`'s CPU kernel gradient
-  (they sit in a `lax.platform_dependent` branch: about 4 % of them were counted). `fn` is
-  therefore traced here with `fast_conv`'s channel threshold raised, so that every convolution
-  keeps XLA's own kernel gradient. That program does the same arithmetic, which XLA counts.
-  Benchmark only: the module constant is restored at once.
+  XLA's cost analysis does not count the matrix products inside `fast_conv`'s
+  `lax.platform_dependent` branches (its GEMM kernel gradient, the banded forms). `fn` is
+  therefore traced here with XLA's own convolutions everywhere (`fast_conv.xla_only`): the
+  same convolutions, counted at their direct FLOPs (the banded form does more, on zeros).
   """
-  min_in_channels = fast_conv._MIN_IN_CHANNELS  # pylint: disable=protected-access
-  fast_conv._MIN_IN_CHANNELS = 1 << 30  # pylint: disable=protected-access
   try:
-    # A fresh function: `jax.jit(fn)` would reuse the trace cached for the timed `jax.jit(fn)`.
-    analysis = jax.jit(lambda *a: fn(*a)).lower(*args).compile().cost_analysis()
+    with fast_conv.xla_only():
+      # A fresh function: `jax.jit(fn)` would reuse the trace cached for the timed step.
+      analysis = jax.jit(lambda *a: fn(*a)).lower(*args).compile().cost_analysis()
   except Exception:  # pylint: disable=broad-except  (a missing figure is reported as n/a)
     return None
-  finally:
-    fast_conv._MIN_IN_CHANNELS = min_in_channels  # pylint: disable=protected-access
   if isinstance(analysis, (list, tuple)):
     analysis = analysis[0] if analysis else None
   flops = (analysis or {}).get("flops")
@@ -315,6 +311,8 @@ def train_rows(table: Table, warmup: int, repeats: int) -> None:
     steps["ours"], ours_count = jax_train_step(model, images, labels)
     with reference_layers():
       steps["before"], _ = jax_train_step(model, images, labels)
+    with conv_routes.forced_mode("static"):
+      steps["static"], _ = jax_train_step(model, images, labels)
     torch_note = "torch n/a"
     try:
       steps["torch"], torch_count = torch_train_step(model, images, labels)
@@ -324,17 +322,22 @@ def train_rows(table: Table, warmup: int, repeats: int) -> None:
       torch_note = f"torch {torch.__version__}, {torch.get_num_threads()} threads"
     except ImportError:
       pass
-    times = time_interleaved(steps, warmup, repeats, [("ours", "torch"), ("ours", "before")])
+    times = time_interleaved(steps, warmup, repeats,
+                             [("ours", "torch"), ("ours", "before"), ("ours", "static")])
     label = f"train step {model} (GroupNorm, B={TRAIN_BATCH}, {ours_count:,} params)"
     table.add(f"{label}: ours vs PyTorch eager ({torch_note})", "ours", "torch", steps, times)
     table.add(f"{label}: ours vs ours with nnx.max_pool + nnx.GroupNorm", "ours", "before",
+              steps, times)
+    table.add(f"{label}: ours vs ours with the static convolution rule", "ours", "static",
               steps, times)
 
 
 def dpdfd_rows(table: Table, warmup: int, repeats: int, scaling: bool) -> None:
   """DPDFD step vs its non-private twin and its PyTorch eager twin, then the scaling rows."""
   base = dpdfd_steps(**DPDFD_BASE, twin=True)
-  steps = {"base private": base["private"], "base twin": base["twin"]}
+  with conv_routes.forced_mode("static"):
+    static = dpdfd_steps(**DPDFD_BASE)["private"]
+  steps = {"base private": base["private"], "base twin": base["twin"], "static": static}
   torch_note = "torch n/a"
   try:
     import peers_dpdfd  # pylint: disable=g-import-not-at-top  (sibling script; needs torch)
@@ -345,7 +348,7 @@ def dpdfd_rows(table: Table, warmup: int, repeats: int, scaling: bool) -> None:
   if scaling:
     for label, change in DPDFD_SCALING:
       steps[label] = dpdfd_steps(**{**DPDFD_BASE, **change})["private"]
-  pairs = [("base twin", "base private"), ("base private", "torch")]
+  pairs = [("base twin", "base private"), ("base private", "torch"), ("base private", "static")]
   pairs += [("base private", label) for label, _ in DPDFD_SCALING if scaling]
   times = time_interleaved(steps, warmup, repeats, pairs)
   base_label = (f"DPDFD step (B={DPDFD_BASE['batch_size']}, "
@@ -355,6 +358,8 @@ def dpdfd_rows(table: Table, warmup: int, repeats: int, scaling: bool) -> None:
             times)
   table.add(f"{base_label}: ours vs PyTorch eager twin ({torch_note})", "base private", "torch",
             steps, times)
+  table.add(f"{base_label}: ours vs ours with the static convolution rule", "base private",
+            "static", steps, times)
   for label, _ in DPDFD_SCALING if scaling else ():
     table.add(f"DPDFD step scaling, {label}: base vs changed", "base private", label, steps, times)
 
@@ -455,7 +460,8 @@ def main() -> None:
           if NOT_TIGHT else "")
   header = (
       f"{datetime.date.today()}, jax {jax.__version__} on {jax.devices()[0].platform} "
-      f"({os.cpu_count()} cores), {args.warmup} warm-up call(s) then >= {args.repeats} "
+      f"({protocol.machine_id()}), convolution routes {conv_routes.mode()} "
+      f"(models/conv_routes.py), {args.warmup} warm-up call(s) then >= {args.repeats} "
       f"interleaved rounds per group of rows, until each ratio's 95% bootstrap interval is "
       f"within 5%; {conditions.line()}; whole run {time.perf_counter() - start:.0f} s.{wide}")
   text = f"{header}\n\n{table.markdown()}"

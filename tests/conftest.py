@@ -4,6 +4,10 @@ import os
 
 # Must happen before JAX initialises its backends.
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
+# Convolutions take the static rule, not routes timed on this machine (models/conv_routes.py):
+# no timing inside unit tests, and the same programs on every machine. Inherited by the CLI
+# subprocesses the tests start.
+os.environ.setdefault("DPKD_CONV_ROUTES", "static")
 
 import jax  # noqa: E402
 

@@ -15,7 +15,7 @@ from flax import nnx
 from jax import lax
 from jax.sharding import Mesh, PartitionSpec as P
 
-from dpkd_jax.models import classifiers, core, fast_conv, generators, registry
+from dpkd_jax.models import classifiers, conv_routes, core, fast_conv, generators, registry
 # Shared with the classifier and generator tests: deterministic parameters, nothing compiled.
 from test_classifiers import fill_surrogate
 
@@ -32,11 +32,33 @@ def gemm_kernel_grad_for_every_width(monkeypatch):
   monkeypatch.setattr(fast_conv, "_MIN_CHANNEL_PRODUCT", 1)
 
 
-def assert_close(actual, expected, tolerance=CONV_TOLERANCE):
-  """max |actual − expected| ≤ tolerance · max |expected|, leaf by leaf."""
+# Forced routes (each pass's form where the shape offers it, else the static rule): every exact
+# form must give lax's values and gradients, whichever the measurement would pick.
+ROUTES = {
+    "static": {},
+    "banded": {"forward": "banded", "input_grad": "banded", "kernel_grad": "banded"},
+    "gemm": {"kernel_grad": "gemm"},
+    "xla": {"forward": "xla", "input_grad": "xla", "kernel_grad": "xla"},
+}
+
+
+def force_route(monkeypatch, name):
+  """Makes `conv_routes.choose` return ROUTES[name]'s form for each pass (no timing)."""
+  def choose(key, forms, shapes, static, **_):
+    del shapes
+    form = ROUTES[name].get(key.split()[0], static)
+    return form if form in forms else static
+  monkeypatch.setattr(conv_routes, "choose", choose)
+
+
+def assert_close(actual, expected, tolerance=CONV_TOLERANCE, tree_scale=False):
+  """max |actual − expected| ≤ tolerance · max |expected|, leaf by leaf; with `tree_scale`,
+  at least the largest leaf's scale (a leaf that is zero up to rounding, e.g. a bias before
+  BatchNorm, holds only rounding noise, which another summation order changes)."""
   chex.assert_trees_all_equal_shapes_and_dtypes(actual, expected)
+  largest = max(float(jnp.max(jnp.abs(e))) for e in jax.tree.leaves(expected))
   for a, e in zip(jax.tree.leaves(actual), jax.tree.leaves(expected)):
-    scale = float(jnp.max(jnp.abs(e)))
+    scale = largest if tree_scale else float(jnp.max(jnp.abs(e)))
     error = float(jnp.max(jnp.abs(a - e)))
     assert error <= tolerance * scale, f"max error {error:.2e} vs scale {scale:.2e}"
 
@@ -79,8 +101,13 @@ CASES = [
 ]
 
 
+@pytest.mark.parametrize("route", ["static", "banded", "xla"])
 @pytest.mark.parametrize("kernel_shape,strides,padding,input_hw", CASES)
-def test_values_and_gradients_match_lax(kernel_shape, strides, padding, input_hw):
+def test_values_and_gradients_match_lax(monkeypatch, kernel_shape, strides, padding, input_hw,
+                                        route):
+  # "static" takes the GEMM kernel gradient here (the autouse fixture); "banded" is offered
+  # for the stride-1 cases with at most 16 input channels, the others keep the static rule.
+  force_route(monkeypatch, route)
   x, w = random_conv_inputs(3, *input_hw, kernel_shape)
   kwargs = dict(window_strides=strides, padding=padding, dimension_numbers=NHWC)
   target = normal(lax.conv_general_dilated(x, w, **kwargs).shape, seed=2)
@@ -91,7 +118,10 @@ def test_values_and_gradients_match_lax(kernel_shape, strides, padding, input_hw
             value_and_grads(fast_conv.conv_general_dilated, x, w, target, **kwargs))
 
   (y_lax, grads_lax), (y_fast, grads_fast) = both(x, w, target)
-  chex.assert_trees_all_equal(y_fast, y_lax)  # the forward pass is XLA's own
+  if route == "banded":
+    assert_close(y_fast, y_lax)  # one GEMM: the same products summed in another order
+  else:
+    chex.assert_trees_all_equal(y_fast, y_lax)  # the forward pass is XLA's own
   assert_close(grads_fast, grads_lax)
 
 
@@ -128,7 +158,9 @@ def per_example_grads(conv, w, x, target):
   return jax.vmap(jax.grad(loss), in_axes=(None, 0, 0))(w, x, target)
 
 
-def test_per_example_grads_inside_shard_map():
+@pytest.mark.parametrize("route", ["static", "banded"])
+def test_per_example_grads_inside_shard_map(monkeypatch, route):
+  force_route(monkeypatch, route)
   # As DP-SGD takes them, jitted: vmap(grad) over the examples of each of the 8 fake CPU
   # devices, the kernel replicated and cast to 'varying' so its gradients stay per device.
   mesh = Mesh(np.asarray(jax.devices()), ("data",))
@@ -145,7 +177,9 @@ def test_per_example_grads_inside_shard_map():
                sharded(lax.conv_general_dilated)(w, x, target))
 
 
-def test_gradient_of_gradient_matches_lax():
+@pytest.mark.parametrize("route", ["static", "banded"])
+def test_gradient_of_gradient_matches_lax(monkeypatch, route):
+  force_route(monkeypatch, route)
   # Reverse over reverse (e.g. a gradient penalty) differentiates the custom backward pass.
   x, w = random_conv_inputs(2, 5, 5, (3, 3, 3, 2))
 
@@ -157,6 +191,41 @@ def test_gradient_of_gradient_matches_lax():
   grad_grad = jax.jit(jax.grad(penalty, argnums=1), static_argnums=0)
   assert_close(grad_grad(fast_conv.conv_general_dilated, w),
                grad_grad(lax.conv_general_dilated, w))
+
+
+def test_banded_forms_only_on_cpu(monkeypatch):
+  # The banded forward pass, input and kernel gradient are one dot_general each on CPU; CUDA
+  # keeps XLA's three convolutions.
+  force_route(monkeypatch, "banded")
+  x, w = random_conv_inputs(2, 6, 6, (3, 3, 2, 4))
+  grad = jax.jit(jax.grad(lambda x, w: jnp.sum(fast_conv.conv_general_dilated(
+      x, w, (1, 1), "SAME", dimension_numbers=NHWC) ** 2), argnums=(0, 1)))
+  cpu = jax.export.export(grad, platforms=["cpu"])(x, w).mlir_module()
+  cuda = jax.export.export(grad, platforms=["cuda"])(x, w).mlir_module()
+  assert "dot_general" in cpu and "dot_general" not in cuda
+  assert cuda.count("stablehlo.convolution") == 3
+
+
+def test_measured_routes_inside_jit_match_lax(monkeypatch, tmp_path):
+  # DPKD_CONV_ROUTES=measure, as outside the tests: the routes are timed while the gradient
+  # is traced (no assertion on which wins), written to the cache, and the values stay lax's.
+  monkeypatch.setenv(conv_routes.ENV_VAR, "measure")
+  monkeypatch.setenv(conv_routes.CACHE_ENV_VAR, str(tmp_path))
+  conv_routes.clear()
+  x, w = random_conv_inputs(2, 6, 6, (3, 3, 2, 4))
+  target = normal((2, 6, 6, 4), seed=2)
+  kwargs = dict(window_strides=(1, 1), padding="SAME", dimension_numbers=NHWC)
+  try:
+    fast = jax.jit(lambda x, w: value_and_grads(fast_conv.conv_general_dilated, x, w, target,
+                                                **kwargs))(x, w)
+    taken = conv_routes.routes()
+  finally:
+    conv_routes.clear()
+  assert_close(fast, jax.jit(lambda x, w: value_and_grads(lax.conv_general_dilated, x, w,
+                                                          target, **kwargs))(x, w))
+  assert sorted(key.split()[0] for key in taken) == ["forward", "input_grad", "kernel_grad"]
+  assert set(taken.values()) <= {"xla", "gemm", "banded"}
+  assert conv_routes.cache_path().exists()
 
 
 def test_cpu_path_only_on_cpu():
@@ -270,8 +339,10 @@ MODELS = {
 }
 
 
+@pytest.mark.parametrize("route", ["static", "banded"])
 @pytest.mark.parametrize("name", sorted(MODELS))
-def test_model_loss_gradients_match_plain_convs(name):
+def test_model_loss_gradients_match_plain_convs(monkeypatch, name, route):
+  force_route(monkeypatch, route)
   build, input_shape = MODELS[name]
   fast, plain = twin_parts(build)
   chex.assert_trees_all_equal(fast.params, plain.params)
@@ -286,5 +357,5 @@ def test_model_loss_gradients_match_plain_convs(name):
 
   grads_fast, grads_plain = jax.jit(lambda pf, pp: (loss_grads(fast, pf), loss_grads(plain, pp)))(
       fast.params, plain.params)
-  assert_close(grads_fast, grads_plain, MODEL_TOLERANCE)
+  assert_close(grads_fast, grads_plain, MODEL_TOLERANCE, tree_scale=route == "banded")
   assert all(np.any(np.asarray(g) != 0) for g in jax.tree.leaves(grads_fast))

@@ -16,6 +16,8 @@ from dpkd_jax.errors import UserError
 from dpkd_jax.models import classifiers, core, ghost, mobilenet, registry
 from dpkd_jax.privacy import dpsgd_mechanism
 from dpkd_jax.train import sharding
+# Forces every convolution pass to one exact form (no timing), as in the fast_conv tests.
+from test_fast_conv import force_route
 
 _BATCH = 6
 _MASK = np.array([True, True, True, True, False, True])  # row 4: padding
@@ -104,6 +106,16 @@ def test_equals_the_vmap_path_on_the_zoo(name, input_shape, norm):
   model = registry.create_classifier(name, num_classes=4, input_shape=input_shape, norm=norm,
                                      seed=0)
   _check_against_vmap(core.split(model), input_shape, 4)
+
+
+def test_equals_the_vmap_path_with_banded_convolutions(monkeypatch):
+  # Every LeNet-5 convolution pass as a banded-matrix product (what measured routes take for
+  # narrow layers on some machines): the tapped forward and its input gradient go through
+  # fast_conv too, and the batch axis is never merged, so example_mixing still follows it.
+  force_route(monkeypatch, "banded")
+  model = registry.create_classifier("lenet5", num_classes=4, input_shape=(28, 28, 1),
+                                     norm="group", seed=0)
+  _check_against_vmap(core.split(model), (28, 28, 1), 4)
 
 
 def test_equals_the_vmap_path_with_grouped_strided_convolutions():

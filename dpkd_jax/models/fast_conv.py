@@ -16,14 +16,16 @@ is sliced once per tap; each tap (or all taps of a phase, stacked, when the slic
 channels) is one GEMM. The batch is walked in chunks of about `_CHUNK_PIXELS` grid pixels by a
 `lax.scan`, so the copies stay in cache.
 
-Which dW is faster depends on XLA's version. Before XLA CPU ran convolutions through YNNPACK,
-the GEMM form was faster for all our 3×3 convolutions with 32 or more channels. With jax
-0.10's XLA, its own dW is as fast or faster inside whole steps unless the kernel is wide, so
-the GEMM form is only taken when C·O ≥ `_MIN_CHANNEL_PRODUCT` (the DAFL generator at width 128),
-and never for a single input channel (`benchmarks/conv_grads.py`; docs/PERFORMANCE.md).
+Which form is fastest depends on the machine and the shape. Each pass (forward, input
+gradient, kernel gradient) of each shape therefore takes the fastest of its exact forms as
+measured on this machine (`conv_routes`, cached on disk): XLA's own convolution, this GEMM
+kernel gradient, or one product with a banded matrix (`banded_conv`: LeNet-5's narrow layers).
+Without measuring (`DPKD_CONV_ROUTES=static`, the tests) the static rule is XLA's convolutions,
+with the GEMM kernel gradient when C·O ≥ `_MIN_CHANNEL_PRODUCT` (not for a single input
+channel), the faster of the two on a 2-core AMD EPYC (docs/PERFORMANCE.md).
 
-The fast path is chosen inside the backward pass with `lax.platform_dependent`, so GPU and TPU
-keep XLA's (cuDNN's) kernel gradient. Cases it does not cover (not 2-D NHWC/HWIO, dilation,
+A form other than XLA's is taken with `lax.platform_dependent`, only when lowering for CPU: GPU
+and TPU keep XLA's (cuDNN's) convolutions. Cases it does not cover (not 2-D NHWC/HWIO, dilation,
 grouped convolutions, non-float dtypes, `preferred_element_type`, `out_sharding`) call
 plain `lax.conv_general_dilated`. Being a `jax.custom_vjp`, the covered case supports reverse
 mode (grad, vjp, vmap of grad, grad of grad) but not forward mode (`jax.jvp`, `jax.jacfwd`).
@@ -34,14 +36,17 @@ Use it as
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import functools
-from collections.abc import Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 import jax
 import jax.numpy as jnp
 from jax import lax
+
+from dpkd_jax.models import banded_conv, conv_routes
 
 _NHWC_SPECS = ("NHWC", "HWIO", "NHWC")
 # What `lax.conv_dimension_numbers` makes of `_NHWC_SPECS` (and what nnx.Conv passes for 2-D).
@@ -60,6 +65,7 @@ _MIN_IN_CHANNELS = 2
 # steps unless the kernel is wide: the GEMM form is kept for C·O >= 64·128 (the DAFL generator
 # at width 128), XLA's dW is used below it (small_cnn, LeNet-5, the generator at width 64).
 _MIN_CHANNEL_PRODUCT = 64 * 128
+_XLA_ONLY = [False]  # set by `xla_only()`
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -212,34 +218,95 @@ def _cpu_kernel_grad(lhs: jax.Array, cotangent: jax.Array, kernel_shape: Sequenc
 def _xla_kernel_grad(lhs: jax.Array, cotangent: jax.Array, rhs: jax.Array,
                      spec: _ConvSpec) -> jax.Array:
   """XLA's own kernel gradient (kept on GPU/TPU, where cuDNN's is fast), (kh, kw, C, O)."""
+  # The vjp is taken at the kernel itself, not at zeros of its shape: inside shard_map a
+  # replicated primal would make the transpose sum the gradients over devices.
   _, vjp = jax.vjp(lambda kernel: _xla_conv(lhs, kernel, spec), rhs)
   return vjp(cotangent)[0]
 
 
+def _vjp(conv: Callable, lhs: jax.Array, rhs: jax.Array, cotangent: jax.Array,
+         argnum: int) -> jax.Array:
+  """Gradient of `conv(lhs, rhs)` w.r.t. argument `argnum` (linear: only its type matters)."""
+  primals = (lhs, rhs)
+  _, vjp = jax.vjp(lambda p: conv(*(p if i == argnum else a for i, a in enumerate(primals))),
+                   primals[argnum])
+  return vjp(cotangent)[0]
+
+
+def _forms(kind: str, lhs_shape: tuple[int, ...], rhs_shape: tuple[int, ...],
+           spec: _ConvSpec) -> tuple[dict[str, Callable], str]:
+  """The exact candidate forms of one pass, each a function of (x, w, dy): the input, the
+  kernel and the output's cotangent (the forward pass ignores dy); and the static choice."""
+  in_channels, out_channels = rhs_shape[2], rhs_shape[3]
+  xla = functools.partial(_xla_conv, spec=spec)
+  forms = {"forward": {"xla": lambda x, w, dy: xla(x, w)},
+           "input_grad": {"xla": lambda x, w, dy: _vjp(xla, x, w, dy, 0)},
+           "kernel_grad": {"xla": lambda x, w, dy: _vjp(xla, x, w, dy, 1),
+                           "gemm": lambda x, w, dy: _cpu_kernel_grad(x, dy, w.shape, spec)}}[kind]
+  if banded_conv.supported(lhs_shape, rhs_shape, spec.strides, spec.padding):
+    banded = functools.partial(banded_conv.conv, padding=spec.padding, precision=spec.precision)
+    forms["banded"] = {"forward": lambda x, w, dy: banded(x, w),
+                       "input_grad": lambda x, w, dy: _vjp(banded, x, w, dy, 0),
+                       "kernel_grad": lambda x, w, dy: _vjp(banded, x, w, dy, 1)}[kind]
+  wide = in_channels >= _MIN_IN_CHANNELS and in_channels * out_channels >= _MIN_CHANNEL_PRODUCT
+  return forms, "gemm" if kind == "kernel_grad" and wide else "xla"
+
+
+def _run(kind: str, spec: _ConvSpec, lhs: jax.Array, rhs: jax.Array,
+         cotangent: jax.Array | None = None) -> jax.Array:
+  """One pass by its route. A form other than XLA's is taken only when lowering for CPU
+  (`lax.platform_dependent`): GPU and TPU keep XLA's (cuDNN's) convolutions."""
+  forms, static = _forms(kind, lhs.shape, rhs.shape, spec)
+  if _XLA_ONLY[0]:
+    static, forms = "xla", {"xla": forms["xla"]}
+  out_shape = _output_shape(lhs.shape, rhs.shape, spec)
+  key = f"{kind} {lhs.shape} {rhs.shape} s{spec.strides} p{spec.padding} {lhs.dtype}"
+  form = conv_routes.choose(key, forms, (lhs.shape, rhs.shape, out_shape), static)
+  dtype = {"forward": jnp.result_type(lhs, rhs), "input_grad": lhs.dtype,
+           "kernel_grad": rhs.dtype}[kind]
+  if cotangent is None:
+    cotangent = jnp.zeros(out_shape, dtype)  # unused by the forward pass
+  if form == "xla":
+    return forms["xla"](lhs, rhs, cotangent).astype(dtype)
+  return lax.platform_dependent(
+      lhs, rhs, cotangent, cpu=lambda *a: forms[form](*a).astype(dtype),
+      default=lambda *a: forms["xla"](*a).astype(dtype))
+
+
+def _output_shape(lhs_shape: Sequence[int], rhs_shape: Sequence[int],
+                  spec: _ConvSpec) -> tuple[int, ...]:
+  (low_h, high_h), (low_w, high_w) = spec.padding
+  out_h = (lhs_shape[1] + low_h + high_h - rhs_shape[0]) // spec.strides[0] + 1
+  out_w = (lhs_shape[2] + low_w + high_w - rhs_shape[1]) // spec.strides[1] + 1
+  return (lhs_shape[0], out_h, out_w, rhs_shape[3])
+
+
+@contextlib.contextmanager
+def xla_only() -> Iterator[None]:
+  """Every pass traced inside takes XLA's own convolutions (e.g. so that XLA's cost analysis
+  counts their FLOPs: it does not count the products inside a `platform_dependent` branch)."""
+  _XLA_ONLY[0] = True
+  try:
+    yield
+  finally:
+    _XLA_ONLY[0] = False
+
+
 @functools.partial(jax.custom_vjp, nondiff_argnums=(2,))
 def _conv(lhs: jax.Array, rhs: jax.Array, spec: _ConvSpec) -> jax.Array:
-  return _xla_conv(lhs, rhs, spec)
+  return _run("forward", spec, lhs, rhs)
 
 
 def _conv_fwd(lhs: jax.Array, rhs: jax.Array,
               spec: _ConvSpec) -> tuple[jax.Array, tuple[jax.Array, jax.Array]]:
-  return _xla_conv(lhs, rhs, spec), (lhs, rhs)
+  return _run("forward", spec, lhs, rhs), (lhs, rhs)
 
 
 def _conv_bwd(spec: _ConvSpec, residuals: tuple[jax.Array, jax.Array],
               cotangent: jax.Array) -> tuple[jax.Array, jax.Array]:
   lhs, rhs = residuals
-  _, input_vjp = jax.vjp(lambda inputs: _xla_conv(inputs, rhs, spec), lhs)
-  input_grad = input_vjp(cotangent)[0]
-  in_channels, out_channels = rhs.shape[2], rhs.shape[3]
-  if in_channels < _MIN_IN_CHANNELS or in_channels * out_channels < _MIN_CHANNEL_PRODUCT:
-    return input_grad, _xla_kernel_grad(lhs, cotangent, rhs, spec)
-  # Decided when lowering, per platform: only CPU takes the GEMM formulation.
-  kernel_grad = lax.platform_dependent(
-      lhs, cotangent, rhs,
-      cpu=lambda x, dy, w: _cpu_kernel_grad(x, dy, w.shape, spec).astype(w.dtype),
-      default=lambda x, dy, w: _xla_kernel_grad(x, dy, w, spec))
-  return input_grad, kernel_grad
+  return (_run("input_grad", spec, lhs, rhs, cotangent),
+          _run("kernel_grad", spec, lhs, rhs, cotangent))
 
 
 _conv.defvjp(_conv_fwd, _conv_bwd)

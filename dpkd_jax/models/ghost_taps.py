@@ -117,7 +117,9 @@ class Recorder:
         window=tuple(rhs.shape[:-2]), kernel_shape=tuple(rhs.shape), strides=window_strides,
         padding=padding, lhs_dilation=lhs_dilation, rhs_dilation=rhs_dilation,
         dimension_numbers=dimension_numbers, groups=feature_group_count)
-    out = lax.conv_general_dilated(
+    # fast_conv: the forward pass and the input gradient the pass back-propagates take this
+    # machine's fastest exact form (models/conv_routes.py), as in the non-private step.
+    out = fast_conv.conv_general_dilated(
         lhs, rhs, window_strides, padding, lhs_dilation=lhs_dilation, rhs_dilation=rhs_dilation,
         dimension_numbers=dimension_numbers, feature_group_count=feature_group_count,
         precision=precision, **kwargs)
