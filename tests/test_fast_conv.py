@@ -177,6 +177,30 @@ def test_per_example_grads_inside_shard_map(monkeypatch, route):
                sharded(lax.conv_general_dilated)(w, x, target))
 
 
+def test_measured_routes_inside_shard_map(monkeypatch, tmp_path):
+  # DP-SGD's per-example gradients are traced inside shard_map; the routes are timed there
+  # (outside any device axis, on concrete arrays) and the gradients stay per device.
+  monkeypatch.setenv(conv_routes.ENV_VAR, "measure")
+  monkeypatch.setenv(conv_routes.CACHE_ENV_VAR, str(tmp_path))
+  conv_routes.clear()
+  mesh = Mesh(np.asarray(jax.devices()), ("data",))
+  x, w = random_conv_inputs(mesh.size, 5, 5, (3, 3, 2, 4))
+  target = normal((x.shape[0], 5, 5, 4), seed=2)
+
+  def sharded(conv):
+    def device_grads(w, x, target):
+      return per_example_grads(conv, lax.pcast(w, "data", to="varying"), x, target)
+    return jax.jit(jax.shard_map(device_grads, mesh=mesh,
+                                 in_specs=(P(), P("data"), P("data")), out_specs=P("data")))
+
+  try:
+    fast = sharded(fast_conv.conv_general_dilated)(w, x, target)
+    assert len(conv_routes.routes()) == 3
+  finally:
+    conv_routes.clear()
+  assert_close(fast, sharded(lax.conv_general_dilated)(w, x, target))
+
+
 @pytest.mark.parametrize("route", ["static", "banded"])
 def test_gradient_of_gradient_matches_lax(monkeypatch, route):
   force_route(monkeypatch, route)
