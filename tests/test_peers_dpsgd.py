@@ -155,11 +155,14 @@ def test_compiled_memory_counts_arguments_outputs_and_temporaries(bench):
 
 @pytest.mark.parametrize("z,q,steps", [(1.0, 0.01, 1000), (2.0, 0.004, 100)])
 def test_jax_privacy_epsilon_agrees(z, q, steps, bench):
-  """Same dp_accounting PLD at jax-privacy's 1e-4 grid: equal; RDP: order grids, <= 2 %."""
+  """Same dp_accounting PLD at jax-privacy's 1e-4 grid: equal to 1e-4 and never below
+  (on 2026-11-28, with the same package versions on another machine, ours was 1.828262
+  against 1.828244 at z = 1, q = 0.01, T = 1000: 1e-5 above); RDP: order grids, <= 2 %."""
   pytest.importorskip("jax_privacy")
   ours = bench.ours_epsilons(z, q, steps)
   theirs = bench.jax_privacy_epsilons(z, q, steps)
-  np.testing.assert_allclose(ours["ours_pld_1e-4"], theirs["jaxp_pld"], rtol=1e-6)
+  assert ours["ours_pld_1e-4"] >= theirs["jaxp_pld"] * (1 - 1e-9)  # never under-reported
+  np.testing.assert_allclose(ours["ours_pld_1e-4"], theirs["jaxp_pld"], rtol=1e-4)
   np.testing.assert_allclose(ours["ours_rdp"], theirs["jaxp_rdp"], rtol=0.02)
 
 
