@@ -13,7 +13,7 @@ from flax import nnx
 from jax.sharding import PartitionSpec as P
 
 from dpkd_jax.errors import UserError
-from dpkd_jax.models import classifiers, core, ghost, mobilenet, registry
+from dpkd_jax.models import classifiers, conv_routes, core, ghost, mobilenet, registry
 from dpkd_jax.privacy import dpsgd_mechanism
 from dpkd_jax.train import sharding
 # Forces every convolution pass to one exact form (no timing), as in the fast_conv tests.
@@ -334,7 +334,14 @@ def test_refuses_what_it_cannot_handle_naming_the_layer(model, message):
                              loss_fn=_loss, l2_clip_norm=1.0)
 
 
-def test_inside_shard_map_each_device_sums_its_own_rows():
+@pytest.mark.parametrize("routes", ["static", "measure"])
+def test_inside_shard_map_each_device_sums_its_own_rows(monkeypatch, tmp_path, routes):
+  # "measure": every convolution pass and per-example kernel gradient takes the form timed on
+  # this machine (conv_routes), as outside the tests; the sums must not change.
+  monkeypatch.setenv(conv_routes.ENV_VAR, routes)
+  monkeypatch.setenv(conv_routes.CACHE_ENV_VAR, str(tmp_path))
+  conv_routes.clear()
+  monkeypatch.setattr(conv_routes, "_ROUTES", {})
   # Per-device sums over 8 fake devices (2 rows each: the batched pass and its mixing check run
   # per device), psummed, equal the sum over the whole batch: the taps'
   # zero perturbations must vary over the mesh axis (invariant ones had their gradients, the

@@ -42,7 +42,7 @@ import jax.numpy as jnp
 from flax import nnx, traverse_util
 
 from dpkd_jax.errors import UserError
-from dpkd_jax.models import example_mixing, ghost_taps
+from dpkd_jax.models import conv_routes, example_mixing, ghost_taps
 from dpkd_jax.privacy import ghost_clipping, validation
 
 PyTree = Any
@@ -208,6 +208,28 @@ def _kernel_leaf(grad: jax.Array, spec: ghost_taps.ConvSpec | None) -> jax.Array
   return ghost_clipping.conv_kernel_from_patches(grad, spec.kernel_shape)
 
 
+def _per_example_conv_grads(a: jax.Array, g: jax.Array, spec: ghost_taps.ConvSpec) -> jax.Array:
+  """(B, *window, C/G, O) per-example kernel gradients by the fastest exact form on this
+  machine (`conv_routes`: timed once per shape; the static rule is
+  `ghost_clipping.conv_grad_form`, measured on a 2-core AMD EPYC)."""
+  def form_fn(form: str) -> Callable[[jax.Array, jax.Array], jax.Array]:
+    return lambda a, g: ghost_clipping.per_example_conv_kernel_grads(
+        a, g, window=spec.window, strides=spec.strides, padding=spec.padding,
+        lhs_dilation=spec.lhs_dilation, rhs_dilation=spec.rhs_dilation,
+        dimension_numbers=spec.dimension_numbers, groups=spec.groups, form=form)
+
+  # Not "vmap_dw": its vjp is taken at a replicated zero kernel, which inside shard_map (the
+  # DP-SGD step) would make the transpose sum over devices; it never won by much anyway.
+  forms = ("patches",) if spec.groups != 1 else ("patches", "taps")
+  static = ghost_clipping.conv_grad_form(spec.window, a.shape[-1], g.shape[-1],
+                                         groups=spec.groups)
+  key = (f"per_example_kernel_grad {a.shape} {g.shape} w{spec.window} s{spec.strides} "
+         f"p{spec.padding} g{spec.groups} {a.dtype}")
+  form = conv_routes.choose(key, {name: form_fn(name) for name in forms}, (a.shape, g.shape),
+                            static)
+  return form_fn(form)(a, g)
+
+
 def _layer_norms(a: jax.Array, g: jax.Array, spec: ghost_taps.ConvSpec | None, *,
                  allow_gram: bool
                  ) -> tuple[jax.Array | None, jax.Array, ghost_clipping.KernelNorms]:
@@ -226,11 +248,7 @@ def _layer_norms(a: jax.Array, g: jax.Array, spec: ghost_taps.ConvSpec | None, *
     method = ghost_clipping.kernel_method(tokens, in_features, g.shape[-1] // groups,
                                           allow_gram=allow_gram)
     if method == "per_example":
-      form = ghost_clipping.conv_grad_form(spec.window, a.shape[-1], g.shape[-1], groups=groups)
-      grads = ghost_clipping.per_example_conv_kernel_grads(
-          a, g, window=spec.window, strides=spec.strides, padding=spec.padding,
-          lhs_dilation=spec.lhs_dilation, rhs_dilation=spec.rhs_dilation,
-          dimension_numbers=spec.dimension_numbers, groups=groups, form=form)
+      grads = _per_example_conv_grads(a, g, spec)
       norms = ghost_clipping.KernelNorms(
           jnp.sum(jnp.square(grads.reshape(grads.shape[0], -1)), axis=1), grads)
       return None, g.reshape(g.shape[0], tokens, groups, -1), norms
