@@ -177,6 +177,27 @@ def test_per_example_grads_inside_shard_map(monkeypatch, route):
                sharded(lax.conv_general_dilated)(w, x, target))
 
 
+def test_chunked_gemm_kernel_grad_of_a_batch_inside_shard_map(monkeypatch):
+  # A batch gradient (not vmapped) per device, walked in chunks by lax.scan (ghost clipping's
+  # backward pass through its tapped convolutions): the scan's carry must vary over the mesh.
+  force_route(monkeypatch, "gemm")
+  monkeypatch.setattr(fast_conv, "_CHUNK_PIXELS", 25)  # one example per chunk
+  mesh = Mesh(np.asarray(jax.devices()), ("data",))
+  x, w = random_conv_inputs(3 * mesh.size, 5, 5, (3, 3, 3, 4))
+  target = normal((x.shape[0], 5, 5, 4), seed=2)
+
+  def sharded(conv):
+    def device_grad(w, x, target):
+      w = lax.pcast(w, "data", to="varying")
+      return jax.grad(lambda w: jnp.sum(jnp.tanh(conv(x, w, (1, 1), "SAME",
+                                                        dimension_numbers=NHWC)) * target))(w)
+    return jax.jit(jax.shard_map(device_grad, mesh=mesh, in_specs=(P(), P("data"), P("data")),
+                                 out_specs=P("data")))
+
+  assert_close(sharded(fast_conv.conv_general_dilated)(w, x, target),
+               sharded(lax.conv_general_dilated)(w, x, target))
+
+
 def test_measured_routes_inside_shard_map(monkeypatch, tmp_path):
   # DP-SGD's per-example gradients are traced inside shard_map; the routes are timed there
   # (outside any device axis, on concrete arrays) and the gradients stay per device.

@@ -204,10 +204,10 @@ def _cpu_kernel_grad(lhs: jax.Array, cotangent: jax.Array, kernel_shape: Sequenc
 
     chunks = (lhs.reshape(num_chunks, examples_per_chunk, height, width, in_channels),
               cotangent.reshape(num_chunks, examples_per_chunk, out_h, out_w, out_channels))
-    accumulator = jnp.promote_types(lhs.dtype, jnp.float32)
-    init = tuple(jnp.zeros((len(shifts), in_channels, out_channels), accumulator)
-                 for *_, shifts in phases)
-    phase_grads, _ = lax.scan(accumulate, init, chunks)
+    # The first chunk's gradients start the sum (not zeros): inside shard_map the carry then
+    # has the inputs' varying type, which constant zeros would not.
+    init = chunk_grads(chunks[0][0], chunks[1][0])
+    phase_grads, _ = lax.scan(accumulate, init, (chunks[0][1:], chunks[1][1:]))
   grad = jnp.zeros(kernel_shape, phase_grads[0].dtype)
   for (phase_h, phase_w, rows, cols, _), phase_grad in zip(phases, phase_grads):
     grad = grad.at[phase_h::stride_h, phase_w::stride_w].set(
