@@ -158,21 +158,30 @@ def per_example_grads(conv, w, x, target):
   return jax.vmap(jax.grad(loss), in_axes=(None, 0, 0))(w, x, target)
 
 
+def batch_grad(conv, w, x, target):
+  """The kernel gradient of the whole batch's loss (no vmap: ghost clipping's backward pass)."""
+  return jax.grad(lambda w: jnp.sum(jnp.tanh(conv(x, w, (1, 1), "SAME",
+                                                  dimension_numbers=NHWC)) * target))(w)
+
+
+def sharded(conv, grads=per_example_grads):
+  """jit(shard_map) of `grads` over the 8 fake CPU devices, the kernel replicated and cast to
+  'varying' so that its gradients stay per device (as DP-SGD takes them)."""
+  mesh = Mesh(np.asarray(jax.devices()), ("data",))
+
+  def device_grads(w, x, target):
+    return grads(conv, lax.pcast(w, "data", to="varying"), x, target)
+  return jax.jit(jax.shard_map(device_grads, mesh=mesh, in_specs=(P(), P("data"), P("data")),
+                               out_specs=P("data")))
+
+
 @pytest.mark.parametrize("route", ["static", "banded"])
 def test_per_example_grads_inside_shard_map(monkeypatch, route):
   force_route(monkeypatch, route)
   # As DP-SGD takes them, jitted: vmap(grad) over the examples of each of the 8 fake CPU
   # devices, the kernel replicated and cast to 'varying' so its gradients stay per device.
-  mesh = Mesh(np.asarray(jax.devices()), ("data",))
-  x, w = random_conv_inputs(2 * mesh.size, 5, 5, (3, 3, 3, 4))
+  x, w = random_conv_inputs(2 * len(jax.devices()), 5, 5, (3, 3, 3, 4))
   target = normal((x.shape[0], 5, 5, 4), seed=2)
-
-  def sharded(conv):
-    def device_grads(w, x, target):
-      return per_example_grads(conv, lax.pcast(w, "data", to="varying"), x, target)
-    return jax.jit(jax.shard_map(device_grads, mesh=mesh,
-                                 in_specs=(P(), P("data"), P("data")), out_specs=P("data")))
-
   assert_close(sharded(fast_conv.conv_general_dilated)(w, x, target),
                sharded(lax.conv_general_dilated)(w, x, target))
 
@@ -182,20 +191,10 @@ def test_chunked_gemm_kernel_grad_of_a_batch_inside_shard_map(monkeypatch):
   # backward pass through its tapped convolutions): the scan's carry must vary over the mesh.
   force_route(monkeypatch, "gemm")
   monkeypatch.setattr(fast_conv, "_CHUNK_PIXELS", 25)  # one example per chunk
-  mesh = Mesh(np.asarray(jax.devices()), ("data",))
-  x, w = random_conv_inputs(3 * mesh.size, 5, 5, (3, 3, 3, 4))
+  x, w = random_conv_inputs(3 * len(jax.devices()), 5, 5, (3, 3, 3, 4))
   target = normal((x.shape[0], 5, 5, 4), seed=2)
-
-  def sharded(conv):
-    def device_grad(w, x, target):
-      w = lax.pcast(w, "data", to="varying")
-      return jax.grad(lambda w: jnp.sum(jnp.tanh(conv(x, w, (1, 1), "SAME",
-                                                        dimension_numbers=NHWC)) * target))(w)
-    return jax.jit(jax.shard_map(device_grad, mesh=mesh, in_specs=(P(), P("data"), P("data")),
-                                 out_specs=P("data")))
-
-  assert_close(sharded(fast_conv.conv_general_dilated)(w, x, target),
-               sharded(lax.conv_general_dilated)(w, x, target))
+  assert_close(sharded(fast_conv.conv_general_dilated, batch_grad)(w, x, target),
+               sharded(lax.conv_general_dilated, batch_grad)(w, x, target))
 
 
 def test_measured_routes_inside_shard_map(monkeypatch, tmp_path):
@@ -204,16 +203,8 @@ def test_measured_routes_inside_shard_map(monkeypatch, tmp_path):
   monkeypatch.setenv(conv_routes.ENV_VAR, "measure")
   monkeypatch.setenv(conv_routes.CACHE_ENV_VAR, str(tmp_path))
   conv_routes.clear()
-  mesh = Mesh(np.asarray(jax.devices()), ("data",))
-  x, w = random_conv_inputs(mesh.size, 5, 5, (3, 3, 2, 4))
+  x, w = random_conv_inputs(len(jax.devices()), 5, 5, (3, 3, 2, 4))
   target = normal((x.shape[0], 5, 5, 4), seed=2)
-
-  def sharded(conv):
-    def device_grads(w, x, target):
-      return per_example_grads(conv, lax.pcast(w, "data", to="varying"), x, target)
-    return jax.jit(jax.shard_map(device_grads, mesh=mesh,
-                                 in_specs=(P(), P("data"), P("data")), out_specs=P("data")))
-
   try:
     fast = sharded(fast_conv.conv_general_dilated)(w, x, target)
     assert len(conv_routes.routes()) == 3

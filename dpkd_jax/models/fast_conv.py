@@ -218,15 +218,15 @@ def _cpu_kernel_grad(lhs: jax.Array, cotangent: jax.Array, kernel_shape: Sequenc
 def _xla_kernel_grad(lhs: jax.Array, cotangent: jax.Array, rhs: jax.Array,
                      spec: _ConvSpec) -> jax.Array:
   """XLA's own kernel gradient (kept on GPU/TPU, where cuDNN's is fast), (kh, kw, C, O)."""
-  # The vjp is taken at the kernel itself, not at zeros of its shape: inside shard_map a
-  # replicated primal would make the transpose sum the gradients over devices.
-  _, vjp = jax.vjp(lambda kernel: _xla_conv(lhs, kernel, spec), rhs)
-  return vjp(cotangent)[0]
+  return _vjp(functools.partial(_xla_conv, spec=spec), lhs, rhs, cotangent, 1)
 
 
 def _vjp(conv: Callable, lhs: jax.Array, rhs: jax.Array, cotangent: jax.Array,
          argnum: int) -> jax.Array:
-  """Gradient of `conv(lhs, rhs)` w.r.t. argument `argnum` (linear: only its type matters)."""
+  """Gradient of `conv(lhs, rhs)` w.r.t. argument `argnum` (linear: only its type matters).
+
+  The vjp is taken at the argument itself, not at zeros of its shape: inside shard_map a
+  replicated primal would make the transpose sum the gradients over devices."""
   primals = (lhs, rhs)
   _, vjp = jax.vjp(lambda p: conv(*(p if i == argnum else a for i, a in enumerate(primals))),
                    primals[argnum])
@@ -241,7 +241,7 @@ def _forms(kind: str, lhs_shape: tuple[int, ...], rhs_shape: tuple[int, ...],
   xla = functools.partial(_xla_conv, spec=spec)
   forms = {"forward": {"xla": lambda x, w, dy: xla(x, w)},
            "input_grad": {"xla": lambda x, w, dy: _vjp(xla, x, w, dy, 0)},
-           "kernel_grad": {"xla": lambda x, w, dy: _vjp(xla, x, w, dy, 1),
+           "kernel_grad": {"xla": lambda x, w, dy: _xla_kernel_grad(x, dy, w, spec),
                            "gemm": lambda x, w, dy: _cpu_kernel_grad(x, dy, w.shape, spec)}}[kind]
   if banded_conv.supported(lhs_shape, rhs_shape, spec.strides, spec.padding):
     banded = functools.partial(banded_conv.conv, padding=spec.padding, precision=spec.precision)
