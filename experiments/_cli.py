@@ -22,6 +22,7 @@ import tempfile
 from typing import Any, Callable, NoReturn, TypeVar
 
 from dpkd_jax import errors
+from dpkd_jax.models import conv_routes
 from dpkd_jax.train import checkpoint
 
 EXIT_USER_ERROR = 2  # argparse's own status for bad flags
@@ -136,6 +137,7 @@ def entry_point(main: Callable[..., Any]) -> Callable[..., Any]:
   @functools.wraps(main)
   def wrapped(argv: list[str] | None = None) -> Any:
     with user_errors():
+      conv_routes.mode()  # a bad DPKD_CONV_ROUTES: one line before anything is written
       return main(sys.argv[1:] if argv is None else argv)
 
   return wrapped

@@ -34,6 +34,8 @@ from collections.abc import Callable, Iterator, Mapping
 import jax
 import numpy as np
 
+from dpkd_jax import errors
+
 ENV_VAR = "DPKD_CONV_ROUTES"
 CACHE_ENV_VAR = "DPKD_CACHE_DIR"
 MODES = ("measure", "static")
@@ -48,7 +50,7 @@ _FORCED: list[str | None] = [None]  # set by `forced_mode`
 def mode() -> str:
   value = _FORCED[0] or os.environ.get(ENV_VAR, "measure")
   if value not in MODES:
-    raise ValueError(f"{ENV_VAR}={value!r}: expected one of {', '.join(MODES)}")
+    raise errors.UserError(f"{ENV_VAR}={value!r}: expected one of {', '.join(MODES)}")
   return value
 
 
