@@ -6,6 +6,8 @@ import glob
 import json
 import os
 import pathlib
+import sys
+import types
 
 import pytest
 
@@ -22,6 +24,16 @@ def _record(**overrides):
                 wall_seconds=10.0, command="python -m experiments.dpdfd", commit="abc")
   fields.update(overrides)
   return records.make_record(**fields)
+
+
+def test_the_command_names_the_data_directory_it_read(monkeypatch):
+  # A run that read $DPKD_DATA_DIR does not rerun without it: the record's command says it.
+  monkeypatch.setitem(sys.modules, "__main__", types.SimpleNamespace(__spec__=None))
+  monkeypatch.setattr(sys, "argv", ["dpdfd.py", "--dataset=mnist"])
+  monkeypatch.delenv("DPKD_DATA_DIR", raising=False)
+  assert records.current_command() == "python dpdfd.py --dataset=mnist"
+  monkeypatch.setenv("DPKD_DATA_DIR", "../shared data")
+  assert records.current_command() == "DPKD_DATA_DIR='../shared data' python dpdfd.py --dataset=mnist"
 
 
 def test_make_record_has_every_field_and_validates():

@@ -51,13 +51,21 @@ NEIGHBOURING = ("replace-one", "add-remove")
 ACCOUNTING = ("sound", "paper")
 
 
+# Environment variables that change what a run reads (dpkd_jax.data.sources: the dataset
+# directory); a command that set one does not rerun without it.
+_COMMAND_ENV_VARS = ("DPKD_DATA_DIR",)
+
+
 def current_command() -> str:
-  """The command line of this process, as a user would type it (`python -m ...`)."""
+  """The command line of this process, as a user would type it (`python -m ...`), preceded by
+  the `_COMMAND_ENV_VARS` it ran with (`DPKD_DATA_DIR=../shared/data python -m ...`)."""
   main = sys.modules.get("__main__")
   spec = getattr(main, "__spec__", None)
   head = (["python", "-m", spec.name] if spec is not None and spec.name
           else ["python", os.path.basename(sys.argv[0] or "")])
-  return " ".join(shlex.quote(a) for a in head + sys.argv[1:])
+  env = [f"{name}={shlex.quote(os.environ[name])}" for name in _COMMAND_ENV_VARS
+         if os.environ.get(name)]
+  return " ".join(env + [shlex.quote(a) for a in head + sys.argv[1:]])
 
 
 def current_commit(cwd: str | None = None) -> str | None:
