@@ -8,6 +8,17 @@ os.environ.setdefault("JAX_PLATFORMS", "cpu")
 # no timing inside unit tests, and the same programs on every machine. Inherited by the CLI
 # subprocesses the tests start.
 os.environ.setdefault("DPKD_CONV_ROUTES", "static")
+# One persistent XLA compilation cache for the whole suite: both pytest-xdist workers and every
+# CLI subprocess the tests start (they inherit these variables). Many tests build the same step
+# anew (a new closure, a new process) and would otherwise compile the same program again; a hit
+# loads the executable XLA compiled before, so values are those of a fresh compile. Keyed by the
+# program, the jax version and the flags, so entries never go stale; capped by LRU eviction. A
+# fresh clone (CI) starts empty; set JAX_COMPILATION_CACHE_DIR to place it elsewhere.
+os.environ.setdefault("JAX_COMPILATION_CACHE_DIR", os.path.join(
+    os.path.dirname(os.path.dirname(os.path.abspath(__file__))), ".cache", "jax_tests"))
+os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "0")
+os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES", "0")
+os.environ.setdefault("JAX_COMPILATION_CACHE_MAX_SIZE", str(4 * 2**30))
 
 import jax  # noqa: E402
 
