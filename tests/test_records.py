@@ -11,6 +11,7 @@ import types
 
 import pytest
 
+from dpkd_jax.data import sources
 from dpkd_jax.errors import UserError
 from dpkd_jax.train import records
 
@@ -34,6 +35,8 @@ def test_the_command_names_the_data_directory_it_read(monkeypatch):
   assert records.current_command() == "python dpdfd.py --dataset=mnist"
   monkeypatch.setenv("DPKD_DATA_DIR", "../shared data")
   assert records.current_command() == "DPKD_DATA_DIR='../shared data' python dpdfd.py --dataset=mnist"
+  # records.py names the variable without importing the data package (which imports jax).
+  assert sources.DATA_DIR_ENV_VAR in records._COMMAND_ENV_VARS  # pylint: disable=protected-access
 
 
 def test_make_record_has_every_field_and_validates():
