@@ -12,13 +12,46 @@ os.environ.setdefault("DPKD_CONV_ROUTES", "static")
 # CLI subprocess the tests start (they inherit these variables). Many tests build the same step
 # anew (a new closure, a new process) and would otherwise compile the same program again; a hit
 # loads the executable XLA compiled before, so values are those of a fresh compile. Keyed by the
-# program, the jax version and the flags, so entries never go stale; capped by LRU eviction. A
-# fresh clone (CI) starts empty; set JAX_COMPILATION_CACHE_DIR to place it elsewhere.
-os.environ.setdefault("JAX_COMPILATION_CACHE_DIR", os.path.join(
-    os.path.dirname(os.path.dirname(os.path.abspath(__file__))), ".cache", "jax_tests"))
+# program, the jax version and the flags, so entries never go stale. A fresh clone (CI) starts
+# empty; set JAX_COMPILATION_CACHE_DIR to place it elsewhere.
+# No JAX_COMPILATION_CACHE_MAX_SIZE: with a cap, jax's LRUCache takes a file lock and scans the
+# whole directory on every write, and the suite writes thousands of small programs, so the
+# scans grew quadratically and serialised the workers (half a second per write by the end).
+# `_prune_test_cache` bounds the default directory instead, once per session.
+_DEFAULT_CACHE_DIR = os.path.join(
+    os.path.dirname(os.path.dirname(os.path.abspath(__file__))), ".cache", "jax_tests")
+os.environ.setdefault("JAX_COMPILATION_CACHE_DIR", _DEFAULT_CACHE_DIR)
 os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "0")
 os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES", "0")
-os.environ.setdefault("JAX_COMPILATION_CACHE_MAX_SIZE", str(4 * 2**30))
+
+
+def _prune_test_cache(directory, max_bytes=2 * 2**30, keep_bytes=2**30):
+  """Deletes the oldest-written entries of `directory` once it holds over `max_bytes`.
+
+  Entries of programs that changed are never read again, so a working copy's cache only grows;
+  the newest `keep_bytes` are kept. Runs in the controlling process before any worker starts.
+  """
+  try:
+    entries = [(e.stat().st_mtime, e.stat().st_size, e.path)
+               for e in os.scandir(directory) if e.is_file()]
+  except FileNotFoundError:
+    return
+  total = sum(size for _, size, _ in entries)
+  if total <= max_bytes:
+    return
+  for _, size, path in sorted(entries):
+    if total <= keep_bytes:
+      break
+    try:
+      os.remove(path)
+    except FileNotFoundError:
+      pass
+    total -= size
+
+
+if ("PYTEST_XDIST_WORKER" not in os.environ
+    and os.environ["JAX_COMPILATION_CACHE_DIR"] == _DEFAULT_CACHE_DIR):
+  _prune_test_cache(_DEFAULT_CACHE_DIR)
 # Compiling is most of the suite's time (tiny models, few steps): LLVM at -O0 compiles the CPU
 # programs 2-3x faster. It changes how fast the machine code runs, not what it computes (XLA's
 # HLO passes and its IEEE float semantics are unchanged). Give XLA_FLAGS an
