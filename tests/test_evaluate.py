@@ -26,6 +26,21 @@ def test_padding_does_not_change_accuracy(setup):
     assert np.isfinite(got["loss"])
 
 
+def test_a_batch_larger_than_the_dataset_shrinks_to_it(setup, monkeypatch):
+  parts, test = setup
+  expected = evaluate.evaluate(parts, test, batch_size=len(test))
+  shapes = []
+  batch_stats = evaluate._batch_stats  # pylint: disable=protected-access
+
+  def recording(graphdef, params, stats, images, *args):
+    shapes.append(images.shape[0])
+    return batch_stats(graphdef, params, stats, images, *args)
+
+  monkeypatch.setattr(evaluate, "_batch_stats", recording)
+  assert evaluate.evaluate(parts, test, batch_size=1000) == expected
+  assert shapes == [len(test)]  # one exact batch: no padded rows run
+
+
 def test_predict_logits_batching_is_exact(setup):
   parts, test = setup
   a = evaluate.predict_logits(parts, test.images, test.info, batch_size=len(test))
