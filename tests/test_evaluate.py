@@ -26,7 +26,7 @@ def test_padding_does_not_change_accuracy(setup):
     assert np.isfinite(got["loss"])
 
 
-def test_a_batch_larger_than_the_dataset_shrinks_to_it(setup, monkeypatch):
+def test_a_batch_larger_than_the_dataset_shrinks_to_fit_it(setup, monkeypatch):
   parts, test = setup
   expected = evaluate.evaluate(parts, test, batch_size=len(test))
   shapes = []
@@ -37,8 +37,10 @@ def test_a_batch_larger_than_the_dataset_shrinks_to_it(setup, monkeypatch):
     return batch_stats(graphdef, params, stats, images, *args)
 
   monkeypatch.setattr(evaluate, "_batch_stats", recording)
-  assert evaluate.evaluate(parts, test, batch_size=1000) == expected
-  assert shapes == [len(test)]  # one exact batch: no padded rows run
+  got = evaluate.evaluate(parts, test, batch_size=1000)
+  assert got["accuracy"] == expected["accuracy"]
+  assert got["loss"] == pytest.approx(expected["loss"], rel=1e-6)
+  assert shapes == [512]  # 355 test images: one batch of the next power of two, not of 1,000
 
 
 def test_predict_logits_batching_is_exact(setup):
@@ -69,3 +71,21 @@ def test_map_padded_equals_one_call_and_pads_to_one_shape(axis):
   expected = np.stack([images * 2, images * 2 + 1]) if axis == 1 else images * 2
   np.testing.assert_array_equal(got, expected)
   assert set(shapes) == {(3, 2)}  # the last chunk (1 image) was padded to 3
+
+
+def test_fitted_chunk_pads_small_inputs_to_a_power_of_two_only():
+  assert [evaluate.fitted_chunk(1000, n) for n in (1, 2, 3, 64, 65, 355, 1000, 5000)] == [
+      1, 2, 4, 64, 128, 512, 1000, 1000]
+  assert evaluate.fitted_chunk(3, 7) == 3
+
+
+def test_map_padded_runs_few_inputs_in_one_small_chunk():
+  shapes = []
+
+  def fn(x):
+    shapes.append(x.shape)
+    return x + 1.0
+
+  got = evaluate.map_padded(fn, np.arange(5, dtype=np.float32), 1000)
+  np.testing.assert_array_equal(got, np.arange(5) + 1.0)
+  assert shapes == [(8,)]
