@@ -32,8 +32,8 @@ def _prune_test_cache(directory, max_bytes=2 * 2**30, keep_bytes=2**30):
   the newest `keep_bytes` are kept. Runs in the controlling process before any worker starts.
   """
   try:
-    entries = [(e.stat().st_mtime, e.stat().st_size, e.path)
-               for e in os.scandir(directory) if e.is_file()]
+    entries = [(stat.st_mtime, stat.st_size, e.path)
+               for e in os.scandir(directory) if e.is_file() for stat in [e.stat()]]
   except FileNotFoundError:
     return
   total = sum(size for _, size, _ in entries)
