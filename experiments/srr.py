@@ -8,7 +8,8 @@
 Two privacy figures are always printed together: the paper's ε-label-DP per query, and the
 record-level ε w.r.t. the teacher's private data (the composition of every label query; inf
 with --generator_prior=teacher, whose generator is a noiseless function of the teacher).
-`--generator_terms=ce,ie,bn` picks the pretraining terms (ablation); `--resume` continues.
+`--generator_terms=ce,ie,bn` picks the pretraining terms (ablation); `--student_replay` trains the
+student on every stage's released labels so far (post-processing); `--resume` continues.
 Defaults: the best measured engine (srr/config.py CLI_DEFAULTS: 4 stages of 12,800 queries, 10
 student epochs each, --student_loss=rr_likelihood, generator width 64); a flag you give wins.
 """
@@ -37,6 +38,7 @@ _HELP = {
     "pretrained_generator_dir": "reuse <another run>/generator_pretrain",
     "seed": "reproducible run (noise then public); default: secret seed from OS entropy",
     "data_dir": "directory of <dataset>.npz (e.g. ../shared/data)",
+    "student_replay": "each stage's student epochs also draw from earlier stages' releases",
 }
 
 

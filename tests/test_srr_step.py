@@ -105,6 +105,59 @@ def test_stage_loop_asks_each_query_once_and_reuses_the_labels(student_loss, stu
   assert np.isfinite(result.metrics["student_loss"])
 
 
+def _two_stages(student_replay):
+  """Two stages of the e2e run's sizes; returns (final state, stage results, stage 0's student
+  parameters as host copies (stage 1 donates the state), teacher)."""
+  config = srr.SRRConfig(
+      dataset="digits", teacher_dir="unused", epsilon=1.0, student_model="lenet5",
+      generator_channels=8, latent_dim=8, pretrain_steps=2, pretrain_batch_size=16, stages=2,
+      samples_per_stage=32, batch_size=16, student_epochs=2, generator_epochs=2,
+      generator_prior="none", student_loss="rr_likelihood", student_replay=student_replay)
+  mesh = sharding.data_mesh()
+  student, generator = srr.init_models(config, jax.random.key(0))
+  state = sharding.replicate(srr.init_state(config, student, generator, stages=2), mesh)
+  teacher = CountingTeacher(lambda queries: jnp.arange(queries.shape[0], dtype=jnp.int32) % 10)
+  train_step = srr.build_train_step(srr.make_plan(config), config, teacher, mesh=mesh)
+  results, first_student = [], None
+  for stage in range(2):
+    results.append(train_step(state, jax.random.key(stage), stage))
+    state = results[-1].state
+    if stage == 0:
+      first_student = jax.tree.map(np.asarray, state.student.params)
+  return state, results, first_student, teacher
+
+
+def test_replay_keeps_every_release_and_trains_on_them_without_asking_again():
+  state, results, first_student, teacher = _two_stages(student_replay=True)
+  assert teacher.calls == 2 and teacher.rows == [32, 32]  # replay asks the teacher nothing
+  released = state.released
+  chex.assert_shape(released.queries, (64, 28, 28, 1))
+  for stage, result in enumerate(results):  # stage t's release sits in rows [32 t, 32 t + 32)
+    np.testing.assert_array_equal(released.labels[32 * stage:32 * (stage + 1)],
+                                  result.noisy_labels)
+    np.testing.assert_array_equal(released.candidate_mask[32 * stage:32 * (stage + 1)].sum(-1),
+                                  result.set_sizes)
+  assert int(state.student.step) == 2 * 2 * 2  # the same student steps as without replay
+  plain, _, plain_first_student, _ = _two_stages(student_replay=False)
+  assert plain.released is None and "released" not in plain.arrays()
+  # Stage 0 has nothing to replay (the same student); stage 1 also reads stage 0's rows.
+  chex.assert_trees_all_equal(first_student, plain_first_student)
+  assert not np.allclose(jax.tree.leaves(state.student.params)[0],
+                         jax.tree.leaves(plain.student.params)[0])
+  restored = jax.tree.map(jnp.zeros_like, state).with_arrays(state.arrays())  # checkpoint form
+  chex.assert_trees_all_equal(restored.released, released)
+
+
+def test_replay_flag_is_left_out_of_saved_configs_at_its_default():
+  base = dict(dataset="digits", teacher_dir="t", epsilon=1.0)
+  assert "student_replay" not in srr.SRRConfig(**base).to_json()  # older workdirs still resume
+  saved = srr.SRRConfig(**base, student_replay=True).to_json()
+  assert saved["student_replay"] is True
+  assert srr.SRRConfig.from_json(saved).student_replay
+  with pytest.raises(ValueError, match="student_replay"):
+    srr.SRRConfig(**base, student_replay="yes")
+
+
 def test_stage_config_takes_epsilon_from_the_plan_and_the_rest_from_the_config():
   config = srr.SRRConfig(dataset="digits", teacher_dir="t", epsilon=None, target_epsilon=50.0,
                          stages=2, samples_per_stage=32, batch_size=16, threshold=0.3,

@@ -30,6 +30,10 @@ CLI_DEFAULTS = {"generator_channels": 64, "stages": 4, "samples_per_stage": 1280
                 "student_epochs": 10, "student_loss": "rr_likelihood"}
 
 
+# Fields added after workdirs were first saved: left out of `to_json` at their default.
+_OMITTED_AT_DEFAULT = ("student_replay",)
+
+
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class SRRConfig:
   """A DP-DFD + selective RR run. Privacy fields first, then models, pretraining, stages.
@@ -57,6 +61,9 @@ class SRRConfig:
     student_loss: "kl" (paper: KL to the one-hot released label) or "rr_likelihood" (-log of
       the released label's probability through the known SRR channel; `step`).
     student_shift: the student sees its queries moved by up to this many pixels (0: none).
+    student_replay: each student epoch of stage t draws its N rows from the releases of all
+      stages 0..t (kept in the checkpoint), not from stage t's only: the released labels are
+      reused, post-processing (same queries, ε and steps). False (default): the paper's.
     seed: root seed; None (default) draws a secret one (`privacy.seeds`).
     data_dir: directory of `<dataset>.npz`.
   """
@@ -89,6 +96,7 @@ class SRRConfig:
   student_lr: float = 1e-3
   student_loss: str = "kl"
   student_shift: int = 0
+  student_replay: bool = False
   generator_lr: float = 1e-4
   seed: int | None = None
   data_dir: str | None = None
@@ -102,6 +110,8 @@ class SRRConfig:
     config_checks.one_of("generator_prior", self.generator_prior, GENERATOR_PRIORS)
     config_checks.one_of("student_loss", self.student_loss, STUDENT_LOSSES)
     config_checks.integers(self, "student_shift", minimum=0)
+    if not isinstance(self.student_replay, bool):
+      raise ValueError(f"student_replay must be True or False, got {self.student_replay!r}")
     if self.threshold is not None:
       config_checks.fraction("threshold (tau)", self.threshold, open_low=False, open_high=False)
     if config_checks.integer("generator_channels", self.generator_channels, minimum=2) % 2:
@@ -155,9 +165,15 @@ class SRRConfig:
     """The config as saved in checkpoints and results (a resumed run must match it)."""
     out = dataclasses.asdict(self)
     out["generator_terms"] = list(self.generator_terms)
+    for name in _OMITTED_AT_DEFAULT:  # older workdirs saved none of them: they still resume
+      if out[name] == _FIELD_DEFAULTS[name]:
+        del out[name]
     return out
 
   @classmethod
   def from_json(cls, saved: dict[str, Any]) -> "SRRConfig":
     """Inverse of `to_json`."""
     return cls(**{**saved, "generator_terms": tuple(saved["generator_terms"])})
+
+
+_FIELD_DEFAULTS = {field.name: field.default for field in dataclasses.fields(SRRConfig)}

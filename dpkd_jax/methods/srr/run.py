@@ -3,7 +3,8 @@
 
 `train_srr` writes to `workdir`:
   generator_pretrain/  the pretrained generator (reusable: `pretrained_generator_dir`)
-  checkpoints/<stage>/ Orbax: student + generator states; meta: config, ledger, plan, seed
+  checkpoints/<stage>/ Orbax: student + generator states (+ every release so far with
+                       `student_replay`); meta: config, ledger, plan, seed
   privacy_ledger.json  one entry per stage: the stage's RR queries, charged before they run
   results.json         accuracy (per stage), both privacy figures (`privacy.report`), config;
                        record.json

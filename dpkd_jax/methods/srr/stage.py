@@ -6,7 +6,8 @@
     y = argmax teacher(D_t)            (N,)            PRIVATE: asked once per query
     y~ = SRR(y; p_s, tau, eps)         (N,)            the only release
     student   <- E epochs of KL(one_hot(y~) || softmax(student(D_t)))   reuses y~
-                 (or of -log P(y~ | student) through the SRR channel; `step`)
+                 (or of -log P(y~ | student) through the SRR channel; `step`); with replay,
+                 each epoch is N rows drawn from the releases of stages 0..t   reuses them
     generator <- E_g epochs of CE(student(G(z)), y~)                      reuses y~
 
 The teacher is reached only through `teacher_label_fn`, called exactly once per stage on all N
@@ -23,6 +24,7 @@ from typing import Any, NamedTuple
 
 import jax
 import jax.numpy as jnp
+import flax
 import numpy as np
 
 from dpkd_jax import config_checks
@@ -77,8 +79,50 @@ class StageConfig:
 # Tag of the student's shift stream under the stage's student key (its epochs use 0..E-1).
 _SHIFT_TAG = 2**31 - 1
 
-# Student and generator train states (the teacher is never part of the state).
-SRRState = state_lib.StudentGeneratorState
+
+@flax.struct.dataclass
+class Released:
+  """Every release of the run so far, kept for the student to train on again (`replay`):
+  room for all S stages of N rows; stage t writes rows [t N, (t + 1) N). Released labels,
+  their public candidate sets and the queries they answer: reusing them is post-processing."""
+
+  queries: jax.Array  # (S N, H, W, C) float32
+  labels: jax.Array  # (S N,) int32
+  candidate_mask: jax.Array  # (S N, K) bool
+
+  @classmethod
+  def empty(cls, rows: int, image_shape: tuple[int, ...], num_classes: int) -> "Released":
+    return cls(jnp.zeros((rows, *image_shape), jnp.float32), jnp.zeros((rows,), jnp.int32),
+               jnp.zeros((rows, num_classes), bool))
+
+  def write(self, start: int, queries: jax.Array, labels: jax.Array,
+            candidate_mask: jax.Array) -> "Released":
+    """The buffer with rows [start, start + N) replaced by one stage's release."""
+    stop = start + queries.shape[0]
+    return Released(self.queries.at[start:stop].set(queries),
+                    self.labels.at[start:stop].set(labels),
+                    self.candidate_mask.at[start:stop].set(candidate_mask))
+
+
+@flax.struct.dataclass
+class SRRState(state_lib.StudentGeneratorState):
+  """Student and generator train states (the teacher is never part of the state), and with
+  replay every release so far."""
+
+  released: Released | None = None
+
+  def arrays(self) -> dict[str, PyTree]:
+    out = super().arrays()
+    if self.released is not None:  # runs without replay keep the checkpoint layout they had
+      out["released"] = {"queries": self.released.queries, "labels": self.released.labels,
+                         "candidate_mask": self.released.candidate_mask}
+    return out
+
+  def with_arrays(self, arrays: dict[str, PyTree]) -> "SRRState":
+    state = super().with_arrays(arrays)
+    if self.released is None:
+      return state
+    return state.replace(released=Released(**arrays["released"]))
 
 
 class StageResult(NamedTuple):
@@ -144,9 +188,23 @@ def private_labels(teacher_label_fn: TeacherLabelFn, key: jax.Array, queries: ja
   return _selective_rr(key, true_labels, prior, epsilon=epsilon, threshold=threshold)
 
 
+def _student_pool(state: SRRState, stage: int, queries: jax.Array,
+                  release: randomized_response.SelectiveRRResult):
+  """(queries, labels, masks, state.released) the student draws its batches from: this
+  stage's N rows, or with replay the (t + 1) N rows of stages 0..t (this one written in)."""
+  if state.released is None:
+    return queries, release.noisy_labels, release.candidate_mask, None
+  n = queries.shape[0]
+  released = state.released.write(stage * n, queries, release.noisy_labels,
+                                  release.candidate_mask)
+  rows = (stage + 1) * n
+  return (released.queries[:rows], released.labels[:rows], released.candidate_mask[:rows],
+          released)
+
+
 def run_stage(state: SRRState, key: jax.Array, config: StageConfig,
               teacher_label_fn: TeacherLabelFn, *, student_step, generator_step,
-              mesh: jax.sharding.Mesh) -> StageResult:
+              mesh: jax.sharding.Mesh, stage: int = 0) -> StageResult:
   """Runs one stage (module docstring); `step.build_train_step` binds its steps and ε.
 
   Args:
@@ -158,6 +216,7 @@ def run_stage(state: SRRState, key: jax.Array, config: StageConfig,
       (`step.make_student_step`).
     generator_step: the jitted generator fine-tuning step (`step.make_finetune_step`).
     mesh: devices; batches are split over its 'data' axis.
+    stage: t, this stage's index: with replay (`state.released`), where its release is kept.
 
   Returns:
     StageResult(state, released labels, set sizes, metrics).
@@ -172,14 +231,17 @@ def run_stage(state: SRRState, key: jax.Array, config: StageConfig,
   release = private_labels(teacher_label_fn, rr_key, queries, prior, epsilon=config.epsilon,
                            threshold=config.threshold)
   noisy = release.noisy_labels  # (N,), reused by every epoch below
+  # (M, ...) rows the student reads, M = N, or (t + 1) N with replay.
+  pool_x, pool_y, pool_mask, released = _student_pool(state, stage, queries, release)
 
   student = state.student
   student_losses = []
   shift_key = jax.random.fold_in(student_key, _SHIFT_TAG)  # epochs use tags 0..E-1
   for epoch in range(config.student_epochs):
-    batches = data.epoch_batches(jax.random.fold_in(student_key, epoch), n, b)
-    for i, idx in enumerate(batches):
-      batch = sharding.shard_batch((queries[idx], noisy[idx], release.candidate_mask[idx]), mesh)
+    # N / B batches per epoch whatever M: the first N of a permutation of the M rows.
+    batches = data.epoch_batches(jax.random.fold_in(student_key, epoch), pool_y.shape[0], b)
+    for i, idx in zip(range(n // b), batches):
+      batch = sharding.shard_batch((pool_x[idx], pool_y[idx], pool_mask[idx]), mesh)
       student, step_metrics = student_step(
           student, *batch, jax.random.fold_in(jax.random.fold_in(shift_key, epoch), i))
       student_losses.append(step_metrics["student_loss"])
@@ -198,6 +260,6 @@ def run_stage(state: SRRState, key: jax.Array, config: StageConfig,
   }
   if generator_losses:
     metrics["generator_loss"] = float(np.mean(jax.device_get(generator_losses[-(n // b):])))
-  return StageResult(SRRState(student, generator), np.asarray(noisy),
+  return StageResult(SRRState(student, generator, released), np.asarray(noisy),
                      np.asarray(release.set_sizes), metrics)
 

@@ -55,11 +55,16 @@ def init_models(config: config_lib.SRRConfig,
 
 def init_state(config: config_lib.SRRConfig, student: core.ModelParts,
                generator: core.ModelParts, *, stages: int) -> stage_lib.SRRState:
-  """Student and generator train states; the student's schedule spans all `stages`."""
+  """Student and generator train states; the student's schedule spans all `stages`. With
+  `student_replay`, room for every stage's release (`stage.Released`, zeros until written)."""
   student_steps = stages * config.student_epochs * (config.samples_per_stage // config.batch_size)
+  released = None
+  if config.student_replay:
+    released = stage_lib.Released.empty(stages * config.samples_per_stage,
+                                        config.info.image_shape, config.info.num_classes)
   return stage_lib.SRRState(
       TrainState.create(student, adam(config.student_lr, max(student_steps, 1))),
-      TrainState.create(generator, adam(config.generator_lr)))
+      TrainState.create(generator, adam(config.generator_lr)), released)
 
 
 def student_kl_loss(logits: jax.Array, labels: jax.Array) -> jax.Array:
@@ -226,6 +231,6 @@ def build_train_step(plan: privacy.SRRPlan, config: config_lib.SRRConfig,
                  stage: int) -> stage_lib.StageResult:
     return stage_lib.run_stage(
         state, key, configs[stage == 0], teacher_label_fn, student_step=student_step,
-        generator_step=make_finetune_step(state.student.graphdef), mesh=mesh)
+        generator_step=make_finetune_step(state.student.graphdef), mesh=mesh, stage=stage)
 
   return train_step
