@@ -11,7 +11,8 @@ with --generator_prior=teacher, whose generator is a noiseless function of the t
 `--generator_terms=ce,ie,bn` picks the pretraining terms (ablation); `--student_replay` trains the
 student on every stage's released labels so far (post-processing); `--resume` continues.
 Defaults: the best measured engine (srr/config.py CLI_DEFAULTS: 4 stages of 12,800 queries, 10
-student epochs each, --student_loss=rr_likelihood, generator width 64); a flag you give wins.
+student epochs each, --student_loss=rr_likelihood, --student_model=small_cnn, generator width
+64); a flag you give wins.
 """
 
 from __future__ import annotations

@@ -211,14 +211,15 @@ def test_documented_srr_commands():
       dataset="mnist", teacher_dir="runs/teacher/mnist_small_cnn_aug15",
       data_dir="../shared/data", generator_channels=64, stages=10, samples_per_stage=5120,
       student_epochs=5, seed=0, generator_terms=("ce", "ie"), epsilon=10.0,
-      pretrained_generator_dir="runs/srr/g", student_loss="rr_likelihood")
+      pretrained_generator_dir="runs/srr/g", student_loss="rr_likelihood",
+      student_model="small_cnn")
   assert args.resume and args.workdir == "runs/srr/a"
   config, args = srr_cli.parse_config(
       ["--dataset=mnist", "--teacher_dir=t"], pretrain_only=True)
   assert config == srr.SRRConfig(dataset="mnist", teacher_dir="t", epsilon=math.inf,
                                  **srr_config.CLI_DEFAULTS)
-  assert (config.stages, config.samples_per_stage, config.student_loss) == (
-      4, 12800, "rr_likelihood")  # the best measured engine, not the paper's 10 × 2,560
+  assert (config.stages, config.samples_per_stage, config.student_loss, config.student_model) == (
+      4, 12800, "rr_likelihood", "small_cnn")  # the best measured engine, not the paper's
   assert args.workdir == os.path.join("runs", "srr", "mnist_generator")
 
 

@@ -22,12 +22,15 @@ FIRST_PRIORS = ("uniform", "student")
 GENERATOR_PRIORS = ("teacher", "none")
 STUDENT_LOSSES = ("kl", "rr_likelihood")
 # The defaults of `python -m experiments.srr`: the best measured engine (docs/RESULTS.md#srr-
-# with-a-better-engine-issue-22-item-4-session-12; MNIST at ε = 10 and 1 per query): 4 stages
-# of 12,800 queries, 10 student epochs on each, the RR-likelihood student loss (post-
-# processing: the known channel), a generator of width 64. `SRRConfig`'s own defaults stay the
-# paper's (10 stages of 2,560, KL, width 128), which the library's callers get.
+# with-a-better-engine-issue-22-item-4-session-12 and #srr-replaying-earlier-stages-and-a-
+# larger-student-issue-22-item-4-session-20; MNIST and Fashion-MNIST at ε = 10 and 1 per
+# query): 4 stages of 12,800 queries, 10 student epochs on each, the RR-likelihood student loss
+# (post-processing: the known channel), a small_cnn student, a generator of width 64.
+# `SRRConfig`'s own defaults stay the paper's (10 stages of 2,560, KL, lenet5, width 128),
+# which the library's callers get.
 CLI_DEFAULTS = {"generator_channels": 64, "stages": 4, "samples_per_stage": 12800,
-                "student_epochs": 10, "student_loss": "rr_likelihood"}
+                "student_epochs": 10, "student_loss": "rr_likelihood",
+                "student_model": "small_cnn"}
 
 
 # Fields added after workdirs were first saved: left out of `to_json` at their default.
