@@ -47,6 +47,11 @@ def test_small_epsilon_per_query_prints_the_keep_probability():
                               "randomized response keeps the teacher's label with probability "
                               "0.1548 (chance 0.1) at epsilon 0.5 per query")
   assert lines[-1].endswith("try a larger --epsilon")
+  # A larger student than lenet5 is also pointed back to it (it collapsed where lenet5 learned).
+  line = srr_summary.chance_reason(_results(0.1, epsilon=1.0, student_model="small_cnn"))
+  assert line.endswith(f"try a larger --epsilon, or --student_model=lenet5 (a small_cnn student "
+                       f"can collapse on such labels: small_cnn did on Fashion-MNIST at epsilon "
+                       f"1 where lenet5 learned, {srr_summary.STUDENT_ANCHOR})")
 
 
 def test_a_record_level_target_says_it_set_the_epsilon_per_query():
@@ -80,7 +85,8 @@ def test_results_anchors_exist():
   text = open(os.path.join(_REPO, "docs", "RESULTS.md"), encoding="utf-8").read()
   slugs = {re.sub(r"[^\w\- ]", "", h.lower()).strip().replace(" ", "-")
            for h in re.findall(r"^#+ (.+)$", text, re.M)}
-  for anchor in (srr_summary.RESULTS_ANCHOR, srr_summary.ABLATION_ANCHOR):
+  for anchor in (srr_summary.RESULTS_ANCHOR, srr_summary.ABLATION_ANCHOR,
+                 srr_summary.STUDENT_ANCHOR):
     assert anchor.split("#")[1] in slugs, anchor
 
 

@@ -19,6 +19,8 @@ from dpkd_jax.train import summary
 RESULTS_ANCHOR = "docs/RESULTS.md#dp-dfd-with-selective-randomized-response-issue-5-reduced-scale"
 ABLATION_ANCHOR = ("docs/RESULTS.md#generator-loss-term-ablation-paper-table-iii-mnist-"
                    "ε--10-per-query")
+STUDENT_ANCHOR = ("docs/RESULTS.md#srr-replaying-earlier-stages-and-a-larger-student-issue-22-"
+                  "item-4-session-20")
 MOSTLY_NOISE = 0.5  # stage 1 keeps fewer teacher labels than this: the labels are mostly noise
 
 
@@ -48,8 +50,13 @@ def chance_reason(results: Mapping[str, Any]) -> str:
   if keep < MOSTLY_NOISE:
     more = ("fewer queries (--stages, --samples_per_stage) leave more epsilon to each"
             if target is not None and config.get("epsilon") is None else "a larger --epsilon")
+    student = config.get("student_model", "lenet5")
+    smaller = ("" if student == "lenet5" else
+               f", or --student_model=lenet5 (a {student} student can collapse on such labels: "
+               "small_cnn did on Fashion-MNIST at epsilon 1 where lenet5 learned, "
+               f"{STUDENT_ANCHOR})")
     return (f"why at chance: the labels are mostly noise: {labels}; a student trained on them "
-            f"is a poor prior for the later stages; try {more}")
+            f"is a poor prior for the later stages; try {more}{smaller}")
   return (f"why at chance: {labels}, so the student did not learn from the generator's "
           f"queries; check the generator pretraining (its BN term matters: {ABLATION_ANCHOR})"
           ", or more --pretrain_steps and --stages")
