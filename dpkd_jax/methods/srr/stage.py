@@ -22,9 +22,9 @@ import dataclasses
 from collections.abc import Callable
 from typing import Any, NamedTuple
 
+import flax
 import jax
 import jax.numpy as jnp
-import flax
 import numpy as np
 
 from dpkd_jax import config_checks
