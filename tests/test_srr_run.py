@@ -7,8 +7,8 @@ import os
 import shutil
 
 import chex
-import numpy as np
 import jax
+import numpy as np
 import pytest
 
 from dpkd_jax import teacher as teacher_lib

@@ -168,15 +168,12 @@ class SRRConfig:
     """The config as saved in checkpoints and results (a resumed run must match it)."""
     out = dataclasses.asdict(self)
     out["generator_terms"] = list(self.generator_terms)
-    for name in _OMITTED_AT_DEFAULT:  # older workdirs saved none of them: they still resume
-      if out[name] == _FIELD_DEFAULTS[name]:
-        del out[name]
+    for field in dataclasses.fields(self):  # older workdirs saved none of them: they resume
+      if field.name in _OMITTED_AT_DEFAULT and out[field.name] == field.default:
+        del out[field.name]
     return out
 
   @classmethod
   def from_json(cls, saved: dict[str, Any]) -> "SRRConfig":
     """Inverse of `to_json`."""
     return cls(**{**saved, "generator_terms": tuple(saved["generator_terms"])})
-
-
-_FIELD_DEFAULTS = {field.name: field.default for field in dataclasses.fields(SRRConfig)}

@@ -204,7 +204,7 @@ def _student_pool(state: SRRState, stage: int, queries: jax.Array,
 
 def run_stage(state: SRRState, key: jax.Array, config: StageConfig,
               teacher_label_fn: TeacherLabelFn, *, student_step, generator_step,
-              mesh: jax.sharding.Mesh, stage: int = 0) -> StageResult:
+              mesh: jax.sharding.Mesh, stage: int) -> StageResult:
   """Runs one stage (module docstring); `step.build_train_step` binds its steps and ε.
 
   Args:
