@@ -56,6 +56,16 @@ def finished_run(teacher_dir, tmp_path_factory):
   return workdir, results
 
 
+def _assert_per_class_accuracy(results):
+  """The released student's accuracy per true test class, weighted by the class sizes, is
+  its test accuracy."""
+  per_class = results["test_accuracy_per_class"]
+  sizes = np.bincount(data.load("digits", "test").labels, minlength=10)
+  assert len(per_class) == 10 and all(0.0 <= v <= 1.0 for v in per_class)
+  assert np.dot(per_class, sizes) / sizes.sum() == pytest.approx(results["test_accuracy"],
+                                                                 abs=1e-9)
+
+
 def test_results_report_sound_epsilon_of_executed_noise(finished_run):
   workdir, results = finished_run
   with open(os.path.join(workdir, "results.json")) as f:
@@ -69,6 +79,7 @@ def test_results_report_sound_epsilon_of_executed_noise(finished_run):
   counts = results["released_rows_per_class"]
   assert len(counts) == 10 and sum(counts) == 4 * 16
   assert results["released_rows_counted_from_step"] == 0
+  _assert_per_class_accuracy(results)
   assert os.path.getsize(os.path.join(workdir, "samples.png")) > 0
   # No seed given: a secret root seed, never printed, kept only in the checkpoint.
   assert results["seed"].startswith("os-entropy") and results["config"]["seed"] is None

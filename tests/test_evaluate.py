@@ -43,6 +43,25 @@ def test_a_batch_larger_than_the_dataset_shrinks_to_fit_it(setup, monkeypatch):
   assert shapes == [512]  # 355 test images: one batch of the next power of two, not of 1,000
 
 
+def test_accuracy_per_class_matches_the_predictions_and_averages_to_the_accuracy(setup):
+  parts, test = setup
+  predicted = np.argmax(evaluate.predict_logits(parts, test.images, test.info), -1)
+  expected = [float(np.mean(predicted[test.labels == k] == k)) for k in range(10)]
+  for batch_size in (len(test), 64):  # one batch; six, the last one padded
+    got = evaluate.accuracy_per_class(parts, test, batch_size=batch_size)
+    np.testing.assert_allclose(got, expected, atol=1e-9)
+  counts = np.bincount(test.labels, minlength=10)
+  assert np.dot(got, counts) / counts.sum() == pytest.approx(
+      evaluate.evaluate(parts, test)["accuracy"], abs=1e-9)
+
+
+def test_accuracy_per_class_says_none_for_a_class_without_examples(setup):
+  parts, test = setup
+  no_nines = test.subset(np.flatnonzero(test.labels != 9))
+  got = evaluate.accuracy_per_class(parts, no_nines)
+  assert got[9] is None and all(v is not None for v in got[:9])
+
+
 def test_predict_logits_batching_is_exact(setup):
   parts, test = setup
   a = evaluate.predict_logits(parts, test.images, test.info, batch_size=len(test))

@@ -11,6 +11,7 @@ import jax
 import numpy as np
 import pytest
 
+from dpkd_jax import data
 from dpkd_jax import teacher as teacher_lib
 from dpkd_jax.errors import UserError
 from dpkd_jax.methods import srr
@@ -76,6 +77,10 @@ def test_results_report_both_figures(finished_run):
   assert results["labels_epsilon"] == pytest.approx(expected, rel=1e-9)
   assert saved["record_level_epsilon"] == math.inf  # json: Infinity
   assert results["paper_label_epsilon_per_query"] == 1.0
+  per_class = saved["test_accuracy_per_class"]  # the released student's, per true test class
+  sizes = np.bincount(data.load("digits", "test").labels, minlength=10)
+  assert np.dot(per_class, sizes) / sizes.sum() == pytest.approx(results["test_accuracy"],
+                                                                 abs=1e-9)
   assert "label-DP per query" in results["paper_label_epsilon_note"]
   assert "conditional on the generator" in results["labels_epsilon_note"]
   assert results["seed"] != results["config"]["seed"] and "secret" in results["seed"]

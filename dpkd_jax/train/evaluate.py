@@ -14,6 +14,9 @@ from dpkd_jax import data
 from dpkd_jax.models import core
 from dpkd_jax.train import distributed
 
+# results.json key of `accuracy_per_class` (the released student's, at the end of a run).
+PER_CLASS_KEY = "test_accuracy_per_class"
+
 
 @functools.partial(jax.jit, static_argnames=("graphdef", "info"))
 def _batch_stats(graphdef: nnx.GraphDef, params, batch_stats, inputs, labels, mask, info):
@@ -23,6 +26,16 @@ def _batch_stats(graphdef: nnx.GraphDef, params, batch_stats, inputs, labels, ma
   correct = jnp.sum((jnp.argmax(out.logits, -1) == labels) * mask)
   loss = jnp.sum(optax.softmax_cross_entropy_with_integer_labels(out.logits, labels) * mask)
   return correct, loss
+
+
+@functools.partial(jax.jit, static_argnames=("graphdef", "info"))
+def _class_counts(graphdef: nnx.GraphDef, params, batch_stats, inputs, labels, mask, info):
+  """(K,) correct predictions and (K,) real rows per true class of one padded batch."""
+  x = data.model_inputs(inputs, info)
+  out, _ = core.apply(graphdef, params, batch_stats, x, train=False)
+  hits = (jnp.argmax(out.logits, -1) == labels) * mask
+  zeros = jnp.zeros((out.logits.shape[-1],), jnp.float32)
+  return zeros.at[labels].add(hits), zeros.at[labels].add(mask)
 
 
 def fitted_chunk(chunk: int, n: int) -> int:
@@ -102,3 +115,34 @@ def evaluate(parts: core.ModelParts, dataset: data.ArrayDataset | data.FeatureDa
     correct += float(c)
     loss += float(l)
   return {"accuracy": correct / n, "loss": loss / n}
+
+
+def accuracy_per_class(parts: core.ModelParts,
+                       dataset: data.ArrayDataset | data.FeatureDataset, *,
+                       batch_size: int = 1000) -> list[float | None]:
+  """Test accuracy on each true class k = 0 .. K − 1 (None for a class with no example).
+
+  Which classes a data-free student misses is the question its overall accuracy hides (a
+  generator that rarely produces one class leaves the student weak on it); it is a function
+  of the released student and public test labels only.
+  """
+  n = len(dataset)
+  if n == 0:
+    raise ValueError("cannot evaluate on an empty dataset")
+  batch_size = fitted_chunk(batch_size, n)
+  params, batch_stats = distributed.to_host((parts.params, parts.batch_stats))
+  correct = total = 0.0
+  for start in range(0, n, batch_size):
+    images = np.asarray(dataset.images[start:start + batch_size])
+    labels = np.asarray(dataset.labels[start:start + batch_size])
+    mask = np.zeros(batch_size, np.float32)
+    mask[:len(images)] = 1.0
+    pad = batch_size - len(images)
+    if pad:
+      images = np.concatenate([images, np.zeros((pad,) + images.shape[1:], images.dtype)])
+      labels = np.concatenate([labels, np.zeros(pad, labels.dtype)])
+    hits, rows = _class_counts(parts.graphdef, params, batch_stats, images, labels, mask,
+                               dataset.info)
+    correct = correct + np.asarray(hits, np.float64)  # counts: exact in float32 up to 2^24
+    total = total + np.asarray(rows, np.float64)
+  return [float(c / t) if t else None for c, t in zip(correct, total)]

@@ -368,6 +368,8 @@ def train_dpdfd(config: config_lib.DPDFDConfig, workdir: str, *, progress: bool 
   results = _results(config, plan, accuracy=accuracy, epsilon=epsilon, steps=step,
                      root_seed=root_seed, source=source, student_params=state.student.params,
                      workdir=workdir)
+  results[evaluate.PER_CLASS_KEY] = evaluate.accuracy_per_class(
+      averaging.released_parts(state.student), test)
   if restarter is not None:
     results["generator_restarts"] = restarter.state.to_json()
   if released_rows is not None:  # the generator's class coverage as the release shows it

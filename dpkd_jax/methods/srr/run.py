@@ -146,6 +146,7 @@ def train_srr(config: config_lib.SRRConfig, workdir: str, *, resume: bool = Fals
   _save_grid(config, state.generator.parts, jax.random.fold_in(keys.init, _GRID_TAG), mesh,
              os.path.join(workdir, "samples.png"))
   results = _results(config, plan, ledger, history, root_seed, teacher.card, state, workdir)
+  results[evaluate.PER_CLASS_KEY] = evaluate.accuracy_per_class(state.student.parts, test)
   return outputs.finish_run(
       workdir, results, run=run, clock=clock, dataset=config.dataset,
       test_accuracy=results["test_accuracy"], sound_epsilon=results["record_level_epsilon"],
