@@ -134,18 +134,23 @@ def time_interleaved(steps: dict[str, Timed], warmup: int, repeats: int,
 
 @contextlib.contextmanager
 def reference_layers() -> Iterator[None]:
-  """Traces models with `nnx.max_pool` and `nnx.GroupNorm` as before `fast_pool`/`fast_norm`.
+  """Traces models with `nnx.max_pool` and `nnx.GroupNorm` as before `fast_pool`/`fast_norm`
+  (and so without `fast_norm_pool`, which fuses the two).
 
-  Benchmark only: swaps the two module-level functions the classifiers call, and restores them.
-  Steps must be traced (first called) inside the context.
+  Benchmark only: swaps the three module-level functions the classifiers call, and restores
+  them. Steps must be traced (first called) inside the context.
   """
-  pool, norm = classifiers.max_pool_2x2, fast_norm.apply_group_norm
+  pool, norm, stage = (classifiers.max_pool_2x2, fast_norm.apply_group_norm,
+                       classifiers.conv_norm_relu_pool)
   classifiers.max_pool_2x2 = lambda x: nnx.max_pool(x, window_shape=(2, 2), strides=(2, 2))
   fast_norm.apply_group_norm = lambda layer, x: layer(x)
+  classifiers.conv_norm_relu_pool = lambda layer, x, train: classifiers.max_pool_2x2(
+      nnx.relu(layer(x, train=train)))
   try:
     yield
   finally:
     classifiers.max_pool_2x2, fast_norm.apply_group_norm = pool, norm
+    classifiers.conv_norm_relu_pool = stage
 
 
 def jax_train_step(model: str, images: jax.Array, labels: jax.Array) -> tuple[Timed, int]:

@@ -163,10 +163,11 @@ def test_small_cnn_loss_gradients_match_nnx_group_norm():
   grads = jax.jit(lambda p: (jax.grad(loss)(p, False), jax.grad(loss)(p, True)))(parts.params)
   assert_close(grads[0], grads[1], MODEL_TOLERANCE)
   assert all(np.any(np.asarray(g) != 0) for g in jax.tree.leaves(grads[0]))
-  # And the model's own forward goes through fast_norm.
+  # And the model's own forward goes through fast_norm's formulation, fused with the ReLU and
+  # the pool by fast_norm_pool (tests/test_fast_norm_pool.py).
   jaxpr = str(jax.make_jaxpr(lambda p: core.apply(parts.graphdef, p, parts.batch_stats, x,
                                                   train=True)[0].logits)(parts.params))
-  assert jaxpr.count("name=fast_group_norm") >= 2
+  assert jaxpr.count("name=fast_group_norm_relu_max_pool") == 2
 
 
 def test_forward_mode_matches_nnx():

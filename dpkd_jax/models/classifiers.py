@@ -27,7 +27,7 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
-from dpkd_jax.models import core, fast_conv, fast_norm, fast_pool
+from dpkd_jax.models import core, fast_conv, fast_norm, fast_norm_pool, fast_pool
 
 NORMS = ("batch", "group", "none")
 # PyTorch's BatchNorm momentum 0.1 (the reference implementations are PyTorch): the running
@@ -143,6 +143,25 @@ def max_pool_2x2(x: jax.Array) -> jax.Array:
   return fast_pool.max_pool(x, window_shape=(2, 2), strides=(2, 2))
 
 
+def conv_norm_relu_pool(layer: ConvNorm, x: jax.Array, *, train: bool) -> jax.Array:
+  """`max_pool_2x2(nnx.relu(layer(x, train=train)))`: a conv stage with its 2×2 max-pool.
+
+  With the plain GroupNorm of `make_norm("group", ...)` on a float32 map, the norm, ReLU and
+  pool run as one op (`fast_norm_pool`: fewer passes over the (B, H, W, C) map, same values
+  and gradients to float32 rounding, the pool's gradient routed as `fast_pool`'s). Any other
+  norm layer (BatchNorm, none, a subclass such as ghost clipping's tapped GroupNorm) takes
+  the three layers in turn.
+  """
+  y = layer.conv(x)
+  norm = layer.norm
+  if (type(norm) is nnx.GroupNorm and fast_norm.is_plain(norm, y)
+      and fast_norm_pool.supported(y, norm.scale[...], norm.bias[...])):
+    return fast_norm_pool.group_norm_relu_max_pool(y, norm.scale[...], norm.bias[...],
+                                                   num_groups=norm.num_groups,
+                                                   epsilon=norm.epsilon)
+  return max_pool_2x2(nnx.relu(apply_norm(norm, y, train=train)))
+
+
 def _flatten(x: jax.Array) -> jax.Array:
   return x.reshape(x.shape[0], -1)
 
@@ -182,8 +201,8 @@ class LeNet5(nnx.Module):
     self.head = nnx.Linear(dense_widths[1], num_classes, rngs=rngs)
 
   def __call__(self, x: jax.Array, *, train: bool = False) -> core.ClassifierOutput:
-    x = max_pool_2x2(nnx.relu(self.conv1(x, train=train)))
-    hint = max_pool_2x2(nnx.relu(self.conv2(x, train=train)))  # (B, 5, 5, 16)
+    x = conv_norm_relu_pool(self.conv1, x, train=train)
+    hint = conv_norm_relu_pool(self.conv2, x, train=train)  # (B, 5, 5, 16)
     features = nnx.relu(self.fc2(nnx.relu(self.fc1(_flatten(hint)))))  # (B, 84)
     return core.ClassifierOutput(self.head(features), features, hint)
 
@@ -234,10 +253,11 @@ class _TwoConvCNN(nnx.Module):
     self.head = nnx.Linear(hidden_width, num_classes, rngs=rngs)
 
   def __call__(self, x: jax.Array, *, train: bool = False) -> core.ClassifierOutput:
-    x = max_pool_2x2(nnx.relu(self.conv1(x, train=train)))
-    hint = nnx.relu(self.conv2(x, train=train))
+    x = conv_norm_relu_pool(self.conv1, x, train=train)
     if self.pool_second:
-      hint = max_pool_2x2(hint)
+      hint = conv_norm_relu_pool(self.conv2, x, train=train)
+    else:
+      hint = nnx.relu(self.conv2(x, train=train))
     features = nnx.relu(self.fc(_flatten(hint)))  # (B, hidden_width)
     return core.ClassifierOutput(self.head(features), features, hint)
 

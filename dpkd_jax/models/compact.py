@@ -58,8 +58,8 @@ class CompactCNN(nnx.Module):
     self.head = nnx.Linear(widths[2], num_classes, rngs=rngs)
 
   def __call__(self, x: jax.Array, *, train: bool = False) -> core.ClassifierOutput:
-    x = classifiers.max_pool_2x2(nnx.relu(self.conv1(x, train=train)))
-    hint = classifiers.max_pool_2x2(nnx.relu(self.conv2(x, train=train)))  # (B, 7, 7, c2) at 28×28
+    x = classifiers.conv_norm_relu_pool(self.conv1, x, train=train)
+    hint = classifiers.conv_norm_relu_pool(self.conv2, x, train=train)  # (B, 7, 7, c2) at 28×28
     features = jnp.mean(nnx.relu(self.conv3(hint, train=train)), axis=(1, 2))  # (B, c3)
     return core.ClassifierOutput(self.head(features), features, hint)
 

@@ -1,0 +1,193 @@
+"""GroupNorm → ReLU → 2×2 max-pool as one differentiable op: equal to the three layers in turn.
+
+Composed from `fast_norm.group_norm`, `jax.nn.relu` and `fast_pool.max_pool`, this block is
+the costliest part of a small CNN's train step on XLA CPU, although it does little arithmetic.
+XLA runs it as a dozen memory-bound passes over the full (B, H, W, C) map: the normalised and
+rectified map is materialised, the pool's argmax keys and NaN scan take passes of their own, and
+the backward pass materialises the cotangent of the full map and several broadcasts of
+per-channel statistics, recomputing the normalisation in most of them (docs/PERFORMANCE.md).
+
+This module computes the same function with few passes over the full map:
+
+* forward: the per-(example, channel) pixel sums of x and x² (as `fast_norm`), then, for each
+  of the four 2×2 window positions, the strided (B, H/2, W/2, C) view of x, normalised and
+  rectified elementwise. The pooled maximum, the position the pool's gradient goes to
+  (`_select`) and the centred value x − μ there are elementwise functions of those four views;
+  only they are kept, at a quarter of the map's size;
+* backward: only one element per window gets a cotangent, so GroupNorm's two gradient
+  reductions (Σ dz and Σ dz·(x − μ) per example and channel) run over the pooled map. The input
+  gradient is then one elementwise pass over the full map, in closed form:
+  dx = m·dz + α + β·(x − μ), with m = scale·rsqrt(σ² + ε) and α, β per (example, group).
+
+**Equality.** Forward values use `fast_norm`'s formula, `(x − μ)·m + bias` with flax's one-pass
+variance, then `max(·, 0)`. The gradient is the closed form of what autodiff computes through
+the three layers, so values and gradients agree to float32 rounding. It includes flax's clipped
+variance: σ² = max(0, E[x²] − μ²), whose gradient is passed fully above zero, halved at exactly
+zero and dropped below (`jnp.maximum`'s rule). The pool sends a window's cotangent where XLA's
+select-and-scatter does (see `_select`), ties and NaN included, so the routing is exactly
+`fast_pool`'s; the ReLU passes it only where the selected pre-activation is > 0, as
+`jax.nn.relu`'s derivative does.
+
+**Per-example gradients.** Every statistic and every window belongs to one example, so under
+`vmap(grad)` each example's gradient depends on its own input only.
+
+Reverse mode only (a `jax.custom_vjp`), like `fast_conv`'s convolutions in the same models.
+"""
+
+from __future__ import annotations
+
+import functools
+
+import jax
+import jax.numpy as jnp
+
+from dpkd_jax.models import fast_norm, fast_pool
+
+WINDOW = 2  # a 2×2 window with stride 2, VALID: odd sides are floored, as `nnx.max_pool`
+POSITIONS = WINDOW * WINDOW  # window positions in row-major order; this value means "none"
+
+
+def _views(a: jax.Array) -> list[jax.Array]:
+  """(B, H, W, C) → the four (B, H//2, W//2, C) strided views, window positions in row-major
+  order (the rows and columns that no whole window covers are left out)."""
+  batch, height, width, channels = a.shape
+  out_h, out_w = height // WINDOW, width // WINDOW
+  tiles = a[:, :out_h * WINDOW, :out_w * WINDOW].reshape(batch, out_h, WINDOW, out_w, WINDOW,
+                                                        channels)
+  return [tiles[:, :, i, :, j, :] for i in range(WINDOW) for j in range(WINDOW)]
+
+
+def _select(views: list[jax.Array]) -> tuple[jax.Array, jax.Array]:
+  """The window position XLA's select-and-scatter picks, replayed on the four views.
+
+  Select-and-scatter walks a window in row-major order and keeps the element selected so far
+  while `selected >= candidate`, so among equal maxima the first wins and a NaN is replaced by
+  the next element (`NaN >= y` is false); this is that walk, elementwise on (B, Ho, Wo, C).
+
+  Returns:
+    (selected value, int8 position in [0, 4)), both (B, Ho, Wo, C).
+  """
+  selected, position = views[0], jnp.zeros(views[0].shape, jnp.int8)
+  for index, candidate in enumerate(views[1:], start=1):
+    take = ~(selected >= candidate)
+    selected = jnp.where(take, candidate, selected)
+    position = jnp.where(take, jnp.int8(index), position)
+  return selected, position
+
+
+def _statistics(x: jax.Array, scale: jax.Array, num_groups: int, epsilon: float):
+  """`fast_norm`'s statistics: mean (B, 1, 1, C), raw variance E[x²] − μ² and rsqrt(σ² + ε)
+  (B, G), and the multiplier m = rsqrt(σ² + ε)·scale (B, 1, 1, C)."""
+  channels = x.shape[-1]
+  count = x.size // (x.shape[0] * num_groups)  # elements per group of one example
+  mean = fast_norm._group_sums(fast_norm._channel_sums(x), num_groups) / count  # (B, G)
+  mean_sq = fast_norm._group_sums(fast_norm._channel_sums(jnp.square(x)), num_groups) / count
+  raw_var = mean_sq - jnp.square(mean)
+  rstd = jax.lax.rsqrt(jnp.maximum(0.0, raw_var) + epsilon)
+  multiplier = fast_norm._per_channel(rstd, channels, 4) * scale
+  return fast_norm._per_channel(mean, channels, 4), raw_var, rstd, multiplier
+
+
+def _forward(x, scale, bias, num_groups, epsilon):
+  """Pooled (B, Ho, Wo, C) output and the residuals of `_backward`."""
+  mean, raw_var, rstd, multiplier = _statistics(x, scale, num_groups, epsilon)
+  centred = [view - mean for view in _views(x)]  # x − μ at each window position
+  rectified = [jnp.maximum(c * multiplier + bias, 0.0) for c in centred]  # relu(GroupNorm(x))
+  pooled = functools.reduce(jnp.maximum, rectified)  # NaN-propagating, as the pool's max
+  selected, position = _select(rectified)
+  centred_at = centred[0]
+  for index in range(1, POSITIONS):
+    centred_at = jnp.where(position == index, centred[index], centred_at)
+  # The ReLU's derivative is 0 unless the selected pre-activation is > 0, i.e. selected > 0.
+  code = jnp.where(selected > 0, position, jnp.int8(POSITIONS))  # int8 (B, Ho, Wo, C)
+  return pooled, (x, code, centred_at, mean, raw_var, rstd, multiplier, scale)
+
+
+def _input_gradient(x, code, cotangent, mean, multiplier, alpha, beta):
+  """dx = m·dz + α + β·(x − μ) on the full (B, H, W, C) map; dz is the cotangent at each
+  window's routed position (`code`), zero elsewhere and on uncovered rows and columns."""
+  batch, height, width, channels = x.shape
+  out_h, out_w = code.shape[1], code.shape[2]
+  position = jnp.arange(POSITIONS, dtype=jnp.int8).reshape(1, 1, WINDOW, 1, WINDOW, 1)
+  dz = jnp.where(code[:, :, None, :, None, :] == position, cotangent[:, :, None, :, None, :], 0.0)
+  dz = dz.reshape(batch, out_h * WINDOW, out_w * WINDOW, channels)
+  dz = jnp.pad(dz, ((0, 0), (0, height - out_h * WINDOW), (0, width - out_w * WINDOW), (0, 0)))
+  return (multiplier * dz + fast_norm._per_channel(alpha, channels, 4)
+          + fast_norm._per_channel(beta, channels, 4) * (x - mean))
+
+
+def _backward(num_groups, epsilon, residuals, g):
+  del epsilon  # only through rstd
+  x, code, centred_at, mean, raw_var, rstd, multiplier, scale = residuals
+  batch, channels = x.shape[0], x.shape[-1]
+  count = x.size // (batch * num_groups)
+  dz = jnp.where(code < POSITIONS, g, 0.0)  # cotangent of the routed pre-activations
+  dz_sum = jnp.sum(dz, axis=(1, 2))  # Σ dz per (example, channel), (B, C)
+  dz_centred_sum = jnp.sum(dz * centred_at, axis=(1, 2))  # Σ dz·(x − μ), (B, C)
+  rstd_c = jnp.repeat(rstd, channels // num_groups, axis=1)  # (B, C)
+  d_bias = jnp.sum(dz_sum, axis=0)
+  d_scale = jnp.sum(rstd_c * dz_centred_sum, axis=0)
+  # Through μ: −(1/n)·Σ_c m_c·Σ dz. Through σ² (clipped at 0, `jnp.maximum`'s rule):
+  # dσ² = −½·rstd³·Σ_c scale_c·Σ dz·(x − μ), and ∂σ²/∂x = 2·(x − μ)/n.
+  alpha = -fast_norm._group_sums(multiplier.reshape(batch, channels) * dz_sum, num_groups) / count
+  clip = jnp.where(raw_var > 0, 1.0, jnp.where(raw_var == 0, 0.5, 0.0))
+  beta = (-clip * rstd ** 3 * fast_norm._group_sums(scale * dz_centred_sum, num_groups)
+          / count)
+  dx = _input_gradient(x, code, dz, mean, multiplier, alpha, beta)
+  return dx, d_scale, d_bias
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(3, 4))
+def _fused(x, scale, bias, num_groups, epsilon):
+  return _forward(x, scale, bias, num_groups, epsilon)[0]
+
+
+_fused.defvjp(_forward, _backward)
+
+
+# Jitted (inlined by an enclosing jit) so that the op shows by name in jaxprs and profiles.
+@functools.partial(jax.jit, static_argnames=("num_groups", "epsilon"))
+def fast_group_norm_relu_max_pool(x: jax.Array, scale: jax.Array, bias: jax.Array, *,
+                                  num_groups: int, epsilon: float) -> jax.Array:
+  """`group_norm_relu_max_pool` on a `supported` input, without argument checks."""
+  return _fused(x, scale, bias, num_groups, epsilon)
+
+
+def supported(x: jax.Array, scale: jax.Array, bias: jax.Array) -> bool:
+  """Whether `group_norm_relu_max_pool` takes the fused path: a float32 (B, H, W, C) map of
+  at least 2×2 pixels with float32 (C,) scale and bias."""
+  f32 = jnp.dtype(jnp.float32)
+  return (getattr(x, "ndim", None) == 4 and x.dtype == f32 and scale.dtype == f32
+          and bias.dtype == f32 and x.shape[1] >= WINDOW and x.shape[2] >= WINDOW)
+
+
+def group_norm_relu_max_pool(x: jax.Array, scale: jax.Array, bias: jax.Array, *,
+                             num_groups: int, epsilon: float = 1e-6) -> jax.Array:
+  """`fast_pool.max_pool(jax.nn.relu(fast_norm.group_norm(x, ...)))` with a 2×2 window.
+
+  Args:
+    x: (B, H, W, C) input; GroupNorm statistics per example and group of C/G channels.
+    scale, bias: (C,) GroupNorm parameters.
+    num_groups: G, a divisor of C.
+    epsilon: added to the variance.
+
+  Returns:
+    (B, H//2, W//2, C). Values and gradients (w.r.t. x, scale and bias) equal the three layers'
+    to float32 rounding, with the pool's gradient routed as `fast_pool`'s (ties, NaN). Inputs
+    `supported` rejects (other dtypes, other ranks, maps under 2×2) go through the three
+    layers themselves.
+
+  Raises:
+    ValueError: as `fast_norm.group_norm` for bad scale, bias or num_groups.
+  """
+  channels = x.shape[-1]
+  if scale.shape != (channels,) or bias.shape != (channels,):
+    raise ValueError(f"scale and bias must have shape ({channels},), got {scale.shape} and "
+                     f"{bias.shape}")
+  if num_groups < 1 or channels % num_groups:
+    raise ValueError(f"num_groups={num_groups} must be a positive divisor of {channels} channels")
+  if not supported(x, scale, bias):
+    normalised = fast_norm.group_norm(x, scale, bias, num_groups=num_groups, epsilon=epsilon)
+    return fast_pool.max_pool(jax.nn.relu(normalised), (WINDOW, WINDOW))
+  return fast_group_norm_relu_max_pool(x, scale, bias, num_groups=int(num_groups),
+                                       epsilon=float(epsilon))
