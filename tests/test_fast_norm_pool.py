@@ -154,6 +154,14 @@ def test_rounded_variances_at_and_below_zero_match_autodiff():
   check_against_references(x, scale, bias, num_groups=2, tolerance=1e-3)
 
 
+def test_a_nan_scale_takes_the_other_branch_to_the_same_values():
+  # `_materialised_max`'s predicate is `scale[0] == scale[0]`: a NaN there picks the other
+  # (identical) branch, and channel 0 turns NaN exactly as through the three layers.
+  scale = jnp.asarray([np.nan, 1.0, -0.5, 2.0], jnp.float32)
+  check_against_references(normal((2, 6, 6, 4), seed=23), scale, normal((4,), seed=24),
+                           num_groups=2)
+
+
 def test_per_example_gradients_are_per_example():
   x = normal((4, 6, 6, 4), seed=13)
   scale, bias = normal((4,), seed=14), normal((4,), seed=15)

@@ -11,9 +11,9 @@ This module computes the same function with few passes over the full map:
 
 * forward: the per-(example, channel) pixel sums of x and x² (as `fast_norm`), then, for each
   of the four 2×2 window positions, the strided (B, H/2, W/2, C) view of x, normalised and
-  rectified elementwise. The pooled maximum, the position the pool's gradient goes to
-  (`_select`) and the centred value x − μ there are elementwise functions of those four views;
-  only they are kept, at a quarter of the map's size;
+  rectified elementwise. The pooled maximum (`_materialised_max`), the position the pool's
+  gradient goes to (`_select`) and the centred value x − μ there are elementwise functions of
+  those four views; only they are kept, at a quarter of the map's size;
 * backward: only one element per window gets a cotangent, so GroupNorm's two gradient
   reductions (Σ dz and Σ dz·(x − μ) per example and channel) run over the pooled map. The input
   gradient is then one elementwise pass over the full map, in closed form:
@@ -75,6 +75,24 @@ def _select(views: list[jax.Array]) -> tuple[jax.Array, jax.Array]:
   return selected, position
 
 
+def _materialised_max(rectified: list[jax.Array], anchor: jax.Array) -> jax.Array:
+  """The elementwise maximum of the four views (NaN-propagating, as the pool's max), as an
+  array XLA writes out once.
+
+  Left as elementwise ops, XLA fuses the whole window computation (normalisation included)
+  into every consumer of the pooled map. That is cheap for a matrix product, which reads it
+  once, but a per-example outer product under `vmap` (a dense layer's per-example kernel
+  gradient) reads each element once per output unit and recomputed it that often. A
+  conditional is a fusion boundary, so its result is materialised; both branches are the
+  same function, so the value never depends on the predicate (`anchor == anchor`, a runtime
+  value XLA cannot fold). An `optimization_barrier` does not do this on XLA CPU (removed before
+  fusion), nor does a reduction over the stacked views (simplified back into maxima).
+  """
+  def maximum(views):
+    return functools.reduce(jnp.maximum, views)
+  return jax.lax.cond(anchor == anchor, maximum, maximum, rectified)
+
+
 def _statistics(x: jax.Array, scale: jax.Array, num_groups: int, epsilon: float):
   """`fast_norm`'s statistics: mean (B, 1, 1, C), raw variance E[x²] − μ² and rsqrt(σ² + ε)
   (B, G), and the multiplier m = rsqrt(σ² + ε)·scale (B, 1, 1, C)."""
@@ -93,7 +111,7 @@ def _forward(x, scale, bias, num_groups, epsilon):
   mean, raw_var, rstd, multiplier = _statistics(x, scale, num_groups, epsilon)
   centred = [view - mean for view in _views(x)]  # x − μ at each window position
   rectified = [jnp.maximum(c * multiplier + bias, 0.0) for c in centred]  # relu(GroupNorm(x))
-  pooled = functools.reduce(jnp.maximum, rectified)  # NaN-propagating, as the pool's max
+  pooled = _materialised_max(rectified, scale[0])
   selected, position = _select(rectified)
   centred_at = centred[0]
   for index in range(1, POSITIONS):
