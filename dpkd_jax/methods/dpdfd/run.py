@@ -235,8 +235,9 @@ def _train(run: workdir_lib.Run, plan: privacy.DPDFDPlan, config: config_lib.DPD
 
 def _results(config: config_lib.DPDFDConfig, plan: privacy.DPDFDPlan, *, accuracy: float,
              epsilon: float, steps: int, root_seed: seeds.ResolvedSeed, source: TeacherSource,
-             student_params: Any, workdir: str) -> dict[str, Any]:
-  """results.json: released figures at top level, the teachers' accuracy kept apart."""
+             student: TrainState, test: data.ArrayDataset, workdir: str) -> dict[str, Any]:
+  """results.json: released figures at top level (the released student's test accuracy, also
+  per true class), the teachers' accuracy kept apart."""
   return {
       "method": "dpdfd",
       "test_accuracy": accuracy,
@@ -253,7 +254,9 @@ def _results(config: config_lib.DPDFDConfig, plan: privacy.DPDFDPlan, *, accurac
       "num_teachers": plan.num_teachers,
       "teachers_per_record": plan.teachers_per_record,
       "teacher_partition": source.overlap.reason,
-      "student_params": models.count_params(student_params),
+      evaluate.PER_CLASS_KEY: evaluate.accuracy_per_class(averaging.released_parts(student),
+                                                          test),
+      "student_params": models.count_params(student.params),
       "config": config.to_json(),
       # The teachers' test accuracy is a noiseless function of their private training data
       # (a teacher kept in <workdir>/teacher is listed as a private file too).
@@ -366,10 +369,8 @@ def train_dpdfd(config: config_lib.DPDFDConfig, workdir: str, *, progress: bool 
   prior = config.pretrained_generator_dir is not None
   epsilon = math.inf if prior else release_epsilon
   results = _results(config, plan, accuracy=accuracy, epsilon=epsilon, steps=step,
-                     root_seed=root_seed, source=source, student_params=state.student.params,
+                     root_seed=root_seed, source=source, student=state.student, test=test,
                      workdir=workdir)
-  results[evaluate.PER_CLASS_KEY] = evaluate.accuracy_per_class(
-      averaging.released_parts(state.student), test)
   if restarter is not None:
     results["generator_restarts"] = restarter.state.to_json()
   if released_rows is not None:  # the generator's class coverage as the release shows it
