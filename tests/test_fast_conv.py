@@ -22,6 +22,10 @@ from test_classifiers import fill_surrogate
 NHWC = ("NHWC", "HWIO", "NHWC")
 CONV_TOLERANCE = 1e-5
 MODEL_TOLERANCE = 1e-4
+# The DAFL generator's float32 parameter gradients are themselves about 5e-3 (relative to the
+# largest leaf) from its float64 ones: its BatchNorms amplify rounding. Two exact routes (e.g.
+# banded vs lax for its 2×2 sub-pixel convolutions) may then differ by ~5e-4, a tenth of that.
+GENERATOR_TOLERANCE = 2e-3
 DEFAULT_MIN_CHANNEL_PRODUCT = fast_conv._MIN_CHANNEL_PRODUCT
 
 
@@ -393,5 +397,6 @@ def test_model_loss_gradients_match_plain_convs(monkeypatch, name, route):
 
   grads_fast, grads_plain = jax.jit(lambda pf, pp: (loss_grads(fast, pf), loss_grads(plain, pp)))(
       fast.params, plain.params)
-  assert_close(grads_fast, grads_plain, MODEL_TOLERANCE, tree_scale=route == "banded")
+  tolerance = GENERATOR_TOLERANCE if name == "dafl_generator" else MODEL_TOLERANCE
+  assert_close(grads_fast, grads_plain, tolerance, tree_scale=route == "banded")
   assert all(np.any(np.asarray(g) != 0) for g in jax.tree.leaves(grads_fast))

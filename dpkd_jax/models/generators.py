@@ -14,7 +14,7 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
-from dpkd_jax.models import fast_conv
+from dpkd_jax.models import fast_conv, upsample_conv
 from dpkd_jax.models.classifiers import validate_image_shape
 
 # PyTorch's default BatchNorm momentum 0.1, as in DAFL's reference code.
@@ -22,11 +22,6 @@ _MOMENTUM = 0.9
 # DAFL writes `nn.BatchNorm2d(128, 0.8)`: the positional 0.8 is PyTorch's `eps`, not momentum.
 # Kept as is, since it changes how strongly those layers normalise small activations.
 _DAFL_CONV_EPSILON = 0.8
-
-
-def _upsample_nearest_2x(x: jax.Array) -> jax.Array:
-  """(B, H, W, C) → (B, 2H, 2W, C), each pixel repeated 2×2 (PyTorch's `interpolate` default)."""
-  return jnp.repeat(jnp.repeat(x, 2, axis=1), 2, axis=2)
 
 
 def _validate_image_shape(image_shape: Sequence[int]) -> tuple[int, int, int]:
@@ -96,10 +91,13 @@ class DAFLGenerator(nnx.Module):
       raise ValueError(f"z must have shape (batch, {self.latent_dim}), got {z.shape}")
     running = not train
     x = self.project(z).reshape(z.shape[0], *self.init_shape)  # (B, H/4, W/4, c)
-    x = _upsample_nearest_2x(self.project_norm(x, use_running_average=running))  # (B, H/2, W/2, c)
-    x = nnx.leaky_relu(self.norm1(self.conv1(x), use_running_average=running), 0.2)
-    x = _upsample_nearest_2x(x)  # (B, H, W, c)
-    x = nnx.leaky_relu(self.norm2(self.conv2(x), use_running_average=running), 0.2)  # c / 2
+    x = self.project_norm(x, use_running_average=running)
+    # Upsample ×2 then conv, as sub-pixel convolutions on the small map (same function and
+    # parameters, no upsampled map: `upsample_conv`).
+    x = upsample_conv.apply(self.conv1, x)  # (B, H/2, W/2, c)
+    x = nnx.leaky_relu(self.norm1(x, use_running_average=running), 0.2)
+    x = upsample_conv.apply(self.conv2, x)  # (B, H, W, c / 2)
+    x = nnx.leaky_relu(self.norm2(x, use_running_average=running), 0.2)
     x = jnp.tanh(self.conv_out(x))  # (B, H, W, C)
     return self.output_norm(x, use_running_average=running)
 
