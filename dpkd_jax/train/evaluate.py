@@ -81,6 +81,29 @@ def predict_logits(parts: core.ModelParts, images_uint8: np.ndarray, info: data.
   return map_padded(lambda x: fn(parts.params, parts.batch_stats, x), images_uint8, batch_size)
 
 
+def _padded_batches(dataset: data.ArrayDataset | data.FeatureDataset, batch_size: int):
+  """Yields (inputs, labels, mask) of `fitted_chunk(batch_size, N)` rows each: the dataset in
+  order, the last batch zero-padded with mask 0 on its padding (one compiled shape).
+
+  Host copies: every process evaluates the whole test set locally (multi-host: the trained
+  params are global arrays; a test set fits in host memory).
+  """
+  n = len(dataset)
+  if n == 0:
+    raise ValueError("cannot evaluate on an empty dataset")
+  batch_size = fitted_chunk(batch_size, n)
+  for start in range(0, n, batch_size):
+    images = np.asarray(dataset.images[start:start + batch_size])
+    labels = np.asarray(dataset.labels[start:start + batch_size])
+    mask = np.zeros(batch_size, np.float32)
+    mask[:len(images)] = 1.0
+    pad = batch_size - len(images)
+    if pad:
+      images = np.concatenate([images, np.zeros((pad,) + images.shape[1:], images.dtype)])
+      labels = np.concatenate([labels, np.zeros(pad, labels.dtype)])
+    yield images, labels, mask
+
+
 def evaluate(parts: core.ModelParts, dataset: data.ArrayDataset | data.FeatureDataset, *,
              batch_size: int = 1000) -> dict[str, float]:
   """Accuracy and mean cross-entropy of `parts` on `dataset` (eval-mode BatchNorm).
@@ -95,22 +118,9 @@ def evaluate(parts: core.ModelParts, dataset: data.ArrayDataset | data.FeatureDa
     {'accuracy': float in [0, 1], 'loss': float}.
   """
   n = len(dataset)
-  if n == 0:
-    raise ValueError("cannot evaluate on an empty dataset")
-  batch_size = fitted_chunk(batch_size, n)
-  # Host copies: every process evaluates the whole test set locally (multi-host: the trained
-  # params are global arrays; a test set fits in host memory).
   params, batch_stats = distributed.to_host((parts.params, parts.batch_stats))
   correct = loss = 0.0
-  for start in range(0, n, batch_size):
-    images = dataset.images[start:start + batch_size]
-    labels = dataset.labels[start:start + batch_size]
-    real = len(images)
-    mask = np.zeros(batch_size, np.float32)
-    mask[:real] = 1.0
-    if real < batch_size:
-      images = np.concatenate([images, np.zeros((batch_size - real,) + images.shape[1:], images.dtype)])
-      labels = np.concatenate([labels, np.zeros(batch_size - real, labels.dtype)])
+  for images, labels, mask in _padded_batches(dataset, batch_size):
     c, l = _batch_stats(parts.graphdef, params, batch_stats, images, labels, mask, dataset.info)
     correct += float(c)
     loss += float(l)
@@ -126,21 +136,9 @@ def accuracy_per_class(parts: core.ModelParts,
   generator that rarely produces one class leaves the student weak on it); it is a function
   of the released student and public test labels only.
   """
-  n = len(dataset)
-  if n == 0:
-    raise ValueError("cannot evaluate on an empty dataset")
-  batch_size = fitted_chunk(batch_size, n)
   params, batch_stats = distributed.to_host((parts.params, parts.batch_stats))
   correct = total = 0.0
-  for start in range(0, n, batch_size):
-    images = np.asarray(dataset.images[start:start + batch_size])
-    labels = np.asarray(dataset.labels[start:start + batch_size])
-    mask = np.zeros(batch_size, np.float32)
-    mask[:len(images)] = 1.0
-    pad = batch_size - len(images)
-    if pad:
-      images = np.concatenate([images, np.zeros((pad,) + images.shape[1:], images.dtype)])
-      labels = np.concatenate([labels, np.zeros(pad, labels.dtype)])
+  for images, labels, mask in _padded_batches(dataset, batch_size):
     hits, rows = _class_counts(parts.graphdef, params, batch_stats, images, labels, mask,
                                dataset.info)
     correct = correct + np.asarray(hits, np.float64)  # counts: exact in float32 up to 2^24
