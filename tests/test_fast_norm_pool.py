@@ -17,14 +17,7 @@ from flax import nnx
 
 from dpkd_jax.models import classifiers, compact, core, fast_norm, fast_norm_pool, fast_pool
 
-TOLERANCE = 1e-5
-MODEL_TOLERANCE = 1e-4
-
-
-def normal(shape, seed, scale=1.0, shift=0.0):
-  """Fixed-seed float32 data made on the host (no threefry kernel to compile per shape)."""
-  values = np.random.default_rng(seed).standard_normal(shape, dtype=np.float32)
-  return jnp.asarray(values * scale + shift)
+from test_fast_norm import MODEL_TOLERANCE, TOLERANCE, normal
 
 
 def assert_close(actual, expected, tolerance=TOLERANCE):

@@ -95,13 +95,17 @@ def group_norm(x: jax.Array, scale: jax.Array, bias: jax.Array, *, num_groups: i
   """
   if x.ndim < 2:
     raise ValueError(f"x must be (B, ..., C), got shape {x.shape}")
-  channels = x.shape[-1]
+  check_arguments(x.shape[-1], scale, bias, num_groups)
+  return fast_group_norm(x, scale, bias, num_groups=int(num_groups), epsilon=float(epsilon))
+
+
+def check_arguments(channels: int, scale: jax.Array, bias: jax.Array, num_groups: int) -> None:
+  """Raises ValueError unless scale and bias are (C,) and G divides C (C = `channels`)."""
   if scale.shape != (channels,) or bias.shape != (channels,):
     raise ValueError(f"scale and bias must have shape ({channels},), got {scale.shape} and "
                      f"{bias.shape}")
   if num_groups < 1 or channels % num_groups:
     raise ValueError(f"num_groups={num_groups} must be a positive divisor of {channels} channels")
-  return fast_group_norm(x, scale, bias, num_groups=int(num_groups), epsilon=float(epsilon))
 
 
 def is_plain(layer: nnx.GroupNorm, x: jax.Array) -> bool:

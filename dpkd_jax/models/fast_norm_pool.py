@@ -198,12 +198,7 @@ def group_norm_relu_max_pool(x: jax.Array, scale: jax.Array, bias: jax.Array, *,
   Raises:
     ValueError: as `fast_norm.group_norm` for bad scale, bias or num_groups.
   """
-  channels = x.shape[-1]
-  if scale.shape != (channels,) or bias.shape != (channels,):
-    raise ValueError(f"scale and bias must have shape ({channels},), got {scale.shape} and "
-                     f"{bias.shape}")
-  if num_groups < 1 or channels % num_groups:
-    raise ValueError(f"num_groups={num_groups} must be a positive divisor of {channels} channels")
+  fast_norm.check_arguments(x.shape[-1], scale, bias, num_groups)
   if not supported(x, scale, bias):
     normalised = fast_norm.group_norm(x, scale, bias, num_groups=num_groups, epsilon=epsilon)
     return fast_pool.max_pool(jax.nn.relu(normalised), (WINDOW, WINDOW))
