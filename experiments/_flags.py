@@ -179,3 +179,17 @@ def build_config(cls: type, args: argparse.Namespace, *, names: dict[str, str] |
             if hasattr(args, names.get(f.name, f.name))}
   kwargs.update(values)
   return _cli.build(cls, **kwargs)
+
+
+_UNSET = object()
+
+
+def given_flags(parser: argparse.ArgumentParser, argv: list[str],
+                parsed: argparse.Namespace) -> dict[str, Any]:
+  """{dest: value} of the flags `argv` names (`parsed`: argv parsed once, for the dests).
+
+  argparse fills a default only where the namespace lacks the attribute, so a namespace of
+  sentinels keeps them exactly where no flag was given."""
+  probe = argparse.Namespace(**{name: _UNSET for name in vars(parsed)})
+  parser.parse_known_args(argv, probe)
+  return {name: value for name, value in vars(probe).items() if value is not _UNSET}

@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import argparse
 import os
-from typing import Any
 
 from dpkd_jax import teacher
 from dpkd_jax.methods import dpdfd
@@ -67,20 +66,6 @@ def _sample(argv: list[str]) -> None:
   print("wrote", dpdfd.sample(a.workdir, a.num, seed=a.seed, out_path=a.out))
 
 
-_UNSET = object()
-
-
-def given_flags(parser: argparse.ArgumentParser, argv: list[str],
-                parsed: argparse.Namespace) -> dict[str, Any]:
-  """{dest: value} of the flags `argv` names (`parsed`: argv parsed once, for the dests).
-
-  argparse fills a default only where the namespace lacks the attribute, so a namespace of
-  sentinels keeps them exactly where no flag was given."""
-  probe = argparse.Namespace(**{name: _UNSET for name in vars(parsed)})
-  parser.parse_known_args(argv, probe)
-  return {name: value for name, value in vars(probe).items() if value is not _UNSET}
-
-
 def parse_config(argv: list[str]) -> tuple[dpdfd.DPDFDConfig, argparse.Namespace]:
   """Flags -> (validated config, flags); `flags.teacher_config` is the teacher to train or
   reuse (None when --teacher_dirs or --teacher_ensemble_dir names the teachers)."""
@@ -92,7 +77,7 @@ def parse_config(argv: list[str]) -> tuple[dpdfd.DPDFDConfig, argparse.Namespace
   p.add_argument("--workdir", default=None, help="default runs/dpdfd/<dataset>")
   p.add_argument("--no_progress", action="store_true")
   first = p.parse_known_args(argv)[0]
-  p.set_defaults(**quickstart.flag_defaults(first.dataset, given_flags(p, argv, first)))
+  p.set_defaults(**quickstart.flag_defaults(first.dataset, _flags.given_flags(p, argv, first)))
   a = p.parse_args(argv)
   a.workdir = a.workdir or os.path.join("runs", "dpdfd", a.dataset)
   a.target_epsilon = quickstart.default_target_epsilon(a.dataset, a.noise_multiplier,

@@ -80,6 +80,30 @@ def test_the_config_holds_no_resolved_privacy():
   assert not hasattr(config, "stage_config")
 
 
+@pytest.mark.parametrize("epsilon, classes, expected", [
+    (1.0, 10, 3e-4),                # RR keeps the label with p = 0.23
+    (2.0, 10, 3e-4),                # p = 0.45
+    (math.log(9), 10, 1e-3),        # p = 1/2 exactly: not below
+    (2.5, 10, 1e-3), (10.0, 10, 1e-3),
+    (1.0, 2, 1e-3),                 # two classes: p = 0.73 already at ε = 1
+    (None, 10, 1e-3),               # calibrated from a target: unknown here
+    (math.inf, 10, 1e-3),           # no noise
+])
+def test_cli_student_lr_is_small_where_most_first_stage_labels_are_noise(epsilon, classes,
+                                                                        expected):
+  assert srr_config.cli_student_lr(epsilon, classes, 1e-3) == pytest.approx(expected)
+
+
+def test_cli_picks_the_student_lr_by_epsilon_unless_given():
+  base = ["--dataset=mnist", "--teacher_dir=t"]
+  lr = lambda argv: srr_cli.parse_config(base + argv)[0].student_lr  # noqa: E731
+  assert lr(["--epsilon=1"]) == srr_config.NOISY_LABELS_STUDENT_LR
+  assert lr(["--epsilon=10"]) == srr.SRRConfig.student_lr
+  assert lr(["--epsilon=1", "--student_lr=0.001"]) == 1e-3  # given at the config's default
+  assert lr(["--epsilon=10", "--student_lr=0.0003"]) == 3e-4
+  assert lr(["--target_epsilon=10"]) == srr.SRRConfig.student_lr
+
+
 def test_recorded_commands_name_every_flag_the_cli_defaults_changed():
   # experiments.srr's defaults (CLI_DEFAULTS) are not the config's: a recorded run made
   # before they changed writes out what it ran with, so its command still runs that.
@@ -91,6 +115,10 @@ def test_recorded_commands_name_every_flag_the_cli_defaults_changed():
     given = {flag.split("=")[0].lstrip("-") for flag in tail}
     needed = {"generator_channels"} if pretrain else set(srr_config.CLI_DEFAULTS)
     assert needed <= given, (path, needed - given)
-    srr_cli.parse_config(tail[1:] if pretrain else tail, pretrain_only=pretrain)  # still valid
+    config, _ = srr_cli.parse_config(tail[1:] if pretrain else tail, pretrain_only=pretrain)
+    # The learning rate the CLI picks by ε (cli_student_lr, since session 21) is written out
+    # wherever it differs from the config's.
+    if not pretrain and config.student_lr != srr.SRRConfig.student_lr:
+      assert "student_lr" in given, path
     checked += 1
   assert checked >= 20

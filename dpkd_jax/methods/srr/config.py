@@ -33,6 +33,27 @@ CLI_DEFAULTS = {"generator_channels": 64, "stages": 4, "samples_per_stage": 1280
                 "student_model": "small_cnn"}
 
 
+# `python -m experiments.srr`'s --student_lr when none is given (`cli_student_lr`).
+NOISY_LABELS_STUDENT_LR = 3e-4
+
+
+def cli_student_lr(epsilon: float | None, num_classes: int, config_lr: float) -> float:
+  """The CLI's student learning rate at `epsilon` per query, when --student_lr is not given.
+
+  Plain K-ary RR keeps the true label with probability p = e^ε / (e^ε + K − 1). Below p = 1/2
+  (ε < ln(K − 1): ln 9 ≈ 2.2 for 10 classes) most of the first stage's labels are noise, and a
+  small_cnn student at Adam 1e-3 fit that noise: it collapsed to chance on Fashion-MNIST at
+  ε = 1 and trailed 3e-4 on MNIST at ε = 1, while at ε = 10 1e-3 was better on both
+  (docs/RESULTS.md, SRR sessions 20 and 21). So: `NOISY_LABELS_STUDENT_LR` below p = 1/2,
+  else `config_lr`. With ε calibrated from a target (`epsilon` None) or no noise (inf), the
+  per-query ε is not known here: `config_lr`.
+  """
+  if epsilon is None or math.isinf(epsilon):
+    return config_lr
+  keep = 1.0 / (1.0 + (num_classes - 1) * math.exp(-epsilon))
+  return NOISY_LABELS_STUDENT_LR if keep < 0.5 else config_lr
+
+
 # Fields added after workdirs were first saved: left out of `to_json` at their default.
 _OMITTED_AT_DEFAULT = ("student_replay",)
 
