@@ -17,6 +17,7 @@ from dpkd_jax import models
 from dpkd_jax import teacher as teacher_lib
 from dpkd_jax.methods.srr import generator
 from dpkd_jax.models import core
+from dpkd_jax.privacy import randomized_response
 
 FIRST_PRIORS = ("uniform", "student")
 GENERATOR_PRIORS = ("teacher", "none")
@@ -35,6 +36,7 @@ CLI_DEFAULTS = {"generator_channels": 64, "stages": 4, "samples_per_stage": 1280
 
 # `python -m experiments.srr`'s --student_lr when none is given (`cli_student_lr`).
 NOISY_LABELS_STUDENT_LR = 3e-4
+MOSTLY_NOISE = 0.5  # stage 1 keeps fewer teacher labels than this: the labels are mostly noise
 
 
 def cli_student_lr(epsilon: float | None, num_classes: int, config_lr: float) -> float:
@@ -45,13 +47,13 @@ def cli_student_lr(epsilon: float | None, num_classes: int, config_lr: float) ->
   small_cnn student at Adam 1e-3 fit that noise: it collapsed to chance on Fashion-MNIST at
   ε = 1 and trailed 3e-4 on MNIST at ε = 1, while at ε = 10 1e-3 was better on both
   (docs/RESULTS.md, SRR sessions 20 and 21). So: `NOISY_LABELS_STUDENT_LR` below p = 1/2,
-  else `config_lr`. With ε calibrated from a target (`epsilon` None) or no noise (inf), the
-  per-query ε is not known here: `config_lr`.
+  else `config_lr` (p = 1 without noise, ε = inf). With ε calibrated from a target (`epsilon`
+  None) the per-query ε is not known here: `config_lr`.
   """
-  if epsilon is None or math.isinf(epsilon):
+  if epsilon is None:
     return config_lr
-  keep = 1.0 / (1.0 + (num_classes - 1) * math.exp(-epsilon))
-  return NOISY_LABELS_STUDENT_LR if keep < 0.5 else config_lr
+  keep = float(randomized_response.keep_probability(epsilon, num_classes))
+  return NOISY_LABELS_STUDENT_LR if keep < MOSTLY_NOISE else config_lr
 
 
 # Fields added after workdirs were first saved: left out of `to_json` at their default.

@@ -13,6 +13,7 @@ import math
 from typing import Any, Mapping
 
 from dpkd_jax import data
+from dpkd_jax.methods.srr import config as config_lib
 from dpkd_jax.privacy import randomized_response
 from dpkd_jax.train import summary
 
@@ -21,7 +22,6 @@ ABLATION_ANCHOR = ("docs/RESULTS.md#generator-loss-term-ablation-paper-table-iii
                    "ε--10-per-query")
 STUDENT_ANCHOR = ("docs/RESULTS.md#srr-replaying-earlier-stages-and-a-larger-student-issue-22-"
                   "item-4-session-20")
-MOSTLY_NOISE = 0.5  # stage 1 keeps fewer teacher labels than this: the labels are mostly noise
 
 
 def chance_reason(results: Mapping[str, Any]) -> str:
@@ -47,7 +47,7 @@ def chance_reason(results: Mapping[str, Any]) -> str:
     return ("why at chance: --generator_prior=none: the generator sees the teacher only "
             f"through the noisy labels, so its queries stay noise images ({RESULTS_ANCHOR}); "
             f"{labels}; no sound SRR recipe learns yet: try python -m experiments.dfpate")
-  if keep < MOSTLY_NOISE:
+  if keep < config_lib.MOSTLY_NOISE:
     more = ("fewer queries (--stages, --samples_per_stage) leave more epsilon to each"
             if target is not None and config.get("epsilon") is None else "a larger --epsilon")
     student = config.get("student_model", "lenet5")
