@@ -225,3 +225,86 @@ def test_other_norms_take_the_three_layers(norm):
   jaxpr = str(jax.make_jaxpr(lambda p, v: core.apply(parts.graphdef, p, parts.batch_stats, v,
                                                      train=True)[0].logits)(parts.params, x))
   assert "fast_group_norm_relu_max_pool" not in jaxpr and "custom_jvp" in jaxpr
+
+
+# The tapped op (ghost clipping): with a zero tap it is the fused op, and Σ tap-gradient·x̂ and
+# Σ tap-gradient over the pooled map are each example's scale and bias gradients.
+
+
+def tapped(num_groups):
+  def block(x, scale, bias, tap):
+    return fast_norm_pool.tapped_group_norm_relu_max_pool(x, scale, bias, tap,
+                                                          num_groups=num_groups, epsilon=1e-6)
+  return block
+
+
+def per_example_from_taps(x, scale, bias, num_groups, weights):
+  """(B, C) scale and bias gradients of Σ_i Σ weights·sin(pooled_i), from the tap."""
+  def total(tap):
+    out, xhat_at = tapped(num_groups)(x, scale, bias, tap)
+    return jnp.sum(jnp.sin(out) * weights), xhat_at
+
+  tap = jnp.zeros_like(weights)
+  g, xhat_at = jax.grad(total, has_aux=True)(tap)
+  return jnp.sum(g * xhat_at, axis=(1, 2)), jnp.sum(g, axis=(1, 2))
+
+
+def per_example_by_vmap(x, scale, bias, num_groups, weights):
+  def loss(params, v, w):  # one example through the three layers
+    return jnp.sum(jnp.sin(composed(num_groups)(v[None], *params)[0]) * w)
+  return jax.vmap(jax.grad(loss), in_axes=(None, 0, 0))((scale, bias), x, weights)
+
+
+def check_taps(x, num_groups, seed):
+  channels = x.shape[-1]
+  scale, bias = normal((channels,), seed), normal((channels,), seed + 1)
+  weights = normal((x.shape[0], x.shape[1] // 2, x.shape[2] // 2, channels), seed + 2)
+  got = jax.jit(per_example_from_taps, static_argnums=3)(x, scale, bias, num_groups, weights)
+  assert_close(got, per_example_by_vmap(x, scale, bias, num_groups, weights))
+  return got
+
+
+@pytest.mark.parametrize("shape,num_groups", CASES)
+def test_tapped_op_with_a_zero_tap_is_the_fused_op(shape, num_groups):
+  channels = shape[-1]
+  x, scale, bias = normal(shape, 30), normal((channels,), 31), normal((channels,), 32)
+  tap = jnp.zeros((shape[0], shape[1] // 2, shape[2] // 2, channels))
+  cotangent = normal(tap.shape, 33)
+  run = jax.jit(lambda *a: jax.vjp(lambda *b: tapped(num_groups)(*b, tap)[0], *a))
+  out, vjp = run(x, scale, bias)
+  expected = value_and_grads(fused(num_groups), x, scale, bias, cotangent)
+  # The same formulas, compiled in another program: XLA may sum the statistics in another
+  # order, so equal to float32 rounding rather than bit for bit.
+  assert_close((out, vjp(cotangent)), expected)
+
+
+@pytest.mark.parametrize("shape,num_groups", CASES)
+def test_taps_give_the_per_example_scale_and_bias_gradients(shape, num_groups):
+  check_taps(normal(shape, 34), num_groups, seed=35)
+
+
+def test_taps_with_ties_after_the_relu():
+  values = np.random.default_rng(36).integers(-2, 3, size=(3, 6, 6, 4)).astype(np.float32)
+  check_taps(jnp.asarray(values), 2, seed=37)
+
+
+def test_taps_with_nan_stay_in_their_example_and_group():
+  x = np.asarray(normal((3, 6, 6, 4), seed=38)).copy()
+  x[1, 2, 3, 0] = np.nan  # example 1, group 0 (channels 0 and 1)
+  d_scale, d_bias = (np.asarray(g) for g in check_taps(jnp.asarray(x), 2, seed=39))
+  # The NaN group's pre-activations are NaN: the ReLU passes no gradient (bias: 0), and
+  # Σ 0·x̂ over NaN x̂ is NaN (scale), as through the three layers (checked above).
+  assert np.isnan(d_scale[1, :2]).all() and (d_bias[1, :2] == 0).all()
+  assert np.isfinite(d_scale[[0, 2]]).all() and np.isfinite(d_scale[1, 2:]).all()
+  assert np.isfinite(d_bias).all()
+
+
+def test_tapped_op_under_vmap_is_the_op_on_each_slice():
+  # Two stacked batches of (3, 6, 6, 4): vmap of the op (and of its vjp) equals a loop.
+  x = normal((2, 3, 6, 6, 4), seed=40)
+  scale, bias = normal((4,), 41), normal((4,), 42)
+  weights = normal((2, 3, 3, 3, 4), seed=43)
+  mapped = jax.jit(jax.vmap(per_example_from_taps, in_axes=(0, None, None, None, 0)),
+                   static_argnums=3)(x, scale, bias, 2, weights)
+  looped = [per_example_from_taps(x[k], scale, bias, 2, weights[k]) for k in range(2)]
+  assert_close(mapped, jax.tree.map(lambda *g: jnp.stack(g), *looped))

@@ -171,6 +171,56 @@ def fast_group_norm_relu_max_pool(x: jax.Array, scale: jax.Array, bias: jax.Arra
   return _fused(x, scale, bias, num_groups, epsilon)
 
 
+def _tapped_forward(x, scale, bias, tap, num_groups, epsilon):
+  """`_forward` with ghost clipping's tap: ((pooled + tap at routed windows, x̂ at each
+  window's selected position), `_backward`'s residuals); all (B, Ho, Wo, C)."""
+  pooled, residuals = _forward(x, scale, bias, num_groups, epsilon)
+  code, centred_at, rstd = residuals[1], residuals[2], residuals[5]
+  # x̂ = (x − μ)·rstd: `fast_norm.group_norm` with scale 1 and bias 0, at the selected position.
+  xhat_at = centred_at * fast_norm._per_channel(rstd, x.shape[-1], 4)
+  return (pooled + jnp.where(code < POSITIONS, tap, 0.0), xhat_at), residuals
+
+
+def _tapped_backward(num_groups, epsilon, residuals, cotangents):
+  g, _ = cotangents  # x̂'s cotangent is zero: the public function stops its gradient
+  dx, d_scale, d_bias = _backward(num_groups, epsilon, residuals, g)
+  return dx, d_scale, d_bias, jnp.where(residuals[1] < POSITIONS, g, 0.0)
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(4, 5))
+def _tapped(x, scale, bias, tap, num_groups, epsilon):
+  return _tapped_forward(x, scale, bias, tap, num_groups, epsilon)[0]
+
+
+_tapped.defvjp(_tapped_forward, _tapped_backward)
+
+
+@functools.partial(jax.jit, static_argnames=("num_groups", "epsilon"))
+def tapped_group_norm_relu_max_pool(x: jax.Array, scale: jax.Array, bias: jax.Array,
+                                    tap: jax.Array, *, num_groups: int, epsilon: float
+                                    ) -> tuple[jax.Array, jax.Array]:
+  """The fused op with a tap for ghost clipping's per-example scale and bias gradients.
+
+  The GroupNorm's output z gets a cotangent dz at one position per window at most (where the
+  pool routes and the ReLU passes), so its per-example gradients Σ_t dz_t·x̂_t (scale) and
+  Σ_t dz_t (bias) are sums over the pooled map. `tap` is added at those routed pre-activations
+  (linearly: out = pooled + [routed]·tap), so its gradient is dz, at pooled size; the second
+  output is x̂ at each window's selected position (gradient stopped: a recorded value).
+
+  Args:
+    x, scale, bias, num_groups, epsilon: as `group_norm_relu_max_pool`, on a `supported` input.
+    tap: (B, H//2, W//2, C), zeros in use.
+
+  Returns:
+    (pooled + tap at the routed windows, x̂ at the selected positions), both (B, Ho, Wo, C).
+    With a zero tap, the output and the gradients w.r.t. x, scale and bias are those of
+    `group_norm_relu_max_pool` (same formulas, to float32 rounding); the tap's gradient is
+    0 at windows whose selected pre-activation is not > 0 (the ReLU's derivative, NaN too).
+  """
+  out, xhat_at = _tapped(x, scale, bias, tap, num_groups, epsilon)
+  return out, jax.lax.stop_gradient(xhat_at)
+
+
 def supported(x: jax.Array, scale: jax.Array, bias: jax.Array) -> bool:
   """Whether `group_norm_relu_max_pool` takes the fused path: a float32 (B, H, W, C) map of
   at least 2×2 pixels with float32 (C,) scale and bias."""
