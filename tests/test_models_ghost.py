@@ -74,8 +74,9 @@ def _assert_tree_close(got, expected, *, atol_of_scale=1e-5):
     np.testing.assert_allclose(g, e, rtol=1e-4, atol=atol_of_scale * scale + 1e-30)
 
 
-def _check_against_vmap(parts, input_shape, num_classes, *, mid_clip_checks=True):
-  x, targets, mask = _batch(input_shape, num_classes)
+def _check_against_vmap(parts, input_shape, num_classes, *, mid_clip_checks=True, x=None):
+  x_default, targets, mask = _batch(input_shape, num_classes)
+  x = x_default if x is None else x
   traces = []
   reference, run = _vmap_path(parts), _ghost_path(parts, traces)
   _, ref_norms, ref_losses = reference(parts.params, x, targets, mask, 1.0)
@@ -106,6 +107,48 @@ def test_equals_the_vmap_path_on_the_zoo(name, input_shape, norm):
   model = registry.create_classifier(name, num_classes=4, input_shape=input_shape, norm=norm,
                                      seed=0)
   _check_against_vmap(core.split(model), input_shape, 4)
+
+
+def _fused_stages(parts, input_shape) -> int:
+  """How many of the tapped pass's norm stages run as `fast_norm_pool`'s tapped op."""
+  x = jax.ShapeDtypeStruct((_BATCH,) + input_shape, jnp.float32)
+  targets = (jax.ShapeDtypeStruct((_BATCH,), jnp.int32), jax.ShapeDtypeStruct((_BATCH,),
+                                                                              jnp.float32))
+  jaxpr = jax.make_jaxpr(lambda p, x, t: ghost.ghost_clipped_sum(
+      parts.graphdef, p, parts.batch_stats, x, t, _MASK, loss_fn=_loss, l2_clip_norm=1.0))(
+          parts.params, x, targets)
+  # The pass's value_and_grad splits each call into a forward and a backward part, both
+  # named after the function (the shape-only trace of `_structure` leaves none in the jaxpr).
+  count = str(jaxpr).count("name=tapped_group_norm_relu_max_pool")
+  assert count % 2 == 0
+  return count // 2
+
+
+@pytest.mark.parametrize("name,input_shape,stages", [
+    ("lenet5", (28, 28, 1), 2), ("small_cnn", (8, 8, 1), 2), ("datalens_cnn", (10, 10, 1), 1)])
+def test_group_norm_stages_run_fused_and_equal_the_vmap_path_with_ties(name, input_shape, stages):
+  # Images constant on 8×8 blocks: conv1's outputs whose receptive field is inside one block
+  # are equal, so a third to a half of its pooling windows hold equal positive maxima (the
+  # pool's tie rule decides the routing). Example 3 is NaN, example 2 has a zero gradient.
+  parts = core.split(registry.create_classifier(name, num_classes=4, input_shape=input_shape,
+                                                norm="group", seed=0))
+  assert _fused_stages(parts, input_shape) == stages
+  x, _, _ = _batch(input_shape, 4)
+  coarse = x[:, ::8, ::8]
+  x = np.repeat(np.repeat(coarse, 8, axis=1), 8, axis=2)[:, :input_shape[0], :input_shape[1]]
+  x[3] = np.nan
+  _check_against_vmap(parts, input_shape, 4, x=np.ascontiguousarray(x))
+
+
+def test_a_group_norm_the_fused_op_does_not_take_runs_its_layers_in_turn():
+  # The two-pass variance is not `fast_norm.is_plain`: the tapped layer declines to fuse, and
+  # the stage is GroupNorm, ReLU and pool in turn, with the same sums.
+  model = registry.create_classifier("small_cnn", num_classes=4, input_shape=(8, 8, 1),
+                                     norm="group", seed=0)
+  model.conv1.norm.use_fast_variance = False
+  parts = core.split(model)
+  assert _fused_stages(parts, (8, 8, 1)) == 1
+  _check_against_vmap(parts, (8, 8, 1), 4)
 
 
 def test_equals_the_vmap_path_with_banded_convolutions(monkeypatch):

@@ -148,9 +148,10 @@ def conv_norm_relu_pool(layer: ConvNorm, x: jax.Array, *, train: bool) -> jax.Ar
 
   With the plain GroupNorm of `make_norm("group", ...)` on a float32 map, the norm, ReLU and
   pool run as one op (`fast_norm_pool`: fewer passes over the (B, H, W, C) map, same values
-  and gradients to float32 rounding, the pool's gradient routed as `fast_pool`'s). Any other
-  norm layer (BatchNorm, none, a subclass such as ghost clipping's tapped GroupNorm) takes
-  the three layers in turn.
+  and gradients to float32 rounding, the pool's gradient routed as `fast_pool`'s). A norm layer
+  with a `fused_relu_max_pool(y)` method (ghost clipping's tapped GroupNorm, `ghost_taps`)
+  computes the three itself, or returns None to decline. Any other norm layer (BatchNorm,
+  none) takes the three layers in turn.
   """
   y = layer.conv(x)
   norm = layer.norm
@@ -159,7 +160,9 @@ def conv_norm_relu_pool(layer: ConvNorm, x: jax.Array, *, train: bool) -> jax.Ar
     return fast_norm_pool.group_norm_relu_max_pool(y, norm.scale[...], norm.bias[...],
                                                    num_groups=norm.num_groups,
                                                    epsilon=norm.epsilon)
-  return max_pool_2x2(nnx.relu(apply_norm(norm, y, train=train)))
+  fused = getattr(norm, "fused_relu_max_pool", None)
+  out = None if fused is None else fused(y)
+  return max_pool_2x2(nnx.relu(apply_norm(norm, y, train=train))) if out is None else out
 
 
 def _flatten(x: jax.Array) -> jax.Array:

@@ -15,7 +15,8 @@ g_i = ∂loss_i/∂z_i, the layer's output gradient of example i. Then:
     per-example norms and the book-keeping sum a^T (w ⊙ g) (`privacy.ghost_clipping`);
   * per-channel affine layers (GroupNorm, LayerNorm, RMSNorm, InstanceNorm, BatchNorm with
     running averages): scale_i = Σ_t g_it x̂_it and bias_i = Σ_t g_it from the recorded
-    normalised input x̂, (B, channels) each.
+    normalised input x̂, (B, channels) each (t over the pooled map for a GroupNorm fused with
+    its ReLU and 2×2 max-pool: x̂ and the tap are at each window's routed position, `ghost_taps`).
 No parameter is differentiated, so no weight gradient, per-example or summed, is formed by the
 pass; the only backward pass is the one to the taps (the clipped sum needs no second one).
 

@@ -10,7 +10,13 @@ to its output, so that one batched backward pass gives every example's output gr
     input x̂ (the layer with scale 1 and bias 0: exact), records it and returns
     x̂ · scale + bias + tap. Their per-example gradients are then scale_i = Σ_t g_it x̂_it and
     bias_i = Σ_t g_it. GroupNorm keeps `fast_norm`'s fused formulation when the layer has its
-    plain configuration (`fast_norm.apply_group_norm` calls a subclass's own `__call__`).
+    plain configuration (`fast_norm.apply_group_norm` calls a subclass's own `__call__`);
+  * a plain GroupNorm followed by ReLU and a 2×2 max-pool (`classifiers.conv_norm_relu_pool`
+    calls the tapped layer's `fused_relu_max_pool`) runs as `fast_norm_pool`'s one op: it
+    records x̂ at each window's selected position and takes the tap at the routed
+    pre-activations, both (B, H/2, W/2, C). The GroupNorm's output gradient is zero elsewhere,
+    so the same sums Σ_t g_it x̂_it and Σ_t g_it, over the pooled map, are the per-example
+    gradients.
 A layer called twice (shared weights) is refused, as is BatchNorm computing batch statistics,
 a layer with a mask, a custom dot/conv function, cross-device statistics or a feature axis
 other than the last one; every refusal names the layer.
@@ -27,7 +33,7 @@ from flax import nnx
 from jax import lax
 
 from dpkd_jax.errors import UserError
-from dpkd_jax.models import fast_conv, fast_norm
+from dpkd_jax.models import fast_conv, fast_norm, fast_norm_pool
 
 Path = tuple
 AFFINE_LAYERS = (nnx.GroupNorm, nnx.LayerNorm, nnx.RMSNorm, nnx.InstanceNorm, nnx.BatchNorm)
@@ -77,8 +83,10 @@ class Recorder:
 
   Attributes:
     taps: path → zeros shaped like the layer's output (added to it), or None: no taps.
-    inputs: path → a (B, ..., d) for Linear/Conv, x̂ (B, ..., C) for affine layers.
-    outputs: path → the layer's output before its tap (its shape is the tap's).
+    inputs: path → a (B, ..., d) for Linear/Conv, x̂ (B, ..., C) for affine layers (at the
+      selected positions, (B, H/2, W/2, C), for a GroupNorm fused with its ReLU and pool).
+    outputs: path → the layer's output (its shape is the tap's; before the tap is added,
+      except in a fused GroupNorm, where the tap is zero when recorded without taps).
     conv_specs: path → `ConvSpec` of every convolution.
   """
 
@@ -99,13 +107,18 @@ class Recorder:
       elif path in layers:
         node.dot_general = functools.partial(self._dot, path)
 
-  def record(self, path: Path, recorded: jax.Array, out: jax.Array) -> jax.Array:
+  def tap(self, path: Path, shape: tuple[int, ...], dtype: Any) -> jax.Array:
+    """The tap of a layer that adds it itself (zeros while recording shapes only)."""
+    return jnp.zeros(shape, dtype) if self.taps is None else self.taps[path]
+
+  def record(self, path: Path, recorded: jax.Array, out: jax.Array, *,
+             tap_added: bool = False) -> jax.Array:
     if path in self.inputs:
       raise UserError(f"ghost clipping cannot handle layer {name(path)}, called twice in one "
                       f"forward pass (shared weights){_FALLBACK}")
     self.inputs[path] = recorded
     self.outputs[path] = out
-    return out if self.taps is None else out + self.taps[path]
+    return out if self.taps is None or tap_added else out + self.taps[path]
 
   def _dot(self, path, lhs, rhs, dimension_numbers, precision=None, **kwargs):
     return self.record(path, lhs, lax.dot_general(lhs, rhs, dimension_numbers,
@@ -181,7 +194,32 @@ def _affine_call(self, x, *args, **kwargs):
   return recorder.record(path, xhat, y)
 
 
+def _fused_relu_max_pool(self, x):
+  """`max_pool_2x2(relu(self(x)))` for a tapped GroupNorm as one op, recording x̂ at the
+  selected positions and tapping the routed pre-activations (`fast_norm_pool`), all
+  (B, H/2, W/2, C); None for a configuration or input the op does not take (the caller then
+  runs the layers in turn, through the tapped `__call__`)."""
+  recorder, path = self.__dict__["_ghost_tap"]
+  if not (fast_norm.is_plain(self, x)
+          and fast_norm_pool.supported(x, self.scale[...], self.bias[...])):
+    return None
+  _check_affine(self, path, x, (), {})
+  # One read of each parameter, by a (2, C) stack: ghost's weight-tying check counts the
+  # equations that read a parameter, inside called functions too, and the op reads its
+  # scale and bias at several places.
+  scale, bias = jnp.stack([self.scale[...], self.bias[...]])
+  batch, height, width, channels = x.shape
+  tap = recorder.tap(path, (batch, height // 2, width // 2, channels), x.dtype)
+  out, xhat_at = fast_norm_pool.tapped_group_norm_relu_max_pool(
+      x, scale, bias, tap, num_groups=self.num_groups, epsilon=self.epsilon)
+  return recorder.record(path, xhat_at, out, tap_added=True)
+
+
 @functools.cache
 def _tapped_class(base: type) -> type:
-  """`base` with a tapped `__call__` (one subclass per layer type, made once)."""
-  return type(f"GhostTapped{base.__name__}", (base,), {"__call__": _affine_call})
+  """`base` with a tapped `__call__` (one subclass per layer type, made once); a GroupNorm
+  also fuses itself with a following ReLU and 2×2 max-pool (`fused_relu_max_pool`)."""
+  methods = {"__call__": _affine_call}
+  if issubclass(base, nnx.GroupNorm):
+    methods["fused_relu_max_pool"] = _fused_relu_max_pool
+  return type(f"GhostTapped{base.__name__}", (base,), methods)
