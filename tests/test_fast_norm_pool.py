@@ -14,8 +14,10 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 from flax import nnx
+from jax.sharding import PartitionSpec as P
 
 from dpkd_jax.models import classifiers, compact, core, fast_norm, fast_norm_pool, fast_pool
+from dpkd_jax.train import sharding
 
 from test_fast_norm import MODEL_TOLERANCE, TOLERANCE, normal
 
@@ -308,3 +310,29 @@ def test_tapped_op_under_vmap_is_the_op_on_each_slice():
                    static_argnums=3)(x, scale, bias, 2, weights)
   looped = [per_example_from_taps(x[k], scale, bias, 2, weights[k]) for k in range(2)]
   assert_close(mapped, jax.tree.map(lambda *g: jnp.stack(g), *looped))
+
+
+@pytest.mark.parametrize("op", ["fused", "tapped"])
+def test_inside_shard_map_with_replicated_parameters(op):
+  # 8 fake devices, 2 examples each; scale and bias replicated (invariant). Their gradients,
+  # computed from each device's rows, are summed over the devices (the transpose of the cast
+  # to varying), and equal the three layers' on the whole batch.
+  x, scale, bias = normal((16, 6, 6, 4), 44), normal((4,), 45), normal((4,), 46)
+  cotangent = normal((16, 3, 3, 4), 47)
+
+  def block(x, scale, bias):
+    if op == "fused":
+      return fused(2)(x, scale, bias)
+    return tapped(2)(x, scale, bias, jnp.zeros_like(x, shape=(x.shape[0], 3, 3, 4)))[0]
+
+  def device_grads(x, scale, bias, cotangent):
+    y, vjp = jax.vjp(block, x, scale, bias)
+    return y, vjp(cotangent)
+
+  mesh, axis = sharding.data_mesh(), sharding.DATA_AXIS
+  rows = P(axis)
+  sharded = jax.jit(jax.shard_map(device_grads, mesh=mesh, in_specs=(rows, P(), P(), rows),
+                                  out_specs=(rows, (rows, P(), P()))))
+  actual = sharded(x, scale, bias, cotangent)
+  assert_close(jax.device_get(actual),
+               value_and_grads(composed(2), x, scale, bias, cotangent))

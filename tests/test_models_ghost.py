@@ -377,10 +377,13 @@ def test_refuses_what_it_cannot_handle_naming_the_layer(model, message):
                              loss_fn=_loss, l2_clip_norm=1.0)
 
 
-@pytest.mark.parametrize("routes", ["static", "measure"])
-def test_inside_shard_map_each_device_sums_its_own_rows(monkeypatch, tmp_path, routes):
+@pytest.mark.parametrize("routes,vary_params", [("static", True), ("measure", True),
+                                                ("static", False)])
+def test_inside_shard_map_each_device_sums_its_own_rows(monkeypatch, tmp_path, routes,
+                                                        vary_params):
   # "measure": every convolution pass and per-example kernel gradient takes the form timed on
-  # this machine (conv_routes), as outside the tests; the sums must not change.
+  # this machine (conv_routes), as outside the tests; the sums must not change. Without
+  # vary_params the parameters stay replicated (invariant), as the ghost docstring allows.
   monkeypatch.setenv(conv_routes.ENV_VAR, routes)
   monkeypatch.setenv(conv_routes.CACHE_ENV_VAR, str(tmp_path))
   conv_routes.clear()
@@ -401,7 +404,8 @@ def test_inside_shard_map_each_device_sums_its_own_rows(monkeypatch, tmp_path, r
   axis = sharding.DATA_AXIS
 
   def device_sum(params, x, targets, mask):
-    params = jax.tree.map(lambda p: jax.lax.pcast(p, axis, to="varying"), params)
+    if vary_params:
+      params = jax.tree.map(lambda p: jax.lax.pcast(p, axis, to="varying"), params)
     out = ghost.ghost_clipped_sum(parts.graphdef, params, parts.batch_stats, x, targets, mask,
                                   loss_fn=_loss, l2_clip_norm=0.5)
     return jax.lax.psum(out.clipped_sum, axis), out.norms

@@ -163,12 +163,28 @@ def _fused(x, scale, bias, num_groups, epsilon):
 _fused.defvjp(_forward, _backward)
 
 
+def _varying_axes(v: jax.Array) -> frozenset:
+  """The `shard_map` mesh axes `v` varies over (none outside `shard_map`)."""
+  return frozenset(getattr(getattr(jax.typeof(v), "manual_axis_type", None), "varying", ()))
+
+
+def _vary_like(param: jax.Array, x: jax.Array) -> jax.Array:
+  """`param` made to vary over the mesh axes x varies over, inside `shard_map`.
+
+  The backward pass computes the (C,) parameter gradients from x, so they vary as x does; a
+  custom VJP must return each gradient with its input's type. An invariant (replicated)
+  parameter is cast first, and the cast's transpose sums its gradient over those axes, as
+  autodiff through the three layers would."""
+  axes = _varying_axes(x) - _varying_axes(param)
+  return jax.lax.pcast(param, tuple(sorted(axes)), to="varying") if axes else param
+
+
 # Jitted (inlined by an enclosing jit) so that the op shows by name in jaxprs and profiles.
 @functools.partial(jax.jit, static_argnames=("num_groups", "epsilon"))
 def fast_group_norm_relu_max_pool(x: jax.Array, scale: jax.Array, bias: jax.Array, *,
                                   num_groups: int, epsilon: float) -> jax.Array:
   """`group_norm_relu_max_pool` on a `supported` input, without argument checks."""
-  return _fused(x, scale, bias, num_groups, epsilon)
+  return _fused(x, _vary_like(scale, x), _vary_like(bias, x), num_groups, epsilon)
 
 
 def _tapped_forward(x, scale, bias, tap, num_groups, epsilon):
@@ -217,7 +233,8 @@ def tapped_group_norm_relu_max_pool(x: jax.Array, scale: jax.Array, bias: jax.Ar
     `group_norm_relu_max_pool` (same formulas, to float32 rounding); the tap's gradient is
     0 at windows whose selected pre-activation is not > 0 (the ReLU's derivative, NaN too).
   """
-  out, xhat_at = _tapped(x, scale, bias, tap, num_groups, epsilon)
+  out, xhat_at = _tapped(x, _vary_like(scale, x), _vary_like(bias, x), _vary_like(tap, x),
+                         num_groups, epsilon)
   return out, jax.lax.stop_gradient(xhat_at)
 
 
