@@ -106,32 +106,61 @@ def _statistics(x: jax.Array, scale: jax.Array, num_groups: int, epsilon: float)
   return fast_norm._per_channel(mean, channels, 4), raw_var, rstd, multiplier
 
 
-def _forward(x, scale, bias, num_groups, epsilon):
-  """Pooled (B, Ho, Wo, C) output and the residuals of `_backward`."""
-  mean, raw_var, rstd, multiplier = _statistics(x, scale, num_groups, epsilon)
+def window_pass(x: jax.Array, mean: jax.Array, multiplier: jax.Array, bias: jax.Array,
+                anchor: jax.Array) -> tuple[jax.Array, jax.Array, jax.Array]:
+  """relu((x − μ)·m + bias) max-pooled 2×2, and what the backward pass keeps of the windows.
+
+  Shared by every norm whose forward pass is that affine map with per-channel bias: mean and
+  multiplier broadcast against (B, 1, 1, C) (per example and channel for GroupNorm, per
+  channel for BatchNorm); anchor is a runtime scalar for `_materialised_max`.
+
+  Returns:
+    (pooled, code, centred_at), each (B, H//2, W//2, C): the pooled output; the int8 position
+    the pool's gradient is routed to, or `POSITIONS` where the ReLU blocks it; x − μ there.
+  """
   centred = [view - mean for view in _views(x)]  # x − μ at each window position
-  rectified = [jnp.maximum(c * multiplier + bias, 0.0) for c in centred]  # relu(GroupNorm(x))
-  pooled = _materialised_max(rectified, scale[0])
+  rectified = [jnp.maximum(c * multiplier + bias, 0.0) for c in centred]  # relu(norm(x))
+  pooled = _materialised_max(rectified, anchor)
   selected, position = _select(rectified)
   centred_at = centred[0]
   for index in range(1, POSITIONS):
     centred_at = jnp.where(position == index, centred[index], centred_at)
   # The ReLU's derivative is 0 unless the selected pre-activation is > 0, i.e. selected > 0.
   code = jnp.where(selected > 0, position, jnp.int8(POSITIONS))  # int8 (B, Ho, Wo, C)
+  return pooled, code, centred_at
+
+
+def _forward(x, scale, bias, num_groups, epsilon):
+  """Pooled (B, Ho, Wo, C) output and the residuals of `_backward`."""
+  mean, raw_var, rstd, multiplier = _statistics(x, scale, num_groups, epsilon)
+  pooled, code, centred_at = window_pass(x, mean, multiplier, bias, scale[0])
   return pooled, (x, code, centred_at, mean, raw_var, rstd, multiplier, scale)
 
 
-def _input_gradient(x, code, cotangent, mean, multiplier, alpha, beta):
+def input_gradient(x, code, cotangent, mean, multiplier, alpha, beta):
   """dx = m·dz + α + β·(x − μ) on the full (B, H, W, C) map; dz is the cotangent at each
-  window's routed position (`code`), zero elsewhere and on uncovered rows and columns."""
+  window's routed position (`code`), zero elsewhere and on uncovered rows and columns. mean,
+  multiplier, α and β broadcast against (B, 1, 1, C)."""
   batch, height, width, channels = x.shape
   out_h, out_w = code.shape[1], code.shape[2]
   position = jnp.arange(POSITIONS, dtype=jnp.int8).reshape(1, 1, WINDOW, 1, WINDOW, 1)
   dz = jnp.where(code[:, :, None, :, None, :] == position, cotangent[:, :, None, :, None, :], 0.0)
   dz = dz.reshape(batch, out_h * WINDOW, out_w * WINDOW, channels)
   dz = jnp.pad(dz, ((0, 0), (0, height - out_h * WINDOW), (0, width - out_w * WINDOW), (0, 0)))
-  return (multiplier * dz + fast_norm._per_channel(alpha, channels, 4)
-          + fast_norm._per_channel(beta, channels, 4) * (x - mean))
+  return multiplier * dz + alpha + beta * (x - mean)
+
+
+def routed_sums(code, g, centred_at, axes):
+  """The pool's and ReLU's backward on the pooled map: dz (B, Ho, Wo, C), the cotangent of the
+  routed pre-activations, and its sums Σ dz and Σ dz·(x − μ) over `axes`."""
+  dz = jnp.where(code < POSITIONS, g, 0.0)
+  return dz, jnp.sum(dz, axis=axes), jnp.sum(dz * centred_at, axis=axes)
+
+
+def variance_clip(raw_var):
+  """How much of σ²'s gradient passes `max(0, raw σ²)`: 1 above zero, ½ at zero (`jnp.maximum`'s
+  rule), 0 below."""
+  return jnp.where(raw_var > 0, 1.0, jnp.where(raw_var == 0, 0.5, 0.0))
 
 
 def _backward(num_groups, epsilon, residuals, g):
@@ -139,19 +168,18 @@ def _backward(num_groups, epsilon, residuals, g):
   x, code, centred_at, mean, raw_var, rstd, multiplier, scale = residuals
   batch, channels = x.shape[0], x.shape[-1]
   count = x.size // (batch * num_groups)
-  dz = jnp.where(code < POSITIONS, g, 0.0)  # cotangent of the routed pre-activations
-  dz_sum = jnp.sum(dz, axis=(1, 2))  # Σ dz per (example, channel), (B, C)
-  dz_centred_sum = jnp.sum(dz * centred_at, axis=(1, 2))  # Σ dz·(x − μ), (B, C)
+  # Σ dz and Σ dz·(x − μ) per (example, channel), (B, C).
+  dz, dz_sum, dz_centred_sum = routed_sums(code, g, centred_at, (1, 2))
   rstd_c = jnp.repeat(rstd, channels // num_groups, axis=1)  # (B, C)
   d_bias = jnp.sum(dz_sum, axis=0)
   d_scale = jnp.sum(rstd_c * dz_centred_sum, axis=0)
   # Through μ: −(1/n)·Σ_c m_c·Σ dz. Through σ² (clipped at 0, `jnp.maximum`'s rule):
   # dσ² = −½·rstd³·Σ_c scale_c·Σ dz·(x − μ), and ∂σ²/∂x = 2·(x − μ)/n.
   alpha = -fast_norm._group_sums(multiplier.reshape(batch, channels) * dz_sum, num_groups) / count
-  clip = jnp.where(raw_var > 0, 1.0, jnp.where(raw_var == 0, 0.5, 0.0))
-  beta = (-clip * rstd ** 3 * fast_norm._group_sums(scale * dz_centred_sum, num_groups)
-          / count)
-  dx = _input_gradient(x, code, dz, mean, multiplier, alpha, beta)
+  beta = (-variance_clip(raw_var) * rstd ** 3
+          * fast_norm._group_sums(scale * dz_centred_sum, num_groups) / count)
+  dx = input_gradient(x, code, dz, mean, multiplier, fast_norm._per_channel(alpha, channels, 4),
+                      fast_norm._per_channel(beta, channels, 4))
   return dx, d_scale, d_bias
 
 
