@@ -150,7 +150,7 @@ def test_rounded_variances_at_and_below_zero_match_autodiff():
 
 
 def test_a_nan_scale_takes_the_other_branch_to_the_same_values():
-  # `_materialised_max`'s predicate is `scale[0] == scale[0]`: a NaN there picks the other
+  # `_materialised`'s predicate is `scale[0] == scale[0]`: a NaN there picks the other
   # (identical) branch, and channel 0 turns NaN exactly as through the three layers.
   scale = jnp.asarray([np.nan, 1.0, -0.5, 2.0], jnp.float32)
   check_against_references(normal((2, 6, 6, 4), seed=23), scale, normal((4,), seed=24),
@@ -219,14 +219,15 @@ def test_models_with_group_norm_fuse_their_stages_with_equal_gradients(model_cla
   assert_close(fused_grads, reference, MODEL_TOLERANCE)
 
 
-@pytest.mark.parametrize("norm", ["batch", "none"])
-def test_other_norms_take_the_three_layers(norm):
+# BatchNorm in training mode has its own fused op (tests/test_fast_batch_norm_pool.py).
+@pytest.mark.parametrize("norm,train", [("batch", False), ("none", True)])
+def test_other_norms_take_the_three_layers(norm, train):
   parts = core.split(classifiers.SmallCNN(num_classes=3, input_shape=(8, 8, 1), norm=norm,
                                           rngs=nnx.Rngs(0)))
   x = jax.ShapeDtypeStruct((2, 8, 8, 1), jnp.float32)
   jaxpr = str(jax.make_jaxpr(lambda p, v: core.apply(parts.graphdef, p, parts.batch_stats, v,
-                                                     train=True)[0].logits)(parts.params, x))
-  assert "fast_group_norm_relu_max_pool" not in jaxpr and "custom_jvp" in jaxpr
+                                                     train=train)[0].logits)(parts.params, x))
+  assert "norm_relu_max_pool" not in jaxpr and "custom_jvp" in jaxpr
 
 
 # The tapped op (ghost clipping): with a zero tap it is the fused op, and Σ tap-gradient·x̂ and

@@ -27,7 +27,8 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
-from dpkd_jax.models import core, fast_conv, fast_norm, fast_norm_pool, fast_pool
+from dpkd_jax.models import (core, fast_batch_norm_pool, fast_conv, fast_norm, fast_norm_pool,
+                             fast_pool)
 
 NORMS = ("batch", "group", "none")
 # PyTorch's BatchNorm momentum 0.1 (the reference implementations are PyTorch): the running
@@ -148,13 +149,17 @@ def conv_norm_relu_pool(layer: ConvNorm, x: jax.Array, *, train: bool) -> jax.Ar
 
   With the plain GroupNorm of `make_norm("group", ...)` on a float32 map, the norm, ReLU and
   pool run as one op (`fast_norm_pool`: fewer passes over the (B, H, W, C) map, same values
-  and gradients to float32 rounding, the pool's gradient routed as `fast_pool`'s). A norm layer
-  with a `fused_relu_max_pool(y)` method (ghost clipping's tapped GroupNorm, `ghost_taps`)
-  computes the three itself, or returns None to decline. Any other norm layer (BatchNorm,
-  none) takes the three layers in turn.
+  and gradients to float32 rounding, the pool's gradient routed as `fast_pool`'s); so does
+  the plain BatchNorm of `make_norm("batch", ...)` when training (`fast_batch_norm_pool`,
+  batch statistics, running averages updated as flax does). A norm layer with a
+  `fused_relu_max_pool(y)` method (ghost clipping's tapped GroupNorm, `ghost_taps`) computes
+  the three itself, or returns None to decline. Any other norm layer (none, BatchNorm with
+  running averages) takes the three layers in turn.
   """
   y = layer.conv(x)
   norm = layer.norm
+  if train and fast_batch_norm_pool.is_plain(norm, y):
+    return fast_batch_norm_pool.apply(norm, y)
   if (type(norm) is nnx.GroupNorm and fast_norm.is_plain(norm, y)
       and fast_norm_pool.supported(y, norm.scale[...], norm.bias[...])):
     return fast_norm_pool.group_norm_relu_max_pool(y, norm.scale[...], norm.bias[...],

@@ -11,7 +11,7 @@ This module computes the same function with few passes over the full map:
 
 * forward: the per-(example, channel) pixel sums of x and x² (as `fast_norm`), then, for each
   of the four 2×2 window positions, the strided (B, H/2, W/2, C) view of x, normalised and
-  rectified elementwise. The pooled maximum (`_materialised_max`), the position the pool's
+  rectified elementwise. The pooled maximum (`_materialised`), the position the pool's
   gradient goes to (`_select`) and the centred value x − μ there are elementwise functions of
   those four views; only they are kept, at a quarter of the map's size;
 * backward: only one element per window gets a cotangent, so GroupNorm's two gradient
@@ -75,12 +75,11 @@ def _select(views: list[jax.Array]) -> tuple[jax.Array, jax.Array]:
   return selected, position
 
 
-def _materialised_max(rectified: list[jax.Array], anchor: jax.Array) -> jax.Array:
-  """The elementwise maximum of the four views (NaN-propagating, as the pool's max), as an
-  array XLA writes out once.
+def _materialised(fn, args, anchor: jax.Array):
+  """fn(args) (elementwise ops on (B, Ho, Wo, C) arrays) as arrays XLA writes out once.
 
   Left as elementwise ops, XLA fuses the whole window computation (normalisation included)
-  into every consumer of the pooled map. That is cheap for a matrix product, which reads it
+  into every consumer of the result. That is cheap for a matrix product, which reads it
   once, but a per-example outer product under `vmap` (a dense layer's per-example kernel
   gradient) reads each element once per output unit and recomputed it that often. A
   conditional is a fusion boundary, so its result is materialised; both branches are the
@@ -88,9 +87,7 @@ def _materialised_max(rectified: list[jax.Array], anchor: jax.Array) -> jax.Arra
   value XLA cannot fold). An `optimization_barrier` does not do this on XLA CPU (removed before
   fusion), nor does a reduction over the stacked views (simplified back into maxima).
   """
-  def maximum(views):
-    return functools.reduce(jnp.maximum, views)
-  return jax.lax.cond(anchor == anchor, maximum, maximum, rectified)
+  return jax.lax.cond(anchor == anchor, fn, fn, args)
 
 
 def _statistics(x: jax.Array, scale: jax.Array, num_groups: int, epsilon: float):
@@ -107,26 +104,38 @@ def _statistics(x: jax.Array, scale: jax.Array, num_groups: int, epsilon: float)
 
 
 def window_pass(x: jax.Array, mean: jax.Array, multiplier: jax.Array, bias: jax.Array,
-                anchor: jax.Array) -> tuple[jax.Array, jax.Array, jax.Array]:
+                anchor: jax.Array, *, materialise_residuals: bool = False
+                ) -> tuple[jax.Array, jax.Array, jax.Array]:
   """relu((x − μ)·m + bias) max-pooled 2×2, and what the backward pass keeps of the windows.
 
   Shared by every norm whose forward pass is that affine map with per-channel bias: mean and
   multiplier broadcast against (B, 1, 1, C) (per example and channel for GroupNorm, per
-  channel for BatchNorm); anchor is a runtime scalar for `_materialised_max`.
+  channel for BatchNorm); anchor is a runtime scalar for `_materialised`. With
+  `materialise_residuals` the code and x − μ are computed inside a conditional of their own
+  too: XLA otherwise fuses the whole window walk into the input gradient's pass over the full
+  map, recomputing it for each of a window's four pixels (seen with BatchNorm, whose backward
+  reductions do not force them out as GroupNorm's do).
 
   Returns:
     (pooled, code, centred_at), each (B, H//2, W//2, C): the pooled output; the int8 position
     the pool's gradient is routed to, or `POSITIONS` where the ReLU blocks it; x − μ there.
   """
-  centred = [view - mean for view in _views(x)]  # x − μ at each window position
-  rectified = [jnp.maximum(c * multiplier + bias, 0.0) for c in centred]  # relu(norm(x))
-  pooled = _materialised_max(rectified, anchor)
-  selected, position = _select(rectified)
-  centred_at = centred[0]
-  for index in range(1, POSITIONS):
-    centred_at = jnp.where(position == index, centred[index], centred_at)
-  # The ReLU's derivative is 0 unless the selected pre-activation is > 0, i.e. selected > 0.
-  code = jnp.where(selected > 0, position, jnp.int8(POSITIONS))  # int8 (B, Ho, Wo, C)
+  def residuals(views):
+    centred = [view - mean for view in views]  # x − μ at each window position
+    rectified = [jnp.maximum(c * multiplier + bias, 0.0) for c in centred]  # relu(norm(x))
+    selected, position = _select(rectified)
+    centred_at = centred[0]
+    for index in range(1, POSITIONS):
+      centred_at = jnp.where(position == index, centred[index], centred_at)
+    # The ReLU's derivative is 0 unless the selected pre-activation is > 0, i.e. selected > 0.
+    code = jnp.where(selected > 0, position, jnp.int8(POSITIONS))  # int8 (B, Ho, Wo, C)
+    return rectified, code, centred_at
+
+  views = _views(x)
+  rectified, code, centred_at = residuals(views)
+  pooled = _materialised(lambda r: functools.reduce(jnp.maximum, r), rectified, anchor)
+  if materialise_residuals:
+    code, centred_at = _materialised(lambda v: residuals(v)[1:], views, anchor)
   return pooled, code, centred_at
 
 
