@@ -12,8 +12,10 @@ with --generator_prior=teacher, whose generator is a noiseless function of the t
 student on every stage's released labels so far (post-processing); `--resume` continues.
 Defaults: the best measured engine (srr/config.py CLI_DEFAULTS: 4 stages of 12,800 queries, 10
 student epochs each, --student_loss=rr_likelihood, --student_model=small_cnn, generator width
-64), and --student_lr=3e-4 where plain RR at --epsilon keeps under half of the labels
-(srr/config.py cli_student_lr; 1e-3 otherwise); a flag you give wins.
+64); where plain RR at --epsilon keeps under half of the labels, --student_lr=3e-4, 8 stages
+of 25,600 queries with 5 student epochs each and no generator fine-tuning (srr/config.py
+cli_noisy_label_defaults).
+A flag you give wins.
 """
 
 from __future__ import annotations
@@ -60,9 +62,10 @@ def parse_config(argv: list[str], *, pretrain_only: bool = False,
   if pretrain_only and args.epsilon is None and args.target_epsilon is None:
     args.epsilon = math.inf  # pretraining asks no label query: no privacy flag needed
   config = _flags.build_config(srr.SRRConfig, args)
-  if not pretrain_only and "student_lr" not in _flags.given_flags(p, argv, args):
-    config = dataclasses.replace(config, student_lr=srr_config.cli_student_lr(
-        config.epsilon, config.info.num_classes, config.student_lr))
+  if not pretrain_only:
+    given = _flags.given_flags(p, argv, args)
+    changes = srr_config.cli_noisy_label_defaults(config.epsilon, config.info.num_classes)
+    config = dataclasses.replace(config, **{k: v for k, v in changes.items() if k not in given})
   if pretrain_only and config.generator_prior != "teacher":
     p.error("only generator_prior='teacher' pretrains a generator")
   if args.workdir is None:

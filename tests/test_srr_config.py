@@ -80,28 +80,39 @@ def test_the_config_holds_no_resolved_privacy():
   assert not hasattr(config, "stage_config")
 
 
-@pytest.mark.parametrize("epsilon, classes, expected", [
-    (1.0, 10, 3e-4),                # RR keeps the label with p = 0.23
-    (2.0, 10, 3e-4),                # p = 0.45
-    (math.log(9), 10, 1e-3),        # p = 1/2 exactly: not below
-    (2.5, 10, 1e-3), (10.0, 10, 1e-3),
-    (1.0, 2, 1e-3),                 # two classes: p = 0.73 already at ε = 1
-    (None, 10, 1e-3),               # calibrated from a target: unknown here
-    (math.inf, 10, 1e-3),           # no noise
+@pytest.mark.parametrize("epsilon, classes, noisy", [
+    (1.0, 10, True),                # RR keeps the label with p = 0.23
+    (2.0, 10, True),                # p = 0.45
+    (math.log(9), 10, False),       # p = 1/2 exactly: not below
+    (2.5, 10, False), (10.0, 10, False),
+    (1.0, 2, False),                # two classes: p = 0.73 already at ε = 1
+    (None, 10, False),              # calibrated from a target: unknown here
+    (math.inf, 10, False),          # no noise
 ])
-def test_cli_student_lr_is_small_where_most_first_stage_labels_are_noise(epsilon, classes,
-                                                                        expected):
-  assert srr_config.cli_student_lr(epsilon, classes, 1e-3) == pytest.approx(expected)
+def test_the_cli_changes_its_engine_where_most_first_stage_labels_are_noise(epsilon, classes,
+                                                                           noisy):
+  assert srr_config.labels_mostly_noise(epsilon, classes) == noisy
+  expected = srr_config.NOISY_LABELS_CLI_DEFAULTS if noisy else {}
+  assert srr_config.cli_noisy_label_defaults(epsilon, classes) == expected
 
 
-def test_cli_picks_the_student_lr_by_epsilon_unless_given():
+def test_cli_picks_the_engine_by_epsilon_unless_given():
   base = ["--dataset=mnist", "--teacher_dir=t"]
-  lr = lambda argv: srr_cli.parse_config(base + argv)[0].student_lr  # noqa: E731
-  assert lr(["--epsilon=1"]) == srr_config.NOISY_LABELS_STUDENT_LR
-  assert lr(["--epsilon=10"]) == srr.SRRConfig.student_lr
-  assert lr(["--epsilon=1", "--student_lr=0.001"]) == 1e-3  # given at the config's default
-  assert lr(["--epsilon=10", "--student_lr=0.0003"]) == 3e-4
-  assert lr(["--target_epsilon=10"]) == srr.SRRConfig.student_lr
+  parse = lambda argv: srr_cli.parse_config(base + argv)[0]  # noqa: E731
+  noisy = parse(["--epsilon=1"])
+  for name, value in srr_config.NOISY_LABELS_CLI_DEFAULTS.items():
+    assert getattr(noisy, name) == value, name
+  clean = parse(["--epsilon=10"])
+  assert clean.student_lr == srr.SRRConfig.student_lr
+  for name in ("stages", "samples_per_stage", "student_epochs"):
+    assert getattr(clean, name) == srr_config.CLI_DEFAULTS[name], name
+  assert clean.generator_epochs == srr.SRRConfig.generator_epochs
+  # A flag given at the config's or CLI's default still wins over the noisy-label engine.
+  given = parse(["--epsilon=1", "--student_lr=0.001", "--stages=4"])
+  assert (given.student_lr, given.stages, given.samples_per_stage) == (1e-3, 4, 25600)
+  assert parse(["--epsilon=10", "--student_lr=0.0003"]).student_lr == 3e-4
+  target = parse(["--target_epsilon=10"])
+  assert (target.student_lr, target.stages) == (srr.SRRConfig.student_lr, 4)
 
 
 def test_recorded_commands_name_every_flag_the_cli_defaults_changed():
@@ -116,9 +127,15 @@ def test_recorded_commands_name_every_flag_the_cli_defaults_changed():
     needed = {"generator_channels"} if pretrain else set(srr_config.CLI_DEFAULTS)
     assert needed <= given, (path, needed - given)
     config, _ = srr_cli.parse_config(tail[1:] if pretrain else tail, pretrain_only=pretrain)
-    # The learning rate the CLI picks by ε (cli_student_lr, since session 21) is written out
-    # wherever it differs from the config's.
+    # What the CLI picks by ε (cli_noisy_label_defaults, since sessions 21 and 22) is written
+    # out wherever it differs from what the run ran with.
     if not pretrain and config.student_lr != srr.SRRConfig.student_lr:
       assert "student_lr" in given, path
+    if not pretrain:
+      assert set(srr_config.NOISY_LABELS_CLI_DEFAULTS) - {"student_lr", "generator_epochs"} \
+          <= given, path
+      noisy = srr_config.cli_noisy_label_defaults(config.epsilon, config.info.num_classes)
+      if noisy and "generator_epochs" not in given:  # ran before session 22: fine-tuned
+        raise AssertionError(f"{path}: add --generator_epochs=1, which it ran with")
     checked += 1
   assert checked >= 20

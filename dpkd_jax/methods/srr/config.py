@@ -34,26 +34,39 @@ CLI_DEFAULTS = {"generator_channels": 64, "stages": 4, "samples_per_stage": 1280
                 "student_model": "small_cnn"}
 
 
-# `python -m experiments.srr`'s --student_lr when none is given (`cli_student_lr`).
-NOISY_LABELS_STUDENT_LR = 3e-4
+# `python -m experiments.srr`'s engine where most of stage 1's labels are noise
+# (`cli_noisy_label_defaults`): a smaller student rate, twice the stages of twice the queries,
+# each fitted for 5 epochs (the same student steps per stage as CLI_DEFAULTS'), and no
+# generator fine-tuning on the noisy labels.
+NOISY_LABELS_CLI_DEFAULTS = {"student_lr": 3e-4, "stages": 8, "samples_per_stage": 25600,
+                             "student_epochs": 5, "generator_epochs": 0}
 MOSTLY_NOISE = 0.5  # stage 1 keeps fewer teacher labels than this: the labels are mostly noise
 
 
-def cli_student_lr(epsilon: float | None, num_classes: int, config_lr: float) -> float:
-  """The CLI's student learning rate at `epsilon` per query, when --student_lr is not given.
+def labels_mostly_noise(epsilon: float | None, num_classes: int) -> bool:
+  """Whether plain K-ary RR at `epsilon` keeps the true label with probability < 1/2.
 
-  Plain K-ary RR keeps the true label with probability p = e^ε / (e^ε + K − 1). Below p = 1/2
-  (ε < ln(K − 1): ln 9 ≈ 2.2 for 10 classes) most of the first stage's labels are noise, and a
-  small_cnn student at Adam 1e-3 fit that noise: it collapsed to chance on Fashion-MNIST at
-  ε = 1 and trailed 3e-4 on MNIST at ε = 1, while at ε = 10 1e-3 was better on both
-  (docs/RESULTS.md, SRR sessions 20 and 21). So: `NOISY_LABELS_STUDENT_LR` below p = 1/2,
-  else `config_lr` (p = 1 without noise, ε = inf). With ε calibrated from a target (`epsilon`
-  None) the per-query ε is not known here: `config_lr`.
+  p = e^ε / (e^ε + K − 1): below 1/2 (ε < ln(K − 1), ln 9 ≈ 2.2 for 10 classes) most of the
+  first stage's labels (uniform prior: plain K-ary RR) are noise. False for ε = inf and for
+  ε None (calibrated from a target later: the per-query ε is not known here).
   """
   if epsilon is None:
-    return config_lr
-  keep = float(randomized_response.keep_probability(epsilon, num_classes))
-  return NOISY_LABELS_STUDENT_LR if keep < MOSTLY_NOISE else config_lr
+    return False
+  return float(randomized_response.keep_probability(epsilon, num_classes)) < MOSTLY_NOISE
+
+
+def cli_noisy_label_defaults(epsilon: float | None, num_classes: int) -> dict[str, Any]:
+  """The CLI's engine changes at `epsilon` per query (flags the user gives win over them).
+
+  Where the labels are mostly noise (`labels_mostly_noise`): `NOISY_LABELS_CLI_DEFAULTS`. A
+  small_cnn student at Adam 1e-3 fit the noise (it collapsed to chance on Fashion-MNIST at
+  ε = 1 and trailed 3e-4 on MNIST; at ε = 10 1e-3 was better on both), and at ε = 1 8 stages
+  of 25,600 queries beat 4 on both datasets as the student's prior, which selects each later
+  stage's candidate set, keeps improving; fine-tuning the generator on those labels cost CPU
+  and gained nothing over two MNIST seeds (docs/RESULTS.md, SRR sessions 20 to 22). Elsewhere
+  none: CLI_DEFAULTS and the config's.
+  """
+  return dict(NOISY_LABELS_CLI_DEFAULTS) if labels_mostly_noise(epsilon, num_classes) else {}
 
 
 # Fields added after workdirs were first saved: left out of `to_json` at their default.
