@@ -15,8 +15,10 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 from flax import nnx
+from jax.sharding import PartitionSpec as P
 
 from dpkd_jax.models import classifiers, compact, core, fast_batch_norm_pool
+from dpkd_jax.train import sharding
 
 from test_fast_norm import MODEL_TOLERANCE, TOLERANCE, normal
 from test_fast_norm_pool import assert_close
@@ -186,3 +188,24 @@ def test_models_with_batch_norm_fuse_their_stages_in_training(model_class, input
   eval_jaxpr = jax.make_jaxpr(lambda p: core.apply(parts.graphdef, p, parts.batch_stats, x,
                                                    train=False)[0].logits)(parts.params)
   assert "fast_batch_norm_relu_max_pool" not in str(eval_jaxpr)  # running averages: the layers
+
+
+@pytest.mark.parametrize("block", [fused_op, fast_batch_norm_pool.batch_norm_relu_max_pool])
+def test_inside_shard_map_with_replicated_parameters_as_flax(block):
+  # 8 fake devices, 2 examples each, scale and bias replicated (invariant): each device's
+  # batch statistics are its own rows', as for flax's layers without an axis name, and the
+  # parameters' gradients are summed over the devices, as autodiff through flax's does.
+  x, scale, bias = normal((16, 6, 6, 4), 61), normal((4,), 62), normal((4,), 63)
+  cotangent = normal((16, 3, 3, 4), 64)
+
+  def device_grads(op):
+    def run(x, scale, bias, cotangent):
+      y, vjp = jax.vjp(lambda *a: op(*a)[0], x, scale, bias)
+      return y, vjp(cotangent)
+    mesh, rows = sharding.data_mesh(), P(sharding.DATA_AXIS)
+    return jax.jit(jax.shard_map(run, mesh=mesh, in_specs=(rows, P(), P(), rows),
+                                 out_specs=(rows, (rows, P(), P()))))
+
+  actual = device_grads(block)(x, scale, bias, cotangent)
+  expected = device_grads(reference_op)(x, scale, bias, cotangent)
+  assert_close(jax.device_get(actual), jax.device_get(expected))

@@ -92,7 +92,9 @@ _fused.defvjp(_forward, _backward)
 def fast_batch_norm_relu_max_pool(x: jax.Array, scale: jax.Array, bias: jax.Array, *,
                                   epsilon: float) -> tuple[jax.Array, jax.Array, jax.Array]:
   """`batch_norm_relu_max_pool` on a `fast_norm_pool.supported` input, without checks."""
-  return _fused(x, scale, bias, epsilon)
+  # Replicated parameters inside `shard_map` get per-device gradients (`vary_like`).
+  return _fused(x, fast_norm_pool.vary_like(scale, x), fast_norm_pool.vary_like(bias, x),
+                epsilon)
 
 
 def batch_norm_relu_max_pool(x: jax.Array, scale: jax.Array, bias: jax.Array, *,

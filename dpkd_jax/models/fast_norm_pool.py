@@ -205,7 +205,7 @@ def _varying_axes(v: jax.Array) -> frozenset:
   return frozenset(getattr(getattr(jax.typeof(v), "manual_axis_type", None), "varying", ()))
 
 
-def _vary_like(param: jax.Array, x: jax.Array) -> jax.Array:
+def vary_like(param: jax.Array, x: jax.Array) -> jax.Array:
   """`param` made to vary over the mesh axes x varies over, inside `shard_map`.
 
   The backward pass computes the (C,) parameter gradients from x, so they vary as x does; a
@@ -221,7 +221,7 @@ def _vary_like(param: jax.Array, x: jax.Array) -> jax.Array:
 def fast_group_norm_relu_max_pool(x: jax.Array, scale: jax.Array, bias: jax.Array, *,
                                   num_groups: int, epsilon: float) -> jax.Array:
   """`group_norm_relu_max_pool` on a `supported` input, without argument checks."""
-  return _fused(x, _vary_like(scale, x), _vary_like(bias, x), num_groups, epsilon)
+  return _fused(x, vary_like(scale, x), vary_like(bias, x), num_groups, epsilon)
 
 
 def _tapped_forward(x, scale, bias, tap, num_groups, epsilon):
@@ -270,7 +270,7 @@ def tapped_group_norm_relu_max_pool(x: jax.Array, scale: jax.Array, bias: jax.Ar
     `group_norm_relu_max_pool` (same formulas, to float32 rounding); the tap's gradient is
     0 at windows whose selected pre-activation is not > 0 (the ReLU's derivative, NaN too).
   """
-  out, xhat_at = _tapped(x, _vary_like(scale, x), _vary_like(bias, x), _vary_like(tap, x),
+  out, xhat_at = _tapped(x, vary_like(scale, x), vary_like(bias, x), vary_like(tap, x),
                          num_groups, epsilon)
   return out, jax.lax.stop_gradient(xhat_at)
 
