@@ -47,7 +47,7 @@ def chance_reason(results: Mapping[str, Any]) -> str:
     return ("why at chance: --generator_prior=none: the generator sees the teacher only "
             f"through the noisy labels, so its queries stay noise images ({RESULTS_ANCHOR}); "
             f"{labels}; no sound SRR recipe learns yet: try python -m experiments.dfpate")
-  if keep < config_lib.MOSTLY_NOISE:
+  if config_lib.labels_mostly_noise(eps, k):
     more = ("fewer queries (--stages, --samples_per_stage) leave more epsilon to each"
             if target is not None and config.get("epsilon") is None else "a larger --epsilon")
     student = config.get("student_model", "lenet5")
