@@ -44,6 +44,8 @@ _HELP = {
     "seed": "reproducible run (noise then public); default: secret seed from OS entropy",
     "data_dir": "directory of <dataset>.npz (e.g. ../shared/data)",
     "student_replay": "each stage's student epochs also draw from earlier stages' releases",
+    "query_pool": "draw this many times the queries and ask those balanced over the student's"
+                  " classes (1: all drawn)",
 }
 
 

@@ -70,7 +70,7 @@ def cli_noisy_label_defaults(epsilon: float | None, num_classes: int) -> dict[st
 
 
 # Fields added after workdirs were first saved: left out of `to_json` at their default.
-_OMITTED_AT_DEFAULT = ("student_replay",)
+_OMITTED_AT_DEFAULT = ("student_replay", "query_pool")
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -103,6 +103,10 @@ class SRRConfig:
     student_replay: each student epoch of stage t draws its N rows from the releases of all
       stages 0..t (kept in the checkpoint), not from stage t's only: the released labels are
       reused, post-processing (same queries, ε and steps). False (default): the paper's.
+    query_pool: each stage with the student's prior draws this many times N latents and asks the
+      teacher about the N of them that are balanced over the student's predicted classes
+      (`selection`; post-processing of public quantities: same queries per stage, same ε);
+      1 (default): the N drawn, the paper's.
     seed: root seed; None (default) draws a secret one (`privacy.seeds`).
     data_dir: directory of `<dataset>.npz`.
   """
@@ -136,6 +140,7 @@ class SRRConfig:
   student_loss: str = "kl"
   student_shift: int = 0
   student_replay: bool = False
+  query_pool: int = 1
   generator_lr: float = 1e-4
   seed: int | None = None
   data_dir: str | None = None
@@ -156,7 +161,8 @@ class SRRConfig:
     if config_checks.integer("generator_channels", self.generator_channels, minimum=2) % 2:
       raise ValueError(
           f"generator_channels must be an even integer >= 2, got {self.generator_channels}")
-    config_checks.integers(self, "stages", "samples_per_stage", "batch_size", "student_epochs")
+    config_checks.integers(self, "stages", "samples_per_stage", "batch_size", "student_epochs",
+                           "query_pool")
     config_checks.integers(self, "generator_epochs", minimum=0)
     if self.samples_per_stage % self.batch_size:
       raise ValueError(f"samples_per_stage={self.samples_per_stage} must be a multiple of"

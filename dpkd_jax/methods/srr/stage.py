@@ -3,6 +3,8 @@
     z ~ N(0, I)                        (N, latent)     public randomness
     D_t = G(z)                         (N, H, W, C)    synthetic queries (eval-mode generator)
     p_s = softmax(student(D_t))        (N, K)          public prior (a function of past releases)
+      (with `query_pool` P > 1: P N latents, of which the N that `selection` keeps, balanced
+       over the student's classes: public quantities only)
     y = argmax teacher(D_t)            (N,)            PRIVATE: asked once per query
     y~ = SRR(y; p_s, tau, eps)         (N,)            the only release
     student   <- E epochs of KL(one_hot(y~) || softmax(student(D_t)))   reuses y~
@@ -29,6 +31,7 @@ import numpy as np
 
 from dpkd_jax import config_checks
 from dpkd_jax import data
+from dpkd_jax.methods.srr import selection
 from dpkd_jax.models import core
 from dpkd_jax.privacy import randomized_response
 from dpkd_jax.train import sharding
@@ -54,6 +57,9 @@ class StageConfig:
       random weights; with tau <= 1/K every class is then a candidate, plain K-ary RR).
     student_epochs: E, passes of the student over (D_t, y~).
     generator_epochs: E_g, passes of the generator fine-tuning over (z, y~); 0 disables it.
+    query_pool: draw this many times N latents and ask the N that `selection.balanced_subset`
+      keeps (balanced over the student's classes; post-processing); 1: the N drawn. A stage
+      with the uniform prior (an untrained student) draws N.
   """
 
   samples: int
@@ -64,9 +70,11 @@ class StageConfig:
   student_epochs: int
   generator_epochs: int
   uniform_prior: bool = False
+  query_pool: int = 1
 
   def __post_init__(self):
-    config_checks.integers(self, "samples", "batch_size", "latent_dim", "student_epochs")
+    config_checks.integers(self, "samples", "batch_size", "latent_dim", "student_epochs",
+                           "query_pool")
     config_checks.integers(self, "generator_epochs", minimum=0)
     if self.samples % self.batch_size:
       raise ValueError(f"samples_per_stage={self.samples} must be a multiple of"
@@ -78,6 +86,8 @@ class StageConfig:
 
 # Tag of the student's shift stream under the stage's student key (its epochs use 0..E-1).
 _SHIFT_TAG = 2**31 - 1
+# Tag of the query choice under the stage key (whose split(key, 4) gives the other streams).
+_SELECTION_TAG = 2**31 - 2
 
 
 @flax.struct.dataclass
@@ -144,6 +154,7 @@ def _eval_fn(output: Callable[[Any], jax.Array]):
 _generate = _eval_fn(lambda images: images)  # (B, latent) -> (B, H, W, C)
 _probabilities = _eval_fn(lambda out: jax.nn.softmax(out.logits))  # (B, H, W, C) -> (B, K)
 _argmax_labels = _eval_fn(lambda out: jnp.argmax(out.logits, -1).astype(jnp.int32))
+_balanced_subset = jax.jit(selection.balanced_subset, static_argnames="n")
 _selective_rr = jax.jit(randomized_response.selective_randomized_response,
                         static_argnames=("epsilon", "threshold"))
 
@@ -223,9 +234,13 @@ def run_stage(state: SRRState, key: jax.Array, config: StageConfig,
   """
   z_key, rr_key, student_key, generator_key = jax.random.split(key, 4)
   n, b = config.samples, config.batch_size
-  z = jax.random.normal(z_key, (n, config.latent_dim))  # (N, latent)
-  queries = generate_images(state.generator.parts, z, b, mesh)  # (N, H, W, C)
-  prior = _batched(_probabilities, state.student.parts, queries, b, mesh)  # (N, K)
+  pool = 1 if config.uniform_prior else config.query_pool
+  z = jax.random.normal(z_key, (pool * n, config.latent_dim))  # (P N, latent)
+  queries = generate_images(state.generator.parts, z, b, mesh)  # (P N, H, W, C)
+  prior = _batched(_probabilities, state.student.parts, queries, b, mesh)  # (P N, K)
+  if pool > 1:  # keep N of the P N, balanced over the student's classes (public quantities)
+    keep = _balanced_subset(jax.random.fold_in(key, _SELECTION_TAG), prior, n)  # (N,)
+    z, queries, prior = z[keep], queries[keep], prior[keep]
   if config.uniform_prior:
     prior = jnp.full_like(prior, 1.0 / prior.shape[-1])
   release = private_labels(teacher_label_fn, rr_key, queries, prior, epsilon=config.epsilon,

@@ -206,7 +206,7 @@ def stage_config(plan: privacy.SRRPlan, config: config_lib.SRRConfig, *,
       samples=config.samples_per_stage, batch_size=config.batch_size,
       latent_dim=config.latent_dim, epsilon=plan.epsilon_per_query, threshold=config.tau,
       student_epochs=config.student_epochs, generator_epochs=config.generator_epochs,
-      uniform_prior=first and config.first_prior == "uniform")
+      uniform_prior=first and config.first_prior == "uniform", query_pool=config.query_pool)
 
 
 def build_train_step(plan: privacy.SRRPlan, config: config_lib.SRRConfig,
