@@ -12,7 +12,7 @@ with --generator_prior=teacher, whose generator is a noiseless function of the t
 student on every stage's released labels so far (post-processing); `--resume` continues.
 Defaults: the best measured engine (srr/config.py CLI_DEFAULTS: 4 stages of 12,800 queries, 10
 student epochs each, --student_loss=rr_likelihood, --student_model=small_cnn, generator width
-64); where plain RR at --epsilon keeps under half of the labels, --student_lr=3e-4, 8 stages
+64); where plain RR at --epsilon keeps under half of the labels, --student_lr=3e-4, 16 stages
 of 25,600 queries with 5 student epochs each and no generator fine-tuning (srr/config.py
 cli_noisy_label_defaults).
 A flag you give wins.
@@ -44,6 +44,7 @@ _HELP = {
     "seed": "reproducible run (noise then public); default: secret seed from OS entropy",
     "data_dir": "directory of <dataset>.npz (e.g. ../shared/data)",
     "student_replay": "each stage's student epochs also draw from earlier stages' releases",
+    "student_schedule": "cosine: the student's rate decays over all stages; constant: it does not",
     "query_pool": "draw this many times the queries and ask those balanced over the student's"
                   " classes (1: all drawn)",
 }

@@ -247,3 +247,19 @@ def test_student_step_shift_is_keyed_and_deterministic(teacher, loss):
   chex.assert_trees_all_equal(params[0], params[1])  # same key: same shifts
   with pytest.raises(AssertionError):
     chex.assert_trees_all_equal(params[0], params[2])  # another key moves the queries
+
+
+def test_the_student_schedule_is_cosine_over_all_stages_or_constant():
+  base = dict(dataset="digits", teacher_dir="t", epsilon=1.0, student_model="lenet5",
+              generator_channels=8, latent_dim=8, stages=3, samples_per_stage=32, batch_size=16,
+              student_epochs=2)
+  student, generator = srr.init_models(srr.SRRConfig(**base), jax.random.key(0))
+  cosine = srr.init_state(srr.SRRConfig(**base), student, generator, stages=3)
+  assert cosine.student.tx is step_lib.adam(1e-3, 3 * 2 * 2)  # decays to 0 at the last step
+  constant_config = srr.SRRConfig(**base, student_schedule="constant")
+  constant = srr.init_state(constant_config, student, generator, stages=3)
+  assert constant.student.tx is step_lib.adam(1e-3, None)
+  assert "student_schedule" not in srr.SRRConfig(**base).to_json()  # older workdirs resume
+  assert srr.SRRConfig.from_json(constant_config.to_json()).student_schedule == "constant"
+  with pytest.raises(ValueError, match="student_schedule"):
+    srr.SRRConfig(**base, student_schedule="linear")

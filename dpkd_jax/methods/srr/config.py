@@ -22,6 +22,7 @@ from dpkd_jax.privacy import randomized_response
 FIRST_PRIORS = ("uniform", "student")
 GENERATOR_PRIORS = ("teacher", "none")
 STUDENT_LOSSES = ("kl", "rr_likelihood")
+STUDENT_SCHEDULES = ("cosine", "constant")
 # The defaults of `python -m experiments.srr`: the best measured engine (docs/RESULTS.md#srr-
 # with-a-better-engine-issue-22-item-4-session-12 and #srr-replaying-earlier-stages-and-a-
 # larger-student-issue-22-item-4-session-20; MNIST and Fashion-MNIST at ε = 10 and 1 per
@@ -35,10 +36,10 @@ CLI_DEFAULTS = {"generator_channels": 64, "stages": 4, "samples_per_stage": 1280
 
 
 # `python -m experiments.srr`'s engine where most of stage 1's labels are noise
-# (`cli_noisy_label_defaults`): a smaller student rate, twice the stages of twice the queries,
-# each fitted for 5 epochs (the same student steps per stage as CLI_DEFAULTS'), and no
-# generator fine-tuning on the noisy labels.
-NOISY_LABELS_CLI_DEFAULTS = {"student_lr": 3e-4, "stages": 8, "samples_per_stage": 25600,
+# (`cli_noisy_label_defaults`): a smaller student rate, four times the stages of twice the
+# queries, each fitted for 5 epochs (the same student steps per stage as CLI_DEFAULTS'), and
+# no generator fine-tuning on the noisy labels.
+NOISY_LABELS_CLI_DEFAULTS = {"student_lr": 3e-4, "stages": 16, "samples_per_stage": 25600,
                              "student_epochs": 5, "generator_epochs": 0}
 MOSTLY_NOISE = 0.5  # stage 1 keeps fewer teacher labels than this: the labels are mostly noise
 
@@ -61,16 +62,16 @@ def cli_noisy_label_defaults(epsilon: float | None, num_classes: int) -> dict[st
   Where the labels are mostly noise (`labels_mostly_noise`): `NOISY_LABELS_CLI_DEFAULTS`. A
   small_cnn student at Adam 1e-3 fit the noise (it collapsed to chance on Fashion-MNIST at
   ε = 1 and trailed 3e-4 on MNIST; at ε = 10 1e-3 was better on both), and at ε = 1 8 stages
-  of 25,600 queries beat 4 on both datasets as the student's prior, which selects each later
-  stage's candidate set, keeps improving; fine-tuning the generator on those labels cost CPU
-  and gained nothing over two MNIST seeds (docs/RESULTS.md, SRR sessions 20 to 22). Elsewhere
-  none: CLI_DEFAULTS and the config's.
+  of 25,600 queries beat 4 and 16 beat 8 on both datasets as the student's prior, which
+  selects each later stage's candidate set, keeps improving; fine-tuning the generator on
+  those labels cost CPU and gained nothing over two MNIST seeds (docs/RESULTS.md, SRR sessions
+  20 to 23). Elsewhere none: CLI_DEFAULTS and the config's.
   """
   return dict(NOISY_LABELS_CLI_DEFAULTS) if labels_mostly_noise(epsilon, num_classes) else {}
 
 
 # Fields added after workdirs were first saved: left out of `to_json` at their default.
-_OMITTED_AT_DEFAULT = ("student_replay", "query_pool")
+_OMITTED_AT_DEFAULT = ("student_replay", "query_pool", "student_schedule")
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -96,7 +97,9 @@ class SRRConfig:
       pretraining again.
     stages, samples_per_stage, batch_size: S, N and B.
     student_epochs, generator_epochs: passes over each stage's labels (0: no fine-tuning).
-    student_lr, generator_lr: Adam (student cosine-decayed over all its steps).
+    student_lr, generator_lr: Adam (the student's on `student_schedule`).
+    student_schedule: "cosine" (default: decayed over all the student's steps, every stage's)
+      or "constant" (later stages' labels are learnt at the same rate as the first's).
     student_loss: "kl" (paper: KL to the one-hot released label) or "rr_likelihood" (-log of
       the released label's probability through the known SRR channel; `step`).
     student_shift: the student sees its queries moved by up to this many pixels (0: none).
@@ -137,6 +140,7 @@ class SRRConfig:
   student_epochs: int = 10
   generator_epochs: int = 1
   student_lr: float = 1e-3
+  student_schedule: str = "cosine"
   student_loss: str = "kl"
   student_shift: int = 0
   student_replay: bool = False
@@ -153,6 +157,7 @@ class SRRConfig:
     config_checks.one_of("first_prior", self.first_prior, FIRST_PRIORS)
     config_checks.one_of("generator_prior", self.generator_prior, GENERATOR_PRIORS)
     config_checks.one_of("student_loss", self.student_loss, STUDENT_LOSSES)
+    config_checks.one_of("student_schedule", self.student_schedule, STUDENT_SCHEDULES)
     config_checks.integers(self, "student_shift", minimum=0)
     if not isinstance(self.student_replay, bool):
       raise ValueError(f"student_replay must be True or False, got {self.student_replay!r}")

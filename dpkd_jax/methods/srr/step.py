@@ -55,7 +55,8 @@ def init_models(config: config_lib.SRRConfig,
 
 def init_state(config: config_lib.SRRConfig, student: core.ModelParts,
                generator: core.ModelParts, *, stages: int) -> stage_lib.SRRState:
-  """Student and generator train states; the student's schedule spans all `stages`. With
+  """Student and generator train states; the student's cosine schedule spans all `stages`
+  (`config.student_schedule`; "constant": none). With
   `student_replay`, room for every stage's release (`stage.Released`, zeros until written)."""
   student_steps = stages * config.student_epochs * (config.samples_per_stage // config.batch_size)
   released = None
@@ -63,7 +64,8 @@ def init_state(config: config_lib.SRRConfig, student: core.ModelParts,
     released = stage_lib.Released.empty(stages * config.samples_per_stage,
                                         config.info.image_shape, config.info.num_classes)
   return stage_lib.SRRState(
-      TrainState.create(student, adam(config.student_lr, max(student_steps, 1))),
+      TrainState.create(student, adam(config.student_lr, max(student_steps, 1)
+                                      if config.student_schedule == "cosine" else None)),
       TrainState.create(generator, adam(config.generator_lr)), released)
 
 
