@@ -41,6 +41,9 @@ ALLOWED: dict[tuple[str, str, str], str] = {
     ("methods/srr/step.py", "build_pretrain_step.step", "normal"): _LATENT,
     ("methods/srr/stage.py", "run_stage", "normal"): (
         _LATENT + "; the teacher's labels of the images it makes go through SRR in privacy/"),
+    ("methods/srr/selection.py", "balanced_subset", "permutation"): (
+        "which of the drawn latents a stage asks about: random orders chosen from the student's "
+        "predictions (earlier releases), independently of the teacher and its data"),
     # --- procedural query images (data-free PATE's public queries)
     ("data/procedural.py", "_stroke_points", "uniform"): _PROCEDURAL,
     ("data/procedural.py", "_stroke_points", "bernoulli"): _PROCEDURAL,
