@@ -1,6 +1,6 @@
 """The small digits teacher shared by the DPDFD and SRR tests, and a small stacked ensemble
 (`ensemble_dir`) shared by the teacher-ensemble, DF-PATE and DPDFD tests (registered in
-conftest.py).
+conftest.py); `CountingTeacher`, the SRR tests' teacher label function that counts its calls.
 
 Session-scoped: trained once per test process; every user only reads them (copies one when a
 test needs a second directory)."""
@@ -14,6 +14,18 @@ import pytest
 from dpkd_jax import teacher as teacher_lib
 from dpkd_jax import teacher_ensemble
 from dpkd_jax.train import checkpoint
+
+
+class CountingTeacher:
+  """Wraps a teacher label function and counts its calls and labelled rows."""
+
+  def __init__(self, label_fn):
+    self.label_fn, self.calls, self.rows = label_fn, 0, []
+
+  def __call__(self, queries):
+    self.calls += 1
+    self.rows.append(int(queries.shape[0]))
+    return self.label_fn(queries)
 
 
 @pytest.fixture(scope="session")

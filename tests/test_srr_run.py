@@ -23,19 +23,7 @@ from dpkd_jax.train import outputs
 from dpkd_jax.train import records
 from experiments import srr as srr_cli
 from resume_fixtures import interrupted_at
-from teacher_fixtures import retrain_in_place
-
-
-class CountingTeacher:
-  """Wraps a teacher label function and counts its calls and labelled rows."""
-
-  def __init__(self, label_fn):
-    self.label_fn, self.calls, self.rows = label_fn, 0, []
-
-  def __call__(self, queries):
-    self.calls += 1
-    self.rows.append(int(queries.shape[0]))
-    return self.label_fn(queries)
+from teacher_fixtures import CountingTeacher, retrain_in_place
 
 
 def _config(teacher_dir, **kw):

@@ -1,6 +1,6 @@
 """Balanced query choice: distinct indices, n / K per class when the pool allows, every row of a
-rare class, a pool of n rows kept whole; and a stage with a pool still asks the teacher once
-about N queries."""
+rare class, a pool of n rows kept whole (that a stage with a pool still asks the teacher once
+about N queries: test_srr_step's stage-loop test)."""
 
 import jax
 import jax.numpy as jnp
@@ -9,7 +9,6 @@ import pytest
 
 from dpkd_jax.methods import srr
 from dpkd_jax.methods.srr import selection
-from dpkd_jax.train import sharding
 
 
 def _one_hot_pool(classes, k=10):
@@ -46,33 +45,6 @@ def test_a_pool_of_n_rows_is_kept_whole_and_the_key_decides_the_order():
 def test_more_rows_than_the_pool_is_refused():
   with pytest.raises(ValueError, match="pool of 8"):
     selection.balanced_subset(jax.random.key(0), jnp.ones((8, 10)) / 10, 9)
-
-
-class _CountingTeacher:
-  def __init__(self):
-    self.rows = []
-
-  def __call__(self, queries):
-    self.rows.append(int(queries.shape[0]))
-    return jnp.arange(queries.shape[0], dtype=jnp.int32) % 10
-
-
-def test_a_stage_with_a_pool_asks_the_teacher_about_n_queries_once():
-  config = srr.SRRConfig(
-      dataset="digits", teacher_dir="unused", epsilon=1.0, student_model="lenet5",
-      generator_channels=8, latent_dim=8, pretrain_steps=2, pretrain_batch_size=16, stages=2,
-      samples_per_stage=32, batch_size=16, student_epochs=1, generator_epochs=0,
-      generator_prior="none", query_pool=3)
-  mesh = sharding.data_mesh()
-  student, generator = srr.init_models(config, jax.random.key(0))
-  state = sharding.replicate(srr.init_state(config, student, generator, stages=2), mesh)
-  teacher = _CountingTeacher()
-  train_step = srr.build_train_step(srr.make_plan(config), config, teacher, mesh=mesh)
-  for stage in range(2):
-    result = train_step(state, jax.random.key(stage), stage)
-    state = result.state
-    assert result.noisy_labels.shape == (32,)
-  assert teacher.rows == [32, 32]
 
 
 def test_the_pool_flag_is_left_out_of_saved_configs_at_its_default():

@@ -10,17 +10,7 @@ import pytest
 
 from dpkd_jax.methods.srr import stage
 
-
-class CountingTeacher:
-  """Wraps a teacher label function and counts its calls and labelled rows."""
-
-  def __init__(self, label_fn):
-    self.label_fn, self.calls, self.rows = label_fn, 0, []
-
-  def __call__(self, queries):
-    self.calls += 1
-    self.rows.append(int(queries.shape[0]))
-    return self.label_fn(queries)
+from teacher_fixtures import CountingTeacher
 
 
 @pytest.mark.parametrize("epsilon", [0.5, 2.0])

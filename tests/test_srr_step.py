@@ -19,19 +19,9 @@ from dpkd_jax.privacy import randomized_response
 from dpkd_jax.train import sharding
 from dpkd_jax.train.state import TrainState
 
+from teacher_fixtures import CountingTeacher
+
 _SHAPE = (28, 28, 1)
-
-
-class CountingTeacher:
-  """Wraps a teacher label function and counts its calls and labelled rows."""
-
-  def __init__(self, label_fn):
-    self.label_fn, self.calls, self.rows = label_fn, 0, []
-
-  def __call__(self, queries):
-    self.calls += 1
-    self.rows.append(int(queries.shape[0]))
-    return self.label_fn(queries)
 
 
 @pytest.fixture(scope="module")
@@ -79,14 +69,18 @@ def test_finetune_step_fits_the_labels_without_touching_the_student(teacher, gen
   chex.assert_trees_all_equal(student.params, frozen)
 
 
-@pytest.mark.parametrize("student_loss,student_shift", [("kl", 0), ("rr_likelihood", 2)])
-def test_stage_loop_asks_each_query_once_and_reuses_the_labels(student_loss, student_shift):
-  # The e2e run's sizes and schedules, so that the compiled steps are shared with it.
+@pytest.mark.parametrize("student_loss,student_shift,query_pool",
+                         [("kl", 0, 1), ("rr_likelihood", 2, 1), ("rr_likelihood", 0, 3)])
+def test_stage_loop_asks_each_query_once_and_reuses_the_labels(student_loss, student_shift,
+                                                               query_pool):
+  # The e2e run's sizes and schedules, so that the compiled steps are shared with it. With a
+  # query pool (`srr.selection`) stage 2 draws 3 N latents and still asks about N of them.
   config = srr.SRRConfig(
       dataset="digits", teacher_dir="unused", epsilon=1.0, student_model="lenet5",
       generator_channels=8, latent_dim=8, pretrain_steps=2, pretrain_batch_size=16, stages=2,
       samples_per_stage=32, batch_size=16, student_epochs=2, generator_epochs=2,
-      generator_prior="none", student_loss=student_loss, student_shift=student_shift)
+      generator_prior="none", student_loss=student_loss, student_shift=student_shift,
+      query_pool=query_pool)
   mesh = sharding.data_mesh()
   student, generator = srr.init_models(config, jax.random.key(0))
   state = sharding.replicate(srr.init_state(config, student, generator, stages=2), mesh)
