@@ -3,7 +3,8 @@
 
 Private = the training split; public = `--num_public` test images (`--split_seed`), the
 rest of the test split evaluates the student. `--mode=local` gives ε per record (local DP).
-`--representation=simclr` trains a small SimCLR encoder on the public images first.
+`--representation=simclr` trains a small SimCLR encoder on the public images first;
+`--representation=spectral` clusters the public images' ScatterNet neighbour graph.
 Without `--seed` the noise seed is secret (OS entropy).
 """
 
@@ -35,6 +36,27 @@ _HELP = {
 _STUDENT_NAMES = {"model": "student_model", "norm": "student_norm"}
 
 
+# Representation flags -> the config field each sets (one kind each).
+_REPRESENTATION_FLAGS = {"pca_components": "num_components", "simclr_steps": "steps",
+                         "spectral_components": "components",
+                         "graph_neighbours": "graph_neighbours",
+                         "extension_neighbours": "extension_neighbours"}
+
+
+def _representation_overrides(args: argparse.Namespace, config) -> dict[str, int]:
+  """The given representation flags as config fields; a flag of another kind exits 2."""
+  fields = {f.name for f in dataclasses.fields(config)}
+  overrides = {}
+  for flag, field in _REPRESENTATION_FLAGS.items():
+    value = getattr(args, flag)
+    if value is None:
+      continue
+    if field not in fields:
+      _cli.fail(f"--{flag} does not apply to --representation={args.representation}")
+    overrides[field] = value
+  return overrides
+
+
 def parse_config(argv: list[str]) -> tuple[rknn.RKNNConfig, argparse.Namespace]:
   """Flags -> validated config (bad values exit 2 with the config's one-line message)."""
   p = _cli.Parser(prog="python -m experiments.rknn", description=__doc__,
@@ -43,6 +65,10 @@ def parse_config(argv: list[str]) -> tuple[rknn.RKNNConfig, argparse.Namespace]:
                           skip={"representation_config", "student"})
   p.add_argument("--pca_components", type=int, default=None, help="PCA dimension")
   p.add_argument("--simclr_steps", type=int, default=None, help="SimCLR training steps")
+  p.add_argument("--spectral_components", type=int, default=None, help="spectral: eigenvectors")
+  p.add_argument("--graph_neighbours", type=int, default=None, help="spectral: graph degree")
+  p.add_argument("--extension_neighbours", type=int, default=None,
+                 help="spectral: public neighbours averaged to embed any image")
   _flags.add_config_flags(p, rknn.StudentConfig, names=_STUDENT_NAMES)
   p.add_argument("--workdir", default=None,
                  help="default runs/rknn/<dataset>_<rep>_<mode>_s<s>_k<k>_eps<ε>[_T<rounds>]")
@@ -52,10 +78,8 @@ def parse_config(argv: list[str]) -> tuple[rknn.RKNNConfig, argparse.Namespace]:
     representation_config = representations.default_config(args.representation)
   except ValueError as e:
     _cli.fail(f"--representation: {e}")
-  overrides = {"num_components": args.pca_components, "steps": args.simclr_steps}
-  overrides = {name: value for name, value in overrides.items() if value is not None
-               and name in {f.name for f in dataclasses.fields(representation_config)}}
-  representation_config = _cli.build(dataclasses.replace, representation_config, **overrides)
+  representation_config = _cli.build(dataclasses.replace, representation_config,
+                                     **_representation_overrides(args, representation_config))
   student = _flags.build_config(rknn.StudentConfig, args, names=_STUDENT_NAMES)
   config = _flags.build_config(rknn.RKNNConfig, args, student=student,
                                representation_config=representation_config)

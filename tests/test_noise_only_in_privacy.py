@@ -66,6 +66,8 @@ ALLOWED: dict[tuple[str, str, str], str] = {
         "the sampling rate q is part of the analysed event (`dpsgd_event`'s PoissonSampled)"),
     ("data/pipeline.py", "<module>", "permutation"): (
         "epoch shuffles of a training set (`epoch_batches`): data-independent orders"),
+    ("representations/spectral.py", "fit", "randint"): (
+        "the eigen-solver's seed for the PUBLIC images' graph (no data involved)"),
     ("representations/simclr.py", "_make_train_step.train_step", "choice"): (
         "SimCLR batch indices over PUBLIC images (module docstring: public images only)"),
     ("teacher_ensemble/ensemble.py", "train_ensemble", "permutation"): (

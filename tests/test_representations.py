@@ -147,3 +147,41 @@ def test_scatternet_embeds_unit_vectors_without_fitting_anything(digits):
                              rtol=1e-4, atol=1e-6)
   with pytest.raises(ValueError, match="log_scale"):
     scatternet.ScatterNetEmbeddingConfig(log_scale=0.0)
+
+
+def test_spectral_embeds_each_image_from_itself_and_the_public_set(digits):
+  from dpkd_jax.representations import spectral
+  public, other = digits
+  config = spectral.SpectralConfig(components=6, graph_neighbours=8, extension_neighbours=4)
+  rep = representations.fit("spectral", public, jax.random.key(0), config)
+  assert rep.kind == "spectral" and rep.dim == 6 and rep.description["num_fit_images"] == 120
+  emb = rep.embed(other)
+  chex.assert_shape(emb, (len(other), 6))
+  np.testing.assert_allclose(np.linalg.norm(emb, axis=1), 1.0, rtol=1e-5)
+  # The out-of-sample rule, by hand: the mean of the 4 nearest public images' coordinates.
+  scatter = representations.fit("scatternet", public, jax.random.key(0))
+  distances = ((scatter.embed(other)[:, None] - scatter.embed(public)[None]) ** 2).sum(-1)
+  nearest = np.argsort(distances, axis=1)[:, :4]
+  expected = np.asarray(rep.params["coordinates"])[nearest].mean(1)
+  expected /= np.linalg.norm(expected, axis=1, keepdims=True)
+  np.testing.assert_allclose(emb, expected, atol=1e-5)
+  # Privacy: a row depends on its own image only (not on the other rows or the batch), so one
+  # replaced private record moves one vote.
+  np.testing.assert_allclose(rep.embed(other[:7]), rep.embed(other, batch_size=32)[:7],
+                             atol=1e-6)
+  changed = other.copy()
+  changed[3:] = 255 - changed[3:]
+  np.testing.assert_allclose(rep.embed(changed)[:3], emb[:3], atol=1e-6)
+  # The eigenmap is fitted on the public images: different public images, different map.
+  moved = representations.fit("spectral", other, jax.random.key(0), config)
+  assert not np.allclose(np.abs(moved.embed(public)), np.abs(rep.embed(public)), atol=1e-3)
+
+
+def test_spectral_rejects_bad_settings(digits):
+  from dpkd_jax.representations import spectral
+  public, _ = digits
+  with pytest.raises(ValueError, match="components"):
+    spectral.SpectralConfig(components=0)
+  with pytest.raises(ValueError, match="too few"):
+    representations.fit("spectral", public[:5], jax.random.key(0),
+                        spectral.SpectralConfig(components=6))

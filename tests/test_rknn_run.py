@@ -145,13 +145,23 @@ def test_cli_bad_flags_exit_with_message(argv, match, capsys):
   assert match in capsys.readouterr().err
 
 
-def test_cli_representation_overrides():
-  config, args = rknn_cli.parse_config(["--representation=simclr", "--simclr_steps=7",
-                                        "--pca_components=3"])
-  assert config.representation_config.steps == 7  # pca flag ignored for simclr
+def test_cli_representation_overrides(capsys):
+  config, args = rknn_cli.parse_config(["--representation=simclr", "--simclr_steps=7"])
+  assert config.representation_config.steps == 7
   assert args.workdir == os.path.join("runs", "rknn", "digits_simclr_central_s40_k1_eps0.1")
   config, _ = rknn_cli.parse_config(["--pca_components=12"])
   assert dataclasses.asdict(config)["representation_config"]["num_components"] == 12
+  config, _ = rknn_cli.parse_config(["--representation=spectral", "--spectral_components=8",
+                                     "--graph_neighbours=6", "--extension_neighbours=3"])
+  spectral = config.representation_config
+  assert (spectral.components, spectral.graph_neighbours, spectral.extension_neighbours) == (
+      8, 6, 3)
+  # A flag of another representation would do nothing: one line, exit 2.
+  with pytest.raises(SystemExit) as exit_info:
+    rknn_cli.parse_config(["--representation=simclr", "--pca_components=3"])
+  assert exit_info.value.code == 2
+  assert "--pca_components does not apply to --representation=simclr" in (
+      capsys.readouterr().err)
 
 
 def test_self_training_relabels_the_public_set_without_a_release(tmp_path):

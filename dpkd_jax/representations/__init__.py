@@ -7,6 +7,8 @@ any (N, H, W, C) uint8 images to (N, d) float32 embeddings. Kinds (explicit regi
 * "simclr": a small SimCLR encoder trained on the public images (`simclr.SimCLRConfig`).
 * "scatternet": log-scaled ScatterNet features (`scatternet.ScatterNetEmbeddingConfig`); a
   fixed transform that reads no data at all.
+* "spectral": a Laplacian eigenmap of the public images' ScatterNet neighbour graph, extended
+  to any image by its nearest public neighbours (`spectral.SpectralConfig`).
 
 Only public images are passed to `fit`, so the representation, and anything computed from it
 and public data alone (e.g. the reverse k-NN queries), is public.
@@ -23,6 +25,7 @@ import numpy as np
 from dpkd_jax.representations import pca
 from dpkd_jax.representations import scatternet
 from dpkd_jax.representations import simclr
+from dpkd_jax.representations import spectral
 from dpkd_jax.representations.base import Representation
 
 
@@ -37,6 +40,7 @@ REPRESENTATIONS: dict[str, RepresentationKind] = {
     "pca": RepresentationKind(pca.PCAConfig, pca.fit),
     "simclr": RepresentationKind(simclr.SimCLRConfig, simclr.fit),
     "scatternet": RepresentationKind(scatternet.ScatterNetEmbeddingConfig, scatternet.fit),
+    "spectral": RepresentationKind(spectral.SpectralConfig, spectral.fit),
 }
 
 
@@ -74,4 +78,4 @@ def fit(kind: str, public_images: np.ndarray, key: jax.Array,
 
 
 __all__ = ["REPRESENTATIONS", "Representation", "RepresentationKind", "default_config", "fit",
-           "pca", "scatternet", "simclr"]
+           "pca", "scatternet", "simclr", "spectral"]
