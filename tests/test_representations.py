@@ -92,7 +92,7 @@ def test_registry_rejects_unknown_kind_and_mismatched_config(digits):
     representations.fit("hog", public, jax.random.key(0))
   with pytest.raises(ValueError, match="needs a SimCLRConfig"):
     representations.fit("simclr", public, jax.random.key(0), pca.PCAConfig())
-  assert set(representations.REPRESENTATIONS) == {"pca", "simclr", "scatternet"}
+  assert set(representations.REPRESENTATIONS) == {"pca", "simclr", "scatternet", "spectral"}
   assert isinstance(representations.default_config("pca"), pca.PCAConfig)
 
 

@@ -13,6 +13,7 @@ import numpy as np
 import pytest
 
 from dpkd_jax import data
+from dpkd_jax import representations
 from dpkd_jax.methods import rknn
 from dpkd_jax.methods.rknn import run as rknn_run
 from dpkd_jax.methods.rknn import votes
@@ -49,7 +50,14 @@ class _StopAfterQueries(Exception):
   pass
 
 
-def test_representation_and_queries_do_not_depend_on_private_data(monkeypatch):
+_SMALL_SPECTRAL = representations.spectral.SpectralConfig(components=6, graph_neighbours=8,
+                                                          extension_neighbours=4)
+
+
+@pytest.mark.parametrize("representation,representation_config",
+                         [("pca", None), ("spectral", _SMALL_SPECTRAL)])
+def test_representation_and_queries_do_not_depend_on_private_data(
+    monkeypatch, representation, representation_config):
   """The representation is fitted on public images only: altering every private record leaves
   the fitted representation and the k-means queries unchanged (the run is stopped there)."""
   fitted, queries = [], []
@@ -75,7 +83,9 @@ def test_representation_and_queries_do_not_depend_on_private_data(monkeypatch):
       return dataset
     monkeypatch.setattr(rknn_run.data, "load", load)
     with pytest.raises(_StopAfterQueries):
-      rknn.train_rknn(_config(), f"/nonexistent/{flip_private}", progress=False)
+      rknn.train_rknn(_config(representation=representation,
+                              representation_config=representation_config),
+                      f"/nonexistent/{flip_private}", progress=False)
   test = real_load("digits", "test")
   public, _ = rknn.public_evaluation_split(len(test), len(test) // 2, seed=0)
   np.testing.assert_array_equal(fitted[0], test.images[public])  # only public images

@@ -67,7 +67,8 @@ class RKNNConfig:
 
   Attributes:
     dataset: a name in `data.DATASETS` (train split = private, test split = public + eval).
-    representation: a key of `representations.REPRESENTATIONS` ("pca", "simclr").
+    representation: a key of `representations.REPRESENTATIONS` ("pca", "simclr", "scatternet",
+      "spectral").
     representation_config: that kind's config (None: its defaults).
     num_queries: s >= 2, k-means clusters (queries) per round.
     k: nearest queries each private record votes for, 1 <= k <= s.
