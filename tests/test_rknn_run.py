@@ -188,3 +188,15 @@ def test_self_training_relabels_the_public_set_without_a_release(tmp_path):
   assert checkpoint.latest_step(os.path.join(workdir, "checkpoints")) == 3
   plain = rknn.train_rknn(_config(), str(tmp_path / "plain"), progress=False)
   assert plain["per_round"][0]["student_accuracy"] == labelling["student_accuracy"]
+
+
+def test_cli_too_few_public_images_for_the_representation(tmp_path, capsys):
+  """The representation's size check is a user error: one line, exit 2, no workdir left."""
+  workdir = tmp_path / "run"
+  with pytest.raises(SystemExit) as exit_info:
+    rknn_cli.main(["--representation=spectral", "--num_public=15", "--num_queries=10",
+                   f"--workdir={workdir}", "--no_progress"])
+  assert exit_info.value.code == 2
+  err = capsys.readouterr().err
+  assert "15 public images are too few" in err and "Traceback" not in err
+  assert not workdir.exists()

@@ -16,6 +16,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from dpkd_jax import config_checks
+from dpkd_jax import errors
 from dpkd_jax.representations import base
 
 # Added to the whitening std so a (near-)constant direction does not blow up.
@@ -80,8 +81,8 @@ def fit(public_images: np.ndarray, key: jax.Array | None = None,
   x = _flatten(jnp.asarray(public_images))  # (n, D)
   max_components = min(x.shape)
   if config.num_components > max_components:
-    raise ValueError(f"num_components={config.num_components} exceeds min(n, pixels) = "
-                     f"{max_components}")
+    raise errors.UserError(f"num_components={config.num_components} exceeds min(n, pixels) = "
+                           f"{max_components} (n = public images)")
   mean = jnp.mean(x, axis=0)  # (D,)
   _, singular_values, right_vectors = jnp.linalg.svd(x - mean, full_matrices=False)
   components = right_vectors[:config.num_components]  # (d, D), rows = principal axes

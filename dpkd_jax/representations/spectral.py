@@ -32,6 +32,7 @@ import numpy as np
 from sklearn import manifold
 
 from dpkd_jax import config_checks
+from dpkd_jax import errors
 from dpkd_jax.representations import base
 from dpkd_jax.representations import scatternet
 
@@ -91,9 +92,9 @@ def fit(public_images: np.ndarray, key: jax.Array,
   config = SpectralConfig() if config is None else config
   n = len(public_images)
   if n <= max(config.components, config.graph_neighbours) or n < config.extension_neighbours:
-    raise ValueError(f"{n} public images are too few for components={config.components}, "
-                     f"graph_neighbours={config.graph_neighbours}, extension_neighbours="
-                     f"{config.extension_neighbours}")
+    raise errors.UserError(f"{n} public images are too few for components={config.components}, "
+                           f"graph_neighbours={config.graph_neighbours}, "
+                           f"extension_neighbours={config.extension_neighbours}")
   scatter = scatternet.fit(public_images, config=config.base)
   public_base = scatter.embed(public_images)  # (n, D)
   seed = int(jax.random.randint(key, (), 0, np.iinfo(np.int32).max))
