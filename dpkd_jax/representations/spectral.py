@@ -29,7 +29,6 @@ import functools
 import jax
 import jax.numpy as jnp
 import numpy as np
-from sklearn import manifold
 
 from dpkd_jax import config_checks
 from dpkd_jax import errors
@@ -98,6 +97,8 @@ def fit(public_images: np.ndarray, key: jax.Array,
   scatter = scatternet.fit(public_images, config=config.base)
   public_base = scatter.embed(public_images)  # (n, D)
   seed = int(jax.random.randint(key, (), 0, np.iinfo(np.int32).max))
+  # Deferred: scikit-learn's manifold module is slow to import and only this kind needs it.
+  from sklearn import manifold  # pylint: disable=g-import-not-at-top
   coordinates = manifold.SpectralEmbedding(
       n_components=config.components, affinity="nearest_neighbors",
       n_neighbors=config.graph_neighbours, random_state=seed).fit_transform(public_base)
