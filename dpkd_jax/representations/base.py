@@ -12,11 +12,17 @@ import dataclasses
 from typing import Any
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 
 PyTree = Any
 # (params, images (B, H, W, C) uint8) -> (B, d) float32; jitted by the kind that builds it.
 EmbedFn = Callable[[PyTree, jax.Array], jax.Array]
+
+
+def unit_rows(x: jax.Array) -> jax.Array:
+  """(..., d) rows scaled to unit L2 norm (an all-zero row stays zero)."""
+  return x / jnp.maximum(jnp.linalg.norm(x, axis=-1, keepdims=True), 1e-12)
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)

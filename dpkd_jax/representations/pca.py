@@ -56,8 +56,7 @@ def _embed(params: dict[str, jax.Array], images: jax.Array, *,
   projected = jnp.matmul(_flatten(images) - params["mean"], params["components"].T,
                          precision=jax.lax.Precision.HIGHEST) / params["scale"]  # (B, d)
   if l2_normalize:
-    projected = projected / jnp.maximum(jnp.linalg.norm(projected, axis=-1, keepdims=True),
-                                        1e-12)
+    projected = base.unit_rows(projected)
   return projected
 
 

@@ -140,7 +140,7 @@ def _embed(params: dict, images: jax.Array, *, config: ScatterNetConfig,
   del params  # nothing fitted
   features = transform(images.astype(jnp.float32) / 255.0, config)  # (B, h, w, C K)
   flat = jnp.log1p(log_scale * jnp.abs(features)).reshape(images.shape[0], -1)
-  return flat / jnp.maximum(jnp.linalg.norm(flat, axis=-1, keepdims=True), 1e-12)
+  return base.unit_rows(flat)
 
 
 def fit(public_images: np.ndarray, key: jax.Array | None = None,

@@ -114,7 +114,7 @@ def nt_xent_loss(projections_a: jax.Array, projections_b: jax.Array,
   """
   batch = projections_a.shape[0]
   z = jnp.concatenate([projections_a, projections_b]).astype(jnp.float32)  # (2B, p)
-  z = z / jnp.maximum(jnp.linalg.norm(z, axis=-1, keepdims=True), 1e-12)
+  z = base.unit_rows(z)
   logits = z @ z.T / temperature  # (2B, 2B) cosine similarities / tau
   logits = jnp.where(jnp.eye(2 * batch, dtype=bool), -jnp.inf, logits)  # no self-pairs
   partners = jnp.concatenate([jnp.arange(batch) + batch, jnp.arange(batch)])  # (2B,)
@@ -161,7 +161,7 @@ def _make_train_step(graphdef: nnx.GraphDef, config: SimCLRConfig):
 def _embed(graphdef: nnx.GraphDef, params: PyTree, images: jax.Array) -> jax.Array:
   """(B, H, W, C) uint8 -> (B, d) L2-normalised encoder outputs."""
   features = nnx.merge(graphdef, params).encode(images.astype(jnp.float32) / 255.0)
-  return features / jnp.maximum(jnp.linalg.norm(features, axis=-1, keepdims=True), 1e-12)
+  return base.unit_rows(features)
 
 
 def fit(public_images: np.ndarray, key: jax.Array, config: SimCLRConfig | None = None, *,

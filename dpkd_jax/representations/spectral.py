@@ -60,17 +60,13 @@ class SpectralConfig:
     config_checks.integer("extension_neighbours", self.extension_neighbours, minimum=1)
 
 
-def _normalise_rows(x):
-  return x / jnp.maximum(jnp.linalg.norm(x, axis=-1, keepdims=True), 1e-12)
-
-
 def _embed(params: dict, images: jax.Array, *, base_embed, neighbours: int) -> jax.Array:
   """(B, H, W, C) uint8 -> (B, d): each row from its own image and the public set only."""
   z = base_embed(params["base"], images)  # (B, D) unit rows
   public = params["public_base"]  # (n, D) unit rows
   # Unit rows: the nearest in Euclidean distance are those of largest inner product.
   _, nearest = jax.lax.top_k(z @ public.T, neighbours)  # (B, m)
-  return _normalise_rows(jnp.mean(params["coordinates"][nearest], axis=1))  # (B, d)
+  return base.unit_rows(jnp.mean(params["coordinates"][nearest], axis=1))  # (B, d)
 
 
 def fit(public_images: np.ndarray, key: jax.Array,
@@ -103,7 +99,7 @@ def fit(public_images: np.ndarray, key: jax.Array,
       n_components=config.components, affinity="nearest_neighbors",
       n_neighbors=config.graph_neighbours, random_state=seed).fit_transform(public_base)
   params = {"base": scatter.params, "public_base": jnp.asarray(public_base),
-            "coordinates": _normalise_rows(jnp.asarray(coordinates, jnp.float32))}
+            "coordinates": base.unit_rows(jnp.asarray(coordinates, jnp.float32))}
   embed = jax.jit(functools.partial(_embed, base_embed=scatter.embed_fn,
                                     neighbours=config.extension_neighbours))
   return base.Representation(
