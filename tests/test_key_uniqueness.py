@@ -232,8 +232,9 @@ def test_rona(recorder, teacher_run, tmp_path):
   config = rona.RONAConfig(
       noise_multiplier=1.0, dataset="digits", teacher_dir=teacher_run[0], bound_mode="fixed",
       hint_l2_bound=1.0, distill_l2_bound=1.0, student_model="lenet5_half", hint_epochs=1,
-      rounds=1, self_learning_epochs=1, distillation_epochs=1, num_query_samples=32,
-      batch_size=32, self_learning_batch_size=64, public_fraction=0.1)
+      rounds=1, self_learning_epochs=2, distillation_epochs=1, num_query_samples=32,
+      batch_size=32, self_learning_batch_size=64, public_fraction=0.2,
+      self_learning_augment=True)  # the shifts have their own stream
   with recorder.collect() as uses:
     rona.train_rona(config, str(tmp_path), progress=False, latency_seconds=0.0)
   _assert_distinct(uses, minimum=4)

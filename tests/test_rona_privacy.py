@@ -72,12 +72,47 @@ def test_plan_fields_and_its_results_names():
   assert plan.sanitize_config("distill").l2_bound == 0.5
   assert plan.results_fields() == {
       "num_queries": 4, "queries_per_epoch": 2, "noise_multiplier": 2.0,
-      "planned_epsilon": plan.sound_epsilon, "paper_epsilon_per_query": plan.paper_epsilon,
+      "planned_epsilon": plan.sound_epsilon, "accounting": "sound",
+      "paper_epsilon_composed": plan.paper_epsilon,
+      "paper_epsilon_per_query": plan.paper_epsilon_per_query,
       "paper_epsilon_warning": plan.paper_epsilon_warning,
       "budget_epsilon": plan.sound_epsilon}
   assert plan.to_json()["plan"] == "RONAPlan" and plan.to_json()["releases"] == 4
   with pytest.raises(ValueError, match="needs noise_multiplier=0"):
     dataclasses.replace(plan, bound_mode="none", hint_l2_bound=None, distill_l2_bound=None)
+
+
+def test_paper_figures_beside_the_sound_one():
+  # Theorem 2 reconstruction: rho = T / (2 sigma^2) at sensitivity B; per query the classic
+  # Gaussian bound. T = 4 queries at sigma = 2.
+  plan = rona.make_plan(_config())
+  rho = 4 / (2 * 2.0**2)
+  assert plan.paper_epsilon == pytest.approx(rho + 2 * math.sqrt(rho * math.log(1e5)))
+  assert plan.paper_epsilon_per_query == pytest.approx(math.sqrt(2 * math.log(1.25e5)) / 2.0)
+  # Sensitivity 2B, not B: the sound figure of the same noise is larger.
+  assert plan.sound_epsilon > plan.paper_epsilon
+
+
+def test_paper_accounting_calibrates_sigma_by_theorem_2_and_keeps_the_sound_epsilon():
+  config = _config(noise_multiplier=None, target_epsilon=5.0, num_query_samples=640,
+                   accounting="paper")
+  with pytest.warns(UserWarning, match="NOT a valid guarantee"):
+    plan = rona.make_plan(config)
+  sound = rona.make_plan(dataclasses.replace(config, accounting="sound"))
+  assert plan.accounting == "paper" and plan.paper_epsilon == pytest.approx(5.0, rel=1e-9)
+  # Half the sound sigma or so (sensitivity B instead of 2B); the ledger keeps the sound figure
+  # of the noise executed, above the target, and never less than what it will spend.
+  assert plan.noise_multiplier < sound.noise_multiplier
+  assert plan.sound_epsilon == pytest.approx(accounting.epsilon(accounting.rona_event(
+      noise_multiplier=plan.noise_multiplier, num_queries=40), delta=1e-5))
+  assert plan.sound_epsilon > 5.0 and plan.budget_epsilon == plan.sound_epsilon
+
+
+def test_paper_accounting_needs_a_target():
+  with pytest.raises(ValueError, match="accounting='paper' chooses sigma"):
+    _config(accounting="paper")
+  with pytest.raises(ValueError, match="accounting"):
+    _config(noise_multiplier=None, target_epsilon=1.0, accounting="papers")
 
 
 class _Tiny(nnx.Module):

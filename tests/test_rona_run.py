@@ -80,7 +80,9 @@ def test_teacher_accuracy_is_a_private_diagnostic_and_the_record_validates(full_
   assert 0 <= private["teacher_test_accuracy"] <= 1 and private["files"] == ["teacher"]
   record = records.read_record(os.path.join(workdir, "record.json"))
   assert record["method"] == "rona" and record["sound_epsilon"] == results["epsilon"]
-  assert record["paper_epsilon"] == results["paper_epsilon_per_query"]
+  assert record["paper_epsilon"] == results["paper_epsilon_composed"]
+  assert record["paper_epsilon_per_query"] == results["paper_epsilon_per_query"]
+  assert record["accounting"] == "sound" and "Theorem 2" in record["paper_epsilon_scope"]
   assert record["neighbouring"] == "replace-one" and record["warnings"] == []
 
 
@@ -123,6 +125,25 @@ def test_interrupted_run_resumes_to_the_same_end(full_run, tmp_path):
   assert final["test_loss"] == pytest.approx(results["test_loss"], abs=1e-7)
   assert final["epsilon"] == pytest.approx(results["epsilon"], rel=1e-9)
   assert final["final_l2_bounds"] == pytest.approx(results["final_l2_bounds"], rel=1e-6)
+
+
+def test_cosine_and_shifted_self_learning_resume_to_the_same_end(full_run, tmp_path):
+  # Each stage's Adam decays over its own steps in the run; the shifts come from their own key
+  # stream, so a resumed run replays them exactly.
+  workdir, _ = full_run
+  config = _config(teacher_dir=os.path.join(workdir, "teacher"),
+                   aux_teacher_dir=os.path.join(workdir, "aux_teacher"),
+                   learning_rate_schedule="cosine", self_learning_augment=True,
+                   self_learning_epochs=2)
+  whole = rona.train_rona(config, str(tmp_path / "whole"), progress=False, latency_seconds=0.0)
+  rona.train_rona(config, str(tmp_path / "parts"), stop_after_units=2, progress=False,
+                  latency_seconds=0.0)
+  parts = rona.train_rona(config, str(tmp_path / "parts"), resume=True, progress=False,
+                          latency_seconds=0.0)
+  assert parts["test_loss"] == pytest.approx(whole["test_loss"], abs=1e-7)
+  assert rona.phase_steps(config, 577) == {"hint": 2, "self": 2 * (577 // 64), "distill": 2}
+  optimizers = rona.phase_optimizers(config, 577)
+  assert optimizers["hint"] is not optimizers["self"]  # one cosine per stage length
 
 
 def test_aux_teacher_of_another_split_is_refused(full_run, tmp_path):

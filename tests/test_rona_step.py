@@ -199,3 +199,13 @@ def test_self_learning_step_is_cross_entropy_on_public_labels(setup):
   np.testing.assert_allclose(metrics["loss"], loss, rtol=1e-5)
 
 
+
+
+def test_augmented_self_learning_step_is_the_same_step_on_shifted_images(setup):
+  images, _ = setup["batch"]
+  labels, key = setup["labels"], jax.random.key(5)
+  state, _ = step.make_self_learning_step(INFO, MESH, True)(_state(setup), images, labels, key)
+  shifted = data.augment(key, jnp.asarray(images), pad=2, flip=False, pad_mode="constant")
+  assert not np.array_equal(np.asarray(shifted), np.asarray(images))
+  expected, _ = step.make_self_learning_step(INFO, MESH)(_state(setup), shifted, labels)
+  chex.assert_trees_all_close(state.params, expected.params, atol=1e-6)

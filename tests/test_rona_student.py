@@ -35,3 +35,18 @@ def test_deployed_student_excludes_the_adapter():
   out, _ = core.apply(parts.graphdef, parts.params, parts.batch_stats,
                       jnp.zeros((2, 28, 28, 1)), train=False)
   assert out.hint.shape == (2, 7, 7, 16)
+
+
+def test_optimizer_cosine_decays_to_zero_over_its_steps_and_is_cached():
+  assert student.optimizer(1e-2) is student.optimizer(1e-2)  # jit compares tx by identity
+  tx = student.optimizer(1e-2, "cosine", 4)
+  params = {"w": jnp.zeros(())}
+  state, sizes = tx.init(params), []
+  for _ in range(5):
+    updates, state = tx.update({"w": jnp.ones(())}, state, params)
+    sizes.append(float(-updates["w"]))
+  # Adam's first steps move by ~lr * schedule(t): cosine 1, 0.85, 0.5, 0.15, then 0.
+  assert sizes[0] == pytest.approx(1e-2, rel=1e-3)
+  assert sizes[2] == pytest.approx(0.5e-2, rel=1e-3) and sizes[4] == 0.0
+  with pytest.raises(ValueError, match="schedule"):
+    student.optimizer(1e-2, "linear", 4)

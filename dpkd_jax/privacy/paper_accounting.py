@@ -60,8 +60,7 @@ def paper_dpdfd_epsilon(*, noise_multiplier: float, l2_norm_bound: float,
   _warn("paper_dpdfd_epsilon is a reconstruction of DPDFD's Theorem 3 and is "
         "not a valid guarantee for the implemented mechanism (sensitivity "
         "2C·sqrt(B), noise std σC); use accounting.epsilon(dpdfd_event(...)).")
-  rho = steps * bound**2 / (2.0 * sigma**2)
-  return rho + 2.0 * math.sqrt(rho * math.log(1.0 / delta))
+  return gaussian_rdp_epsilon(steps * bound**2 / (2.0 * sigma**2), delta)
 
 
 def paper_srr_label_epsilon(epsilon_per_query: float) -> float:
@@ -114,3 +113,57 @@ def paper_rona_epsilon(*, noise_multiplier: float, delta: float) -> float:
   _warn("paper_rona_epsilon: per-query classic Gaussian bound with sensitivity "
         f"B (ours is 2B){premise}; use accounting.rona_event for a guarantee.")
   return eps
+
+
+def gaussian_rdp_epsilon(rho: float, delta: float) -> float:
+  """ε = ρ + 2·sqrt(ρ·log(1/δ)): the RDP -> (ε, δ) bound (Mironov 2017) of a composition of
+  Gaussian mechanisms with total zCDP-style parameter ρ = Σ sensitivity² / (2·std²)."""
+  return rho + 2.0 * math.sqrt(rho * math.log(1.0 / delta))
+
+
+def gaussian_rdp_rho(target_epsilon: float, delta: float) -> float:
+  """The ρ at which `gaussian_rdp_epsilon(ρ, δ)` equals `target_epsilon`:
+  sqrt(ρ) = sqrt(log(1/δ) + ε) − sqrt(log(1/δ))."""
+  log_inv_delta = math.log(1.0 / delta)
+  return (math.sqrt(log_inv_delta + target_epsilon) - math.sqrt(log_inv_delta)) ** 2
+
+
+def paper_rona_composed_epsilon(*, noise_multiplier: float, num_queries: int,
+                                delta: float) -> float:
+  """RONA (Wang et al., AAAI 2019) Theorem 2, the ε of all T queries — RECONSTRUCTION.
+
+  The paper composes its T = (Th + R·Td)·|x_q|/S batch queries with the moments accountant
+  (Abadi et al. 2016) and states only the shape of the result (σ = c2·sqrt(T·log(1/δ))/ε for
+  ε < c1·T; the constants and the proof are omitted). This reconstructs it with the
+  moments-accountant (RDP) bound of T unsampled Gaussian queries at the paper's sensitivity
+  B and noise std σ·B (no subsampling: every query reads the whole teacher):
+
+      ε = ρ + 2·sqrt(ρ·log(1/δ)),   ρ = T / (2σ²).
+
+  When it is NOT a guarantee (always, for our mechanism): the teacher is not private, so
+  under replace-one the whole bounded batch may change (sensitivity 2B, i.e. ρ four times
+  larger). The sound figure is `accounting.epsilon(accounting.rona_event(...))`.
+
+  Args:
+    noise_multiplier: σ (noise std σ·B, > 0).
+    num_queries: T (>= 0).
+    delta: δ in (0, 1).
+
+  Returns:
+    The reconstructed paper ε of the T queries.
+  """
+  sigma = validation.check_float("noise_multiplier", noise_multiplier, positive=True)
+  num_queries = validation.check_int("num_queries", num_queries, minimum=0)
+  delta = validation.check_delta(delta)
+  _warn("paper_rona_composed_epsilon is a reconstruction of RONA's Theorem 2 (sensitivity "
+        "B; ours is 2B) and is not a valid guarantee; use accounting.rona_event.")
+  return gaussian_rdp_epsilon(num_queries / (2.0 * sigma**2), delta)
+
+
+def paper_rona_noise_multiplier(*, target_epsilon: float, num_queries: int,
+                                delta: float) -> float:
+  """σ at which `paper_rona_composed_epsilon` of `num_queries` queries is `target_epsilon`."""
+  target_epsilon = validation.check_float("target_epsilon", target_epsilon, positive=True)
+  num_queries = validation.check_int("num_queries", num_queries, minimum=1)
+  delta = validation.check_delta(delta)
+  return math.sqrt(num_queries / (2.0 * gaussian_rdp_rho(target_epsilon, delta)))

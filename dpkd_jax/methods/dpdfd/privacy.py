@@ -108,10 +108,9 @@ def paper_epsilon(*, noise_multiplier: float, l2_norm_bound: float, steps: int,
 
 
 def paper_rho(target_epsilon: float, delta: float) -> float:
-  """ρ = T·C²/(2σ²) of the paper formula at `target_epsilon`:
-  ε = ρ + 2·sqrt(ρ·log(1/δ))  <=>  sqrt(ρ) = sqrt(log(1/δ) + ε) - sqrt(log(1/δ))."""
-  log_inv_delta = math.log(1.0 / delta)
-  return (math.sqrt(log_inv_delta + target_epsilon) - math.sqrt(log_inv_delta)) ** 2
+  """ρ = T·C²/(2σ²) of the paper formula at `target_epsilon`
+  (`paper_accounting.gaussian_rdp_rho`)."""
+  return paper_accounting.gaussian_rdp_rho(target_epsilon, delta)
 
 
 def _resolve(config: config_lib.DPDFDConfig, *, num_teachers: int,

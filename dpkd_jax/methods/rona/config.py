@@ -15,6 +15,9 @@ from dpkd_jax.methods.rona import query_selection
 from dpkd_jax.methods.rona import sanitize
 from dpkd_jax.methods.rona import student
 from dpkd_jax.privacy import accounting
+from dpkd_jax.privacy import plan as plan_lib
+
+SCHEDULES = ("constant", "cosine")
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -25,6 +28,9 @@ class RONAConfig:
     noise_multiplier: σ (noise std σB), or None to calibrate it for `target_epsilon`; 0 is a
       non-private compression run (ε = ∞).
     target_epsilon, delta: the budget (ε, δ); δ of every reported ε.
+    accounting: "sound" (dp_accounting calibrates σ for `target_epsilon`) or "paper" (the
+      paper's Theorem 2 reconstruction does, `paper_accounting.paper_rona_composed_epsilon`;
+      needs `target_epsilon`; the sound ε of the same run is reported and kept by the ledger).
     bound_mode: "adaptive" (auxiliary teacher's running mean norm), "fixed" (give
       `hint_l2_bound` and `distill_l2_bound`) or "none" (raw knowledge, σ = 0 only).
     dataset, public_fraction, split_seed: data and the seeded public/sensitive split.
@@ -35,7 +41,11 @@ class RONAConfig:
     hint_epochs Th, rounds R, self_learning_epochs Ts, distillation_epochs Td,
       num_query_samples |x_q|, batch_size S (query batch), self_learning_batch_size,
       temperature τ, query_selection (a name in `query_selection.SELECTORS`), learning_rate
-      (Adam, one optimizer through all stages).
+      (Adam; each stage keeps its own moments).
+    learning_rate_schedule: "constant", or "cosine": each stage's rate decays to 0 by a cosine
+      over that stage's steps in the whole run (hint, self learning, distillation each).
+    self_learning_augment: random shifts (pad 2 black pixels, crop) of the public images in
+      self learning (public data only: no privacy cost; never of the queries).
     seed: root of student init, batch order, selection and noise; None draws a secret one.
     data_dir, download: as for `data.load`.
   """
@@ -43,6 +53,7 @@ class RONAConfig:
   noise_multiplier: float | None = None
   target_epsilon: float | None = None
   delta: float = 1e-5
+  accounting: str = "sound"
   bound_mode: str = "adaptive"
   hint_l2_bound: float | None = None
   distill_l2_bound: float | None = None
@@ -67,6 +78,8 @@ class RONAConfig:
   temperature: float = 4.0
   query_selection: str = "k_center"
   learning_rate: float = 1e-3
+  learning_rate_schedule: str = "constant"
+  self_learning_augment: bool = False
   seed: int | None = None
   data_dir: str | None = None
   download: bool = False
@@ -81,6 +94,14 @@ class RONAConfig:
     if self.noise_multiplier is not None:
       checks.non_negative(self, "noise_multiplier")
     checks.fraction("delta", self.delta)
+    checks.one_of("accounting", self.accounting, plan_lib.ACCOUNTINGS)
+    if self.accounting == "paper" and self.target_epsilon is None:
+      raise ValueError("accounting='paper' chooses sigma for target_epsilon: give "
+                       "target_epsilon, not noise_multiplier")
+    checks.one_of("learning_rate_schedule", self.learning_rate_schedule, SCHEDULES)
+    if not isinstance(self.self_learning_augment, bool):
+      raise ValueError(f"self_learning_augment must be a bool, got "
+                       f"{self.self_learning_augment!r}")
     self._check_bounds()
     for name, known in (("dataset", data.DATASETS), ("teacher_model", models.CLASSIFIERS),
                         ("student_model", student.STUDENTS), ("student_norm", models.NORMS),

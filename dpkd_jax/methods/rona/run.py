@@ -6,13 +6,17 @@ state, steps and ledger, train, results); each unit of the schedule is one of
   hint / distill   a private epoch (`_private_epoch`): charge its queries to the ledger, then
                    release the sanitized teacher knowledge batch by batch and learn from it;
                    re-estimate the BatchNorm statistics on uniform public batches after;
-  self             a self-learning epoch on the public labels (no teacher, no privacy cost);
+  self             a self-learning epoch on the public labels (no teacher, no privacy cost;
+                   optionally of randomly shifted public images);
   select           the query selection of the round (reads only the student: post-processing);
 
 and is followed by a seal of the state, the evaluation and a checkpoint (config, plan, ledger
 and root seed as metadata). Key streams: the root key's fold_in(0) initialises the student,
-fold_in(1) orders the public samples, fold_in(2) draws the noise and fold_in(3) seeds the
-selection, each then folded with the unit and the batch: no key is reused.
+fold_in(1) orders the public samples, fold_in(2) draws the noise, fold_in(3) seeds the
+selection and fold_in(4) the self-learning shifts, each then folded with the unit and the
+batch: no key is reused. Each training stage (hint, self, distill) has its own Adam
+(`phase_optimizers`: its own moments and, with the cosine schedule, its own decay over its
+steps in the run).
 """
 
 from __future__ import annotations
@@ -66,6 +70,22 @@ def schedule(config: RONAConfig) -> list[tuple[str, int, int]]:
   return units
 
 
+def phase_steps(config: RONAConfig, num_public: int) -> dict[str, int]:
+  """Optimizer updates of each training stage over the whole run."""
+  queries_per_epoch = -(-config.num_query_samples // config.batch_size)
+  return {"hint": config.hint_epochs * queries_per_epoch,
+          "self": config.rounds * config.self_learning_epochs * (
+              num_public // config.self_learning_batch_size),
+          "distill": config.rounds * config.distillation_epochs * queries_per_epoch}
+
+
+def phase_optimizers(config: RONAConfig, num_public: int) -> dict[str, Any]:
+  """Each training stage's Adam (`student.optimizer`; the cosine decays over its own steps)."""
+  return {phase: student.optimizer(config.learning_rate, config.learning_rate_schedule,
+                                   steps)
+          for phase, steps in phase_steps(config, num_public).items()}
+
+
 def public_split_card(config: RONAConfig, num_public: int) -> dict[str, Any]:
   """What an auxiliary teacher's card must record to prove it saw only this public split."""
   return {"dataset": config.dataset, "public_fraction": config.public_fraction,
@@ -115,7 +135,8 @@ class _Context(NamedTuple):
   self_step: Callable
   batch_stats_step: Callable
   frozen: tuple[step_lib.FrozenModel, step_lib.FrozenModel | None]  # teacher, aux (replicated)
-  keys: dict[str, jax.Array]  # named streams: "order", "noise", "select"
+  optimizers: dict[str, Any]  # per training phase: its Adam (`phase_optimizers`)
+  keys: dict[str, jax.Array]  # named streams: "order", "noise", "select", "augment"
 
 
 def _data(config: RONAConfig) -> tuple[int, data.ArrayDataset, data.ArrayDataset]:
@@ -130,7 +151,8 @@ def _data(config: RONAConfig) -> tuple[int, data.ArrayDataset, data.ArrayDataset
 
 
 def _initial_carry(config: RONAConfig, run: workdir_lib.Run, teacher: teacher_lib.Teacher,
-                   root_seed: seeds.ResolvedSeed, mesh: Mesh) -> tuple[_Carry, Any]:
+                   root_seed: seeds.ResolvedSeed, mesh: Mesh,
+                   optimizers: dict[str, Any]) -> tuple[_Carry, Any]:
   """(the fresh student, bounds and per-phase Adam moments, or the checkpoint's, replicated
   on `mesh`; the bare student's graphdef)."""
   root_key = seeds.root_key(root_seed)
@@ -142,9 +164,12 @@ def _initial_carry(config: RONAConfig, run: workdir_lib.Run, teacher: teacher_li
   # Each stage keeps its own Adam moments: the second moments of a noisy stage are orders of
   # magnitude above those of self learning and would otherwise freeze its updates for
   # ~1/(1 - b2) = 1000 steps.
+  opt_states = {phase: optimizers[phase].init(state.params) for phase in _TRAINING_PHASES}
+  # Between units the state holds the self-learning optimizer, so that a checkpoint's tree does
+  # not depend on which stage ran last (the stages' optimizers differ under the cosine).
+  state = state.replace(tx=optimizers["self"], opt_state=opt_states["self"])
   carry = _Carry(state, {kind: sanitize.BoundState.zeros() for kind in step_lib.KINDS},
-                 {phase: state.tx.init(state.params) for phase in _TRAINING_PHASES},
-                 np.zeros((config.num_query_samples,), np.int32), root_key)
+                 opt_states, np.zeros((config.num_query_samples,), np.int32), root_key)
   if run.resuming:
     arrays, meta = run.restore(carry.arrays())
     carry = _Carry(state.with_arrays(arrays["state"]),
@@ -169,7 +194,8 @@ def _steps(config: RONAConfig, plan: rona_plan.RONAPlan, teacher: teacher_lib.Te
       aux_graphdef=None if aux is None else aux.parts.graphdef, mesh=mesh)
       for kind in step_lib.KINDS}
   return dict(private_steps=private_steps, frozen=frozen,
-              self_step=step_lib.make_self_learning_step(config.info, mesh),
+              self_step=step_lib.make_self_learning_step(config.info, mesh,
+                                                         config.self_learning_augment),
               batch_stats_step=step_lib.make_batch_stats_step(config.info, mesh))
 
 
@@ -212,13 +238,15 @@ def train_rona(config: RONAConfig, workdir: str, *, resume: bool = False,
   # 3. Teachers (the auxiliary one saw the public split only) and the student's state
   teacher, aux = teachers_lib.teachers(config, public_split_card(config, len(public)), public,
                                        workdir, progress=progress, mesh=mesh)
-  carry, student_graphdef = _initial_carry(config, run, teacher, root_seed, mesh)
+  optimizers = phase_optimizers(config, len(public))
+  carry, student_graphdef = _initial_carry(config, run, teacher, root_seed, mesh, optimizers)
   # 4. Ledger and steps (private ones from the plan)
   ledger = run.ledger(plan.new_ledger())
-  keys = dict(zip(("order", "noise", "select"),
-                  (jax.random.fold_in(carry.root_key, i) for i in (1, 2, 3))))
+  keys = dict(zip(("order", "noise", "select", "augment"),
+                  (jax.random.fold_in(carry.root_key, i) for i in (1, 2, 3, 4))))
   ctx = _Context(config=config, plan=plan, run=run, ledger=ledger, public=public, test=test,
                  mesh=mesh, student_graphdef=student_graphdef, keys=keys,
+                 optimizers=optimizers,
                  **_steps(config, plan, teacher, aux, mesh))
   # 5. Train: charge -> release -> seal -> save, one unit of the schedule at a time
   carry, test_metrics = _train_units(ctx, carry, root_seed, workdir=workdir,
@@ -263,23 +291,27 @@ def _run_unit(ctx: _Context, carry: _Carry, phase: str, round_index: int,
   """One unit of the schedule; returns the carry after it and its last step's metrics."""
   unit_order = jax.random.fold_in(ctx.keys["order"], carry.unit)
   if phase in _TRAINING_PHASES:
-    carry = carry._replace(state=carry.state.replace(opt_state=carry.opt_states[phase]))
+    carry = carry._replace(state=carry.state.replace(opt_state=carry.opt_states[phase],
+                                                     tx=ctx.optimizers[phase]))
   step_metrics = None
   if phase == "select":
     carry = carry._replace(selected=_select_queries(ctx, carry))
   elif phase == "self":
-    state = carry.state
-    for indices in data.epoch_batches(unit_order, len(ctx.public),
-                                      ctx.config.self_learning_batch_size):
+    state, unit_augment = carry.state, jax.random.fold_in(ctx.keys["augment"], carry.unit)
+    for b, indices in enumerate(data.epoch_batches(unit_order, len(ctx.public),
+                                                   ctx.config.self_learning_batch_size)):
       batch = sharding.shard_batch((ctx.public.images[indices], ctx.public.labels[indices]),
                                    ctx.mesh)
-      state, step_metrics = ctx.self_step(state, *batch)
+      key = sharding.replicate(jax.random.fold_in(unit_augment, b), ctx.mesh)
+      state, step_metrics = ctx.self_step(state, *batch, key)
     carry = carry._replace(state=state)
   else:
     carry, step_metrics = _private_epoch(ctx, carry, phase, f"{phase} round {round_index} "
                                          f"epoch {epoch}", unit_order)
   if phase in _TRAINING_PHASES:
-    carry = carry._replace(opt_states={**carry.opt_states, phase: carry.state.opt_state})
+    opt_states = {**carry.opt_states, phase: carry.state.opt_state}
+    carry = carry._replace(opt_states=opt_states, state=carry.state.replace(
+        opt_state=opt_states["self"], tx=ctx.optimizers["self"]))
   return carry._replace(unit=carry.unit + 1), step_metrics
 
 
@@ -382,5 +414,8 @@ def _finish(ctx: _Context, carry: _Carry, test_metrics: dict[str, float] | None,
   return outputs.finish_run(
       workdir, results, run=ctx.run, clock=clock, dataset=config.dataset,
       test_accuracy=test_metrics["accuracy"], sound_epsilon=epsilon, delta=config.delta,
-      paper_epsilon=plan.paper_epsilon, target_epsilon=config.target_epsilon,
-      extra={"paper_epsilon_scope": "per query (classic Gaussian bound, sensitivity B)"})
+      accounting=plan.accounting, paper_epsilon=plan.paper_epsilon,
+      target_epsilon=config.target_epsilon,
+      extra={"paper_epsilon_scope": "all T queries (Theorem 2 reconstruction: moments "
+                                    "accountant at sensitivity B)",
+             "paper_epsilon_per_query": plan.paper_epsilon_per_query})

@@ -20,7 +20,7 @@ eval mode with `stop_gradient`; metrics report only the loss, B and the noise st
 plan (`RONAPlan.sanitize_config`), the only source of both.
 
 The self-learning step is plain cross-entropy on public labels (`train.supervised`, the
-teacher's step) and never touches a teacher.
+teacher's step), optionally on randomly shifted public images, and never touches a teacher.
 """
 
 from __future__ import annotations
@@ -137,13 +137,19 @@ def _private_step(kind: str, config: sanitize.SanitizeConfig, *, temperature: fl
   return step
 
 
-def build_self_learning_step(info: data.DatasetInfo) -> Callable:
-  """The pure `step(state, images_uint8, labels) -> (state, metrics)`: CE on public labels.
+def build_self_learning_step(info: data.DatasetInfo, augment: bool = False) -> Callable:
+  """The pure `step(state, images_uint8, labels, key=None) -> (state, metrics)`: CE on public
+  labels; with `augment`, of the images shifted at random (pad 2 black pixels, crop back:
+  `data.augment` on uint8 pixels, one draw per image from `key`, which it then needs).
 
   No teacher is involved, so it has no privacy cost. Metrics: loss, accuracy.
   """
 
-  def step(state: TrainState, images_uint8: jax.Array, labels: jax.Array):
+  def step(state: TrainState, images_uint8: jax.Array, labels: jax.Array,
+           key: jax.Array | None = None):
+    if augment:
+      images_uint8 = data.augment(key, images_uint8, pad=2, flip=info.flip_invariant,
+                                  pad_mode="constant")
     return supervised.cross_entropy_step(state, data.normalize(images_uint8, info), labels)
 
   return step
@@ -200,8 +206,9 @@ def _jitted_private_step(kind: str, config: sanitize.SanitizeConfig, *, temperat
 
 
 @functools.cache
-def make_self_learning_step(info: data.DatasetInfo, mesh: Mesh) -> Callable:
+def make_self_learning_step(info: data.DatasetInfo, mesh: Mesh, augment: bool = False
+                            ) -> Callable:
   """`build_self_learning_step` jitted, state donated, outputs replicated on `mesh`."""
   replicated = sharding.replicated(mesh)
-  return jax.jit(build_self_learning_step(info), donate_argnums=0,
+  return jax.jit(build_self_learning_step(info, augment), donate_argnums=0,
                  out_shardings=(replicated, replicated))

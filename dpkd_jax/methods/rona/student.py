@@ -4,7 +4,7 @@ The adaptation layer (`HintAdapter`) maps the student's hint to the teacher's hi
 1×1 convolution when both are (B, h, w, c) maps of equal spatial size, else a dense layer on
 the flattened hint. It is trained with the student (`HintedStudent`, whose params split as
 {"student": ..., "adapter": ...}) but is not part of the deployed model (`student_parts`).
-`init_state` builds the train state (one Adam for all stages; `run.py` keeps one set of
+`init_state` builds the train state (Adam; `run.py` gives each stage its own `optimizer` and
 moments per stage).
 """
 
@@ -82,10 +82,18 @@ def create_hinted_student(student: nnx.Module, *, input_shape: Sequence[int],
 
 
 @functools.cache
-def _adam(learning_rate: float) -> optax.GradientTransformation:
-  # One object per rate: TrainState's static `tx` is compared by identity under jit, so runs
-  # in one process (resume, sweeps, tests) reuse the compiled steps instead of recompiling.
-  return optax.adam(learning_rate)
+def optimizer(learning_rate: float, schedule: str = "constant",
+              total_steps: int = 0) -> optax.GradientTransformation:
+  """Adam at a constant rate, or decayed to 0 by a cosine over `total_steps` of its updates.
+
+  One object per arguments: TrainState's static `tx` is compared by identity under jit, so runs
+  in one process (resume, sweeps, tests) reuse the compiled steps instead of recompiling.
+  """
+  if schedule == "constant":
+    return optax.adam(learning_rate)
+  if schedule == "cosine":
+    return optax.adam(optax.cosine_decay_schedule(learning_rate, max(total_steps, 1)))
+  raise ValueError(f"schedule must be 'constant' or 'cosine', got {schedule!r}")
 
 
 def init_state(name: str, *, info: data.DatasetInfo, norm: str, learning_rate: float,
@@ -112,7 +120,7 @@ def init_state(name: str, *, info: data.DatasetInfo, norm: str, learning_rate: f
   hinted = create_hinted_student(student, input_shape=info.image_shape,
                                  teacher_hint_shape=teacher_hint_shape,
                                  rngs=nnx.Rngs(adapter_key))
-  return TrainState.create(core.split(hinted), _adam(learning_rate)), student_graphdef
+  return TrainState.create(core.split(hinted), optimizer(learning_rate)), student_graphdef
 
 
 def student_parts(state: TrainState, student_graphdef: nnx.GraphDef) -> core.ModelParts:
