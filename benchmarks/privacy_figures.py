@@ -97,6 +97,10 @@ def rona() -> None:
                  delta=DELTA)
   print(f"paper per-query eps (classic bound, sensitivity B): {paper:.3f}")
   for queries in (1, 100):
+    composed = _paper(paper_accounting.paper_rona_composed_epsilon, noise_multiplier=6.0,
+                      num_queries=queries, delta=DELTA)
+    print(f"paper Theorem 2 eps, {queries} queries (reconstruction, sensitivity B): "
+          f"{composed:.3f}")
     event = accounting.rona_event(noise_multiplier=6.0, num_queries=queries)
     print(f"sound eps, {queries} queries (sensitivity 2B, PLD): "
           f"{accounting.epsilon(event, delta=DELTA):.3f}")

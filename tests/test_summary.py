@@ -87,3 +87,15 @@ def test_conversion_lines_paper_accounting_files_and_chance(tmp_path):
                                     "accounting_used_for_budget": "sound"},
                                    workdir=workdir, num_classes=10, chance_reason="x")
   assert "x" not in sound and not any("paper-formula" in line for line in sound)
+
+
+def test_rona_summary_shows_the_paper_theorem_2_figure_beside_the_sound_one():
+  results = {"method": "rona", "student_model": "compact_5k", "config": {"dataset": "mnist"},
+             "test_accuracy": 0.9879, "epsilon": 15.22, "delta": 1e-5,
+             "noise_multiplier": 5.989, "num_queries": 70, "num_queries_executed": 70,
+             "paper_epsilon_composed": 7.68, "paper_epsilon_per_query": 0.809}
+  lines = summary.summary_lines(results, workdir="w")
+  assert "test accuracy 0.9879 at sound ε=15.22" in lines[0]
+  assert lines[1] == "  paper (NOT a guarantee): Theorem 2 ε 7.68 over the queries, 0.809 per query"
+  del results["paper_epsilon_composed"]  # results written before session 25
+  assert "; paper per-query ε 0.809 (NOT a guarantee)" in summary.summary_lines(results)[0]
