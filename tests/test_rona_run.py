@@ -20,6 +20,7 @@ import os
 import pytest
 
 from dpkd_jax.methods import rona
+from dpkd_jax.methods.rona import student
 from dpkd_jax.privacy import accounting
 from dpkd_jax.privacy import ledger as ledger_lib
 from dpkd_jax.train import outputs
@@ -141,8 +142,8 @@ def test_cosine_and_shifted_self_learning_resume_to_the_same_end(full_run, tmp_p
   parts = rona.train_rona(config, str(tmp_path / "parts"), resume=True, progress=False,
                           latency_seconds=0.0)
   assert parts["test_loss"] == pytest.approx(whole["test_loss"], abs=1e-7)
-  assert rona.phase_steps(config, 577) == {"hint": 2, "self": 2 * (577 // 64), "distill": 2}
-  optimizers = rona.phase_optimizers(config, 577)
+  assert config.phase_steps(577) == {"hint": 2, "self": 2 * (577 // 64), "distill": 2}
+  optimizers = student.phase_optimizers(config.learning_rate, "cosine", config.phase_steps(577))
   assert optimizers["hint"] is not optimizers["self"]  # one cosine per stage length
 
 

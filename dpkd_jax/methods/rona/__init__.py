@@ -54,8 +54,6 @@ privacy_ledger.json, results.json, record.json, metrics.csv and tb/.
 from dpkd_jax.methods.rona.config import RONAConfig
 from dpkd_jax.methods.rona.privacy import RONAPlan
 from dpkd_jax.methods.rona.privacy import make_plan
-from dpkd_jax.methods.rona.run import phase_optimizers
-from dpkd_jax.methods.rona.run import phase_steps
 from dpkd_jax.methods.rona.run import public_split_card
 from dpkd_jax.methods.rona.run import schedule
 from dpkd_jax.methods.rona.run import train_rona
@@ -72,8 +70,6 @@ __all__ = [
     "init_state",
     "make_plan",
     "make_train_step",
-    "phase_optimizers",
-    "phase_steps",
     "public_split_card",
     "schedule",
     "train_rona",

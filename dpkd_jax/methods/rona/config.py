@@ -134,6 +134,15 @@ class RONAConfig:
   def info(self) -> data.DatasetInfo:
     return data.DATASETS[self.dataset]
 
+  def phase_steps(self, num_public: int) -> dict[str, int]:
+    """Optimizer updates of each training stage over the whole run, with `num_public` public
+    samples (self learning drops the last partial batch; a partial query batch counts)."""
+    queries_per_epoch = -(-self.num_query_samples // self.batch_size)
+    return {"hint": self.hint_epochs * queries_per_epoch,
+            "self": self.rounds * self.self_learning_epochs * (
+                num_public // self.self_learning_batch_size),
+            "distill": self.rounds * self.distillation_epochs * queries_per_epoch}
+
   def num_queries(self) -> int:
     """T = (Th + R·Td)·ceil(|x_q|/S), the planned number of sanitized releases."""
     return accounting.rona_num_queries(

@@ -15,8 +15,8 @@ and root seed as metadata). Key streams: the root key's fold_in(0) initialises t
 fold_in(1) orders the public samples, fold_in(2) draws the noise, fold_in(3) seeds the
 selection and fold_in(4) the self-learning shifts, each then folded with the unit and the
 batch: no key is reused. Each training stage (hint, self, distill) has its own Adam
-(`phase_optimizers`: its own moments and, with the cosine schedule, its own decay over its
-steps in the run).
+(`student.phase_optimizers`: its own moments and, with the cosine schedule, its own decay over
+its steps in the run, `RONAConfig.phase_steps`).
 """
 
 from __future__ import annotations
@@ -70,22 +70,6 @@ def schedule(config: RONAConfig) -> list[tuple[str, int, int]]:
   return units
 
 
-def phase_steps(config: RONAConfig, num_public: int) -> dict[str, int]:
-  """Optimizer updates of each training stage over the whole run."""
-  queries_per_epoch = -(-config.num_query_samples // config.batch_size)
-  return {"hint": config.hint_epochs * queries_per_epoch,
-          "self": config.rounds * config.self_learning_epochs * (
-              num_public // config.self_learning_batch_size),
-          "distill": config.rounds * config.distillation_epochs * queries_per_epoch}
-
-
-def phase_optimizers(config: RONAConfig, num_public: int) -> dict[str, Any]:
-  """Each training stage's Adam (`student.optimizer`; the cosine decays over its own steps)."""
-  return {phase: student.optimizer(config.learning_rate, config.learning_rate_schedule,
-                                   steps)
-          for phase, steps in phase_steps(config, num_public).items()}
-
-
 def public_split_card(config: RONAConfig, num_public: int) -> dict[str, Any]:
   """What an auxiliary teacher's card must record to prove it saw only this public split."""
   return {"dataset": config.dataset, "public_fraction": config.public_fraction,
@@ -135,7 +119,7 @@ class _Context(NamedTuple):
   self_step: Callable
   batch_stats_step: Callable
   frozen: tuple[step_lib.FrozenModel, step_lib.FrozenModel | None]  # teacher, aux (replicated)
-  optimizers: dict[str, Any]  # per training phase: its Adam (`phase_optimizers`)
+  optimizers: dict[str, Any]  # per training phase: its Adam (`student.phase_optimizers`)
   keys: dict[str, jax.Array]  # named streams: "order", "noise", "select", "augment"
 
 
@@ -238,7 +222,8 @@ def train_rona(config: RONAConfig, workdir: str, *, resume: bool = False,
   # 3. Teachers (the auxiliary one saw the public split only) and the student's state
   teacher, aux = teachers_lib.teachers(config, public_split_card(config, len(public)), public,
                                        workdir, progress=progress, mesh=mesh)
-  optimizers = phase_optimizers(config, len(public))
+  optimizers = student.phase_optimizers(config.learning_rate, config.learning_rate_schedule,
+                                        config.phase_steps(len(public)))
   carry, student_graphdef = _initial_carry(config, run, teacher, root_seed, mesh, optimizers)
   # 4. Ledger and steps (private ones from the plan)
   ledger = run.ledger(plan.new_ledger())

@@ -96,6 +96,13 @@ def optimizer(learning_rate: float, schedule: str = "constant",
   raise ValueError(f"schedule must be 'constant' or 'cosine', got {schedule!r}")
 
 
+def phase_optimizers(learning_rate: float, schedule: str,
+                     steps: dict[str, int]) -> dict[str, optax.GradientTransformation]:
+  """Each training stage's Adam: `optimizer` at `learning_rate`, a cosine over that stage's
+  `steps[stage]` updates when `schedule` is "cosine"."""
+  return {stage: optimizer(learning_rate, schedule, n) for stage, n in steps.items()}
+
+
 def init_state(name: str, *, info: data.DatasetInfo, norm: str, learning_rate: float,
                teacher_hint_shape: Sequence[int], key: jax.Array
                ) -> tuple[TrainState, nnx.GraphDef]:
