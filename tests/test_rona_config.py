@@ -83,3 +83,12 @@ def test_bound_errors_name_the_flag():
     _config(bound_mode="fixed", hint_l2_bound=1.0)
   with pytest.raises(ValueError, match="hint_l2_bound must be"):
     _config(bound_mode="fixed", hint_l2_bound=-1.0, distill_l2_bound=1.0)
+
+
+def test_cli_paper_accounting_without_target_is_one_line_exit_2(capsys):
+  with pytest.raises(SystemExit) as exit_info:
+    rona_cli.main(["--dataset=mnist", "--accounting=paper", "--noise_multiplier=1"])
+  assert exit_info.value.code == 2
+  err = capsys.readouterr().err.strip().splitlines()
+  assert err == ["error: accounting='paper' chooses sigma for target_epsilon: give "
+                 "target_epsilon, not noise_multiplier"]
