@@ -37,7 +37,7 @@ Rooms:
   student.py             the student with its hint adapter; `init_state`, `student_parts`.
   step.py                jitted steps: `build_train_step(plan, kind)` / `make_train_step`
                          (hint, distill), self learning, BatchNorm re-estimation.
-  teachers.py            the teacher and the auxiliary (public-split) teacher.
+  teachers.py            the teacher and the auxiliary (public-split) teacher, its split card.
   query_selection.py     k-center / random / margin selection of the distillation queries.
   compression_report.py  teacher vs student: parameters, FLOPs, CPU latency.
   run.py                 `train_rona`, the schedule and the results.
@@ -54,13 +54,13 @@ privacy_ledger.json, results.json, record.json, metrics.csv and tb/.
 from dpkd_jax.methods.rona.config import RONAConfig
 from dpkd_jax.methods.rona.privacy import RONAPlan
 from dpkd_jax.methods.rona.privacy import make_plan
-from dpkd_jax.methods.rona.run import public_split_card
 from dpkd_jax.methods.rona.run import schedule
 from dpkd_jax.methods.rona.run import train_rona
 from dpkd_jax.methods.rona.step import build_train_step
 from dpkd_jax.methods.rona.step import make_train_step
 from dpkd_jax.methods.rona.student import STUDENTS
 from dpkd_jax.methods.rona.student import init_state
+from dpkd_jax.methods.rona.teachers import public_split_card
 
 __all__ = [
     "RONAConfig",

@@ -14,9 +14,7 @@ and is followed by a seal of the state, the evaluation and a checkpoint (config,
 and root seed as metadata). Key streams: the root key's fold_in(0) initialises the student,
 fold_in(1) orders the public samples, fold_in(2) draws the noise, fold_in(3) seeds the
 selection and fold_in(4) the self-learning shifts, each then folded with the unit and the
-batch: no key is reused. Each training stage (hint, self, distill) has its own Adam
-(`student.phase_optimizers`: its own moments and, with the cosine schedule, its own decay over
-its steps in the run, `RONAConfig.phase_steps`).
+batch: no key is reused. Each training stage has its own Adam (`student.phase_optimizers`).
 """
 
 from __future__ import annotations
@@ -55,6 +53,7 @@ from dpkd_jax.train import workdir as workdir_lib
 from dpkd_jax.train.state import TrainState
 
 _TRAINING_PHASES = ("hint", "self", "distill")
+_PAPER_SCOPE = "all T queries (Theorem 2 reconstruction: moments accountant at sensitivity B)"
 # Forward passes that re-estimate BatchNorm statistics after a private epoch: with momentum 0.9
 # the statistics of the epoch's last (possibly atypical) query batch weigh 0.9**50 < 1% after.
 _BATCH_STATS_BATCHES = 50
@@ -68,12 +67,6 @@ def schedule(config: RONAConfig) -> list[tuple[str, int, int]]:
     if config.distillation_epochs:
       units += [("select", r, 0)] + [("distill", r, e) for e in range(config.distillation_epochs)]
   return units
-
-
-def public_split_card(config: RONAConfig, num_public: int) -> dict[str, Any]:
-  """What an auxiliary teacher's card must record to prove it saw only this public split."""
-  return {"dataset": config.dataset, "public_fraction": config.public_fraction,
-          "split_seed": config.split_seed, "num_examples": num_public}
 
 
 def _query_batches(key: jax.Array, indices: np.ndarray, batch_size: int):
@@ -149,8 +142,7 @@ def _initial_carry(config: RONAConfig, run: workdir_lib.Run, teacher: teacher_li
   # magnitude above those of self learning and would otherwise freeze its updates for
   # ~1/(1 - b2) = 1000 steps.
   opt_states = {phase: optimizers[phase].init(state.params) for phase in _TRAINING_PHASES}
-  # Between units the state holds the self-learning optimizer, so that a checkpoint's tree does
-  # not depend on which stage ran last (the stages' optimizers differ under the cosine).
+  # Between units the state holds the self-learning optimizer (one checkpoint tree).
   state = state.replace(tx=optimizers["self"], opt_state=opt_states["self"])
   carry = _Carry(state, {kind: sanitize.BoundState.zeros() for kind in step_lib.KINDS},
                  opt_states, np.zeros((config.num_query_samples,), np.int32), root_key)
@@ -220,18 +212,18 @@ def train_rona(config: RONAConfig, workdir: str, *, resume: bool = False,
   num_train, public, test = _data(config)
   plan = rona_plan.make_plan(config)
   # 3. Teachers (the auxiliary one saw the public split only) and the student's state
-  teacher, aux = teachers_lib.teachers(config, public_split_card(config, len(public)), public,
-                                       workdir, progress=progress, mesh=mesh)
+  teacher, aux = teachers_lib.teachers(
+      config, teachers_lib.public_split_card(config, len(public)), public, workdir,
+      progress=progress, mesh=mesh)
   optimizers = student.phase_optimizers(config.learning_rate, config.learning_rate_schedule,
                                         config.phase_steps(len(public)))
   carry, student_graphdef = _initial_carry(config, run, teacher, root_seed, mesh, optimizers)
   # 4. Ledger and steps (private ones from the plan)
   ledger = run.ledger(plan.new_ledger())
-  keys = dict(zip(("order", "noise", "select", "augment"),
-                  (jax.random.fold_in(carry.root_key, i) for i in (1, 2, 3, 4))))
+  keys = {name: jax.random.fold_in(carry.root_key, i)
+          for i, name in enumerate(("order", "noise", "select", "augment"), start=1)}
   ctx = _Context(config=config, plan=plan, run=run, ledger=ledger, public=public, test=test,
-                 mesh=mesh, student_graphdef=student_graphdef, keys=keys,
-                 optimizers=optimizers,
+                 mesh=mesh, student_graphdef=student_graphdef, keys=keys, optimizers=optimizers,
                  **_steps(config, plan, teacher, aux, mesh))
   # 5. Train: charge -> release -> seal -> save, one unit of the schedule at a time
   carry, test_metrics = _train_units(ctx, carry, root_seed, workdir=workdir,
@@ -275,7 +267,7 @@ def _run_unit(ctx: _Context, carry: _Carry, phase: str, round_index: int,
               epoch: int) -> tuple[_Carry, Any]:
   """One unit of the schedule; returns the carry after it and its last step's metrics."""
   unit_order = jax.random.fold_in(ctx.keys["order"], carry.unit)
-  if phase in _TRAINING_PHASES:
+  if phase in _TRAINING_PHASES:  # this stage's optimizer and moments
     carry = carry._replace(state=carry.state.replace(opt_state=carry.opt_states[phase],
                                                      tx=ctx.optimizers[phase]))
   step_metrics = None
@@ -360,6 +352,7 @@ def _finish(ctx: _Context, carry: _Carry, test_metrics: dict[str, float] | None,
             clock: outputs.RunClock, latency_seconds: float) -> dict[str, Any]:
   """The compression report, results.json and record.json; returns the results."""
   config, plan, ledger = ctx.config, ctx.plan, ctx.ledger
+  per_query = plan.paper_epsilon_per_query
   deployed = student.student_parts(carry.state, ctx.student_graphdef)
   if test_metrics is None:
     test_metrics = evaluate_lib.evaluate(deployed, ctx.test)
@@ -401,6 +394,4 @@ def _finish(ctx: _Context, carry: _Carry, test_metrics: dict[str, float] | None,
       test_accuracy=test_metrics["accuracy"], sound_epsilon=epsilon, delta=config.delta,
       accounting=plan.accounting, paper_epsilon=plan.paper_epsilon,
       target_epsilon=config.target_epsilon,
-      extra={"paper_epsilon_scope": "all T queries (Theorem 2 reconstruction: moments "
-                                    "accountant at sensitivity B)",
-             "paper_epsilon_per_query": plan.paper_epsilon_per_query})
+      extra={"paper_epsilon_scope": _PAPER_SCOPE, "paper_epsilon_per_query": per_query})

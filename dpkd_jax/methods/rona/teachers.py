@@ -30,6 +30,12 @@ from dpkd_jax.train import sharding
 from dpkd_jax.train.state import TrainState
 
 
+def public_split_card(config: RONAConfig, num_public: int) -> dict[str, Any]:
+  """What an auxiliary teacher's card must record to prove it saw only this public split."""
+  return {"dataset": config.dataset, "public_fraction": config.public_fraction,
+          "split_seed": config.split_seed, "num_examples": num_public}
+
+
 def hint_shape(parts: core.ModelParts, info: data.DatasetInfo) -> tuple[int, ...]:
   """One example's hint shape (no batch axis), from shapes only (nothing is computed)."""
   out = jax.eval_shape(lambda p, s: core.apply(parts.graphdef, p, s,
