@@ -17,8 +17,6 @@ from dpkd_jax.methods.rona import student
 from dpkd_jax.privacy import accounting
 from dpkd_jax.privacy import plan as plan_lib
 
-SCHEDULES = ("constant", "cosine")
-
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class RONAConfig:
@@ -98,7 +96,7 @@ class RONAConfig:
     if self.accounting == "paper" and self.target_epsilon is None:
       raise ValueError("accounting='paper' chooses sigma for target_epsilon: give "
                        "target_epsilon, not noise_multiplier")
-    checks.one_of("learning_rate_schedule", self.learning_rate_schedule, SCHEDULES)
+    checks.one_of("learning_rate_schedule", self.learning_rate_schedule, student.SCHEDULES)
     if not isinstance(self.self_learning_augment, bool):
       raise ValueError(f"self_learning_augment must be a bool, got "
                        f"{self.self_learning_augment!r}")
@@ -137,11 +135,15 @@ class RONAConfig:
   def phase_steps(self, num_public: int) -> dict[str, int]:
     """Optimizer updates of each training stage over the whole run, with `num_public` public
     samples (self learning drops the last partial batch; a partial query batch counts)."""
-    queries_per_epoch = -(-self.num_query_samples // self.batch_size)
+    queries_per_epoch = self.queries_per_epoch()
     return {"hint": self.hint_epochs * queries_per_epoch,
             "self": self.rounds * self.self_learning_epochs * (
                 num_public // self.self_learning_batch_size),
             "distill": self.rounds * self.distillation_epochs * queries_per_epoch}
+
+  def queries_per_epoch(self) -> int:
+    """ceil(|x_q|/S), the sanitized releases of one private epoch (a partial batch counts)."""
+    return -(-self.num_query_samples // self.batch_size)
 
   def num_queries(self) -> int:
     """T = (Th + R·Td)·ceil(|x_q|/S), the planned number of sanitized releases."""

@@ -137,7 +137,7 @@ def make_plan(config: RONAConfig) -> RONAPlan:
       math.inf if num_queries else 0.0)
   paper, per_query, warning = _paper_figures(sigma, config.delta, num_queries)
   return RONAPlan(
-      releases=num_queries, queries_per_epoch=-(-config.num_query_samples // config.batch_size),
+      releases=num_queries, queries_per_epoch=config.queries_per_epoch(),
       noise_multiplier=sigma, bound_mode=config.bound_mode, hint_l2_bound=config.hint_l2_bound,
       distill_l2_bound=config.distill_l2_bound, delta=config.delta,
       accounting=config.accounting,

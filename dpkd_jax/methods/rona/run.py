@@ -279,7 +279,8 @@ def _run_unit(ctx: _Context, carry: _Carry, phase: str, round_index: int,
                                                    ctx.config.self_learning_batch_size)):
       batch = sharding.shard_batch((ctx.public.images[indices], ctx.public.labels[indices]),
                                    ctx.mesh)
-      key = sharding.replicate(jax.random.fold_in(unit_augment, b), ctx.mesh)
+      key = (sharding.replicate(jax.random.fold_in(unit_augment, b), ctx.mesh)
+             if ctx.config.self_learning_augment else None)  # no key to build when unused
       state, step_metrics = ctx.self_step(state, *batch, key)
     carry = carry._replace(state=state)
   else:

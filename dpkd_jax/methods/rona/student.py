@@ -81,6 +81,9 @@ def create_hinted_student(student: nnx.Module, *, input_shape: Sequence[int],
   return HintedStudent(student, HintAdapter(probe.hint.shape[1:], teacher_hint_shape, rngs=rngs))
 
 
+SCHEDULES = ("constant", "cosine")  # the learning-rate schedules of `optimizer`
+
+
 @functools.cache
 def optimizer(learning_rate: float, schedule: str = "constant",
               total_steps: int = 0) -> optax.GradientTransformation:
@@ -93,7 +96,7 @@ def optimizer(learning_rate: float, schedule: str = "constant",
     return optax.adam(learning_rate)
   if schedule == "cosine":
     return optax.adam(optax.cosine_decay_schedule(learning_rate, max(total_steps, 1)))
-  raise ValueError(f"schedule must be 'constant' or 'cosine', got {schedule!r}")
+  raise ValueError(f"schedule must be one of {SCHEDULES}, got {schedule!r}")
 
 
 def phase_optimizers(learning_rate: float, schedule: str,
