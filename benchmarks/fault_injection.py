@@ -5,9 +5,10 @@ missing data offline. Prints what it tried and whether anything was lost.
 
 Tiny runs on the embedded digits (`python -m experiments.<method>` subprocesses), each compared
 with an uninterrupted run of the same flags and `--seed`:
-  * kill -9 a DP-SGD and a DPDFD run (with a per-class replay memory) at a random release
-    (after the k-th charge of the ledger file, plus a random delay), then `--resume`: the same
-    final arrays (the replay buffer included), results, metrics.csv and ledger as the
+  * kill -9 a DP-SGD, a DPDFD (with a per-class replay memory), a RONA (cosine rates, shifted
+    self learning) and an SRR run (with replay of earlier stages) at a random release (after
+    the k-th charge of the ledger file, plus a random delay), then resume: the same final
+    arrays (replay buffers and optimizers included), results, metrics.csv and ledger as the
     uninterrupted run; the ledger file, polled throughout, never goes down;
   * overwrite 8 bytes of the newest checkpoint's array file and `--resume`: the run falls back
     to the previous checkpoint and ends as the uninterrupted one; with every checkpoint
@@ -22,27 +23,22 @@ with an uninterrupted run of the same flags and `--seed`:
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import json
 import os
 import pathlib
 import random
 import shutil
 import signal
-import subprocess
 import sys
 import tempfile
-import threading
 import time
-from typing import Any
 
-import numpy as np
+sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
+# pylint: disable=g-import-not-at-top,wrong-import-position
+from fault_harness import (  # noqa: E402  (re-exported: tests use overwrite_array_bytes)
+    Outcome, checkpoint, compare, finish, kill_and_resume, ledger_entries, one_line_error,
+    overwrite_array_bytes, parallel, run, start, wait_for, _cache_dir)
 
-REPO = pathlib.Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO))
-from dpkd_jax.train import checkpoint  # noqa: E402  pylint: disable=g-import-not-at-top
-
-TIMEOUT_S = 240
 DPSGD_FLAGS = ["--dataset=digits", "--model=lenet5_half", "--expected_batch_size=64",
                "--noise_multiplier=1", "--steps=60", "--seed=0", "--no-download", "--no_progress"]
 DPSGD_RELEASES = 3  # chunks of ceil(1437 / 64) = 23 steps: 23, 23, 14
@@ -59,125 +55,27 @@ def dpdfd_flags(teacher_dir: str) -> list[str]:
           "--replay_size=160", "--replay_memory=per_class", "--replay_sampling=class_balanced"]
 
 
-@dataclasses.dataclass
-class Outcome:
-  """One scenario: what was tried, what was seen, and the problems found (none: nothing lost)."""
-
-  name: str
-  tried: str
-  seen: str = ""
-  problems: list[str] = dataclasses.field(default_factory=list)
-
-  def line(self) -> str:
-    verdict = "ok" if not self.problems else "LOST: " + "; ".join(self.problems)
-    return f"{self.name}: {self.tried} -> {self.seen} [{verdict}]"
+RONA_RELEASES = 3  # one charge per query epoch: hint, then distillation in each of 2 rounds
+SRR_RELEASES = 3  # one charge per stage
 
 
-CACHE_ENV = {"JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS": "0",
-             "JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES": "0"}
-_cache_dir: list[str] = []  # set by `run_all`: runs after the first of a kind skip compiling
+def rona_flags(teacher_dir: str) -> list[str]:
+  # The auxiliary teacher is trained in the workdir (before the first charge).
+  return ["--dataset=digits", f"--teacher_dir={teacher_dir}", "--teacher_model=lenet5_half",
+          "--student_model=lenet5_half", "--teacher_epochs=1", "--hint_epochs=1", "--rounds=2",
+          "--self_learning_epochs=1", "--distillation_epochs=1", "--num_query_samples=64",
+          "--batch_size=32", "--self_learning_batch_size=64", "--noise_multiplier=2",
+          "--self_learning_augment", "--learning_rate_schedule=cosine", "--seed=0",
+          "--no_progress"]
 
 
-def start(module: str, flags: list[str], workdir: str) -> subprocess.Popen:
-  env = {**os.environ, "PYTHONPATH": str(REPO), "JAX_PLATFORMS": "cpu"}
-  if _cache_dir:
-    env.update(CACHE_ENV, JAX_COMPILATION_CACHE_DIR=_cache_dir[0])
-  return subprocess.Popen([sys.executable, "-m", f"experiments.{module}", *flags,
-                           f"--workdir={workdir}"], cwd=str(REPO), env=env,
-                          stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-
-
-def finish(proc: subprocess.Popen, timeout: float = TIMEOUT_S) -> tuple[int, str, str]:
-  try:
-    out, err = proc.communicate(timeout=timeout)
-  except subprocess.TimeoutExpired:
-    proc.kill()
-    out, err = proc.communicate()
-    return -999, out, err + f"\n(timed out after {timeout} s)"
-  return proc.returncode, out, err
-
-
-def run(module: str, flags: list[str], workdir: str) -> tuple[int, str, str]:
-  return finish(start(module, flags, workdir))
-
-
-def ledger_entries(workdir: str) -> list[dict[str, Any]] | None:
-  try:
-    with open(os.path.join(workdir, "privacy_ledger.json"), encoding="utf-8") as f:
-      data = json.load(f)
-  except (OSError, ValueError):
-    return None
-  return data["entries"]
-
-
-class LedgerWatch(threading.Thread):
-  """Polls a workdir's ledger file and keeps every entry count it sees (it must never drop)."""
-
-  def __init__(self, workdir: str):
-    super().__init__(daemon=True)
-    self.workdir, self.counts, self._done = workdir, [], threading.Event()
-
-  def run(self) -> None:
-    while not self._done.is_set():
-      entries = ledger_entries(self.workdir)
-      if entries is not None and (not self.counts or self.counts[-1] != len(entries)):
-        self.counts.append(len(entries))
-      time.sleep(0.01)
-
-  def stop(self) -> list[int]:
-    self._done.set()
-    self.join()
-    return self.counts
-
-
-def wait_for(predicate, proc: subprocess.Popen, timeout: float = TIMEOUT_S) -> bool:
-  """Polls `predicate` every 10 ms while `proc` lives; False if it ended first."""
-  deadline = time.time() + timeout
-  while time.time() < deadline and proc.poll() is None:
-    if predicate():
-      return True
-    time.sleep(0.01)
-  return False
-
-
-TRACEBACK_NOT_LINE = "the UserError came as a traceback (exit 1), not one line (exit 2)"
-
-
-def one_line_error(code: int, err: str, expect: str) -> list[str]:
-  """Problems of an expected user error: exit 2, one stderr line containing `expect`."""
-  lines = [line for line in err.splitlines() if line.strip()]
-  if (code == 1 and lines and lines[-1].startswith("dpkd_jax.") and "Error: " in lines[-1]
-      and expect in lines[-1]):
-    return [TRACEBACK_NOT_LINE]  # the right error, not yet printed by the CLI as one line
-  problems = [] if code == 2 else [f"exit {code}, not 2"]
-  if len(lines) != 1:
-    problems.append(f"{len(lines)} stderr lines, not 1 (last: {lines[-1:]})")
-  if expect not in err:
-    problems.append(f"stderr lacks {expect!r}")
-  return problems
-
-
-def compare(reference: str, other: str, keys: tuple[str, ...]) -> list[str]:
-  """Differences of `other` from `reference`: results, final arrays, metrics.csv, ledger."""
-  problems = []
-  results = []
-  for workdir in (reference, other):
-    with open(os.path.join(workdir, "results.json"), encoding="utf-8") as f:
-      results.append(json.load(f))
-  problems += [f"results[{k}] {results[1].get(k)!r} != {results[0].get(k)!r}"
-               for k in keys if results[0].get(k) != results[1].get(k)]
-  a, b = (checkpoint.read_verified(os.path.join(w, "checkpoints")) for w in (reference, other))
-  leaves_a, leaves_b = (checkpoint._leaves_by_path(v.arrays) for v in (a, b))  # pylint: disable=protected-access
-  if a.step != b.step or leaves_a.keys() != leaves_b.keys() or not all(
-      np.array_equal(leaves_a[p], leaves_b[p]) for p in leaves_a):
-    problems.append(f"final checkpoint arrays differ (steps {a.step}, {b.step})")
-  metrics = [pathlib.Path(w, "metrics.csv").read_text() for w in (reference, other)]
-  if metrics[0] != metrics[1]:
-    problems.append("metrics.csv differs (duplicate or missing rows)")
-  if ledger_entries(reference) != ledger_entries(other):
-    problems.append(f"ledger entries differ: {len(ledger_entries(other) or [])} vs "
-                    f"{len(ledger_entries(reference) or [])}")
-  return problems
+def srr_flags(teacher_dir: str) -> list[str]:
+  # The generator is pretrained in the workdir (before the first charge).
+  return ["--dataset=digits", f"--teacher_dir={teacher_dir}", "--epsilon=1",
+          "--student_model=lenet5_half", "--generator_channels=8", "--latent_dim=8",
+          "--pretrain_steps=2", "--pretrain_batch_size=16", "--stages=3",
+          "--samples_per_stage=32", "--batch_size=16", "--student_epochs=2",
+          "--student_replay", "--seed=0", "--no_progress"]
 
 
 def concurrent_start(module: str, flags: list[str], workdir: str) -> tuple[Outcome, int]:
@@ -208,44 +106,6 @@ def concurrent_start(module: str, flags: list[str], workdir: str) -> tuple[Outco
   if first_code != 0:
     outcome.problems.append(f"the first run failed (exit {first_code}): {first_err[-300:]}")
   return outcome, first_code
-
-
-def kill_and_resume(module: str, flags: list[str], workdir: str, releases: int,
-                    rng: random.Random) -> Outcome:
-  """kill -9 after the k-th charge (+ a random delay), then resume to the end."""
-  k, delay = rng.randint(1, releases), rng.uniform(0.0, 0.3)
-  outcome = Outcome(f"kill -9 {module}", f"SIGKILL {delay:.2f} s after charge {k} of "
-                    f"{releases}, then --resume")
-  watch = LedgerWatch(workdir)
-  watch.start()
-  proc = start(module, flags, workdir)
-  charged = wait_for(lambda: len(ledger_entries(workdir) or []) >= k, proc)
-  time.sleep(delay if charged else 0.0)
-  if proc.poll() is None:
-    proc.send_signal(signal.SIGKILL)
-  killed = finish(proc)[0] == -signal.SIGKILL
-  at_kill = len(ledger_entries(workdir) or [])
-  # DPDFD always resumes a workdir it finds; the other CLIs need --resume.
-  code, _, err = run(module, [*flags, "--resume"] if module != "dpdfd" else flags, workdir)
-  counts = watch.stop()
-  outcome.seen = (f"killed with {at_kill} charge(s) in the file" if killed
-                  else "the run ended before the kill") + f"; resume exit {code}"
-  if code != 0:
-    outcome.problems.append(f"resume failed: {err[-300:]}")
-  if any(b < a for a, b in zip(counts, counts[1:])):
-    outcome.problems.append(f"the ledger went down: entry counts {counts}")
-  return outcome
-
-
-def overwrite_array_bytes(ckpt_dir: str, step: int) -> str:
-  """8 bytes of 0xFF in the middle of the step's largest array data file; returns the file."""
-  root = os.path.join(ckpt_dir, str(step), "arrays")
-  data = max((os.path.join(d, f) for d, _, fs in os.walk(root) for f in fs
-              if os.path.basename(d) == "d"), key=os.path.getsize)
-  with open(data, "r+b") as f:
-    f.seek(os.path.getsize(data) // 2)
-    f.write(b"\xff" * 8)
-  return data
 
 
 def corrupt_and_resume(reference: str, workdir: str, *, every: bool) -> Outcome:
@@ -290,65 +150,71 @@ def offline_missing_data(tmp: str, timeout: float = 90.0) -> Outcome:
   return outcome
 
 
-def parallel(*functions) -> None:
-  """Calls the functions in threads (their subprocesses overlap) and waits for all."""
-  threads = [threading.Thread(target=f) for f in functions]
-  for t in threads:
-    t.start()
-  for t in threads:
-    t.join()
+TEACHER_METHODS = {  # method -> (flags given the teacher's dir, charges in a run, result keys)
+    "dpdfd": (dpdfd_flags, DPDFD_RELEASES,
+              ("test_accuracy", "epsilon", "steps", "released_rows_per_class",
+               "replay_rows_written_per_class", "replay_rows_held_per_class")),
+    "rona": (rona_flags, RONA_RELEASES,
+             ("test_accuracy", "test_loss", "epsilon", "num_queries_executed", "units_done")),
+    "srr": (srr_flags, SRR_RELEASES,
+            ("test_accuracy", "labels_epsilon", "num_queries", "record_level_epsilon")),
+}
 
 
 def run_all(tmp: str, seed: int) -> dict[str, Outcome]:
   """Every scenario; returns their outcomes by key (concurrent, kill_dpsgd, corrupt,
-  all_corrupt, dpdfd_ref, kill_dpdfd, offline).
+  all_corrupt, offline, and <method>_ref, kill_<method> for dpdfd, rona, srr).
 
-  Two streams run in parallel (DP-SGD; teacher then DPDFD), each in sequence so that its first
-  run fills a shared JAX compilation cache the others read (same programs, compiled once).
+  Streams run in parallel (DP-SGD; a teacher, then one stream per method that reads it), each
+  in sequence so that its first run fills a shared JAX compilation cache the others read (same
+  programs, compiled once).
   """
   _cache_dir[:] = [os.path.join(tmp, "jax_cache")]
   rng = random.Random(seed)
-  rngs = [random.Random(rng.getrandbits(64)) for _ in range(2)]
+  rngs = {name: random.Random(rng.getrandbits(64)) for name in ("dpsgd", *TEACHER_METHODS)}
   d = {name: os.path.join(tmp, name) for name in (
-      "dpsgd_ref", "dpsgd_killed", "dpsgd_corrupt", "dpsgd_all_corrupt", "teacher", "dpdfd_ref",
-      "dpdfd_killed")}
+      "dpsgd_ref", "dpsgd_killed", "dpsgd_corrupt", "dpsgd_all_corrupt", "teacher",
+      *(f"{m}_{kind}" for m in TEACHER_METHODS for kind in ("ref", "killed")))}
   outcomes: dict[str, Outcome] = {}
 
   def dpsgd():
     outcomes["concurrent"], _ = concurrent_start("dpsgd", DPSGD_FLAGS, d["dpsgd_ref"])
     outcomes["kill_dpsgd"] = kill_and_resume("dpsgd", DPSGD_FLAGS, d["dpsgd_killed"],
-                                             DPSGD_RELEASES, rngs[0])
+                                             DPSGD_RELEASES, rngs["dpsgd"])
     parallel(lambda: outcomes.__setitem__("corrupt", corrupt_and_resume(
         d["dpsgd_ref"], d["dpsgd_corrupt"], every=False)),
              lambda: outcomes.__setitem__("all_corrupt", corrupt_and_resume(
                  d["dpsgd_ref"], d["dpsgd_all_corrupt"], every=True)))
 
-  def dpdfd():
+  def reference_then_kill(method: str) -> None:
+    flags_of, releases, _ = TEACHER_METHODS[method]
+    flags = flags_of(d["teacher"])
+    code, _, err = run(method, flags, d[f"{method}_ref"])
+    outcomes[f"{method}_ref"] = Outcome(f"{method} reference", "an uninterrupted run",
+                                        f"exit {code}", [] if code == 0 else [err[-300:]])
+    outcomes[f"kill_{method}"] = kill_and_resume(method, flags, d[f"{method}_killed"],
+                                                 releases, rngs[method])
+
+  def with_teacher():
     code, _, err = run("teacher", TEACHER_FLAGS, d["teacher"])
     if code != 0:
-      outcomes["kill_dpdfd"] = Outcome("kill -9 dpdfd", "train a teacher",
-                                       problems=[f"teacher failed: {err[-300:]}"])
+      for method in TEACHER_METHODS:
+        outcomes[f"kill_{method}"] = Outcome(f"kill -9 {method}", "train a teacher",
+                                             problems=[f"teacher failed: {err[-300:]}"])
       return
-    flags = dpdfd_flags(d["teacher"])
-
-    code, _, err = run("dpdfd", flags, d["dpdfd_ref"])
-    outcomes["dpdfd_ref"] = Outcome("dpdfd reference", "an uninterrupted run", f"exit {code}",
-                                    [] if code == 0 else [err[-300:]])
-    outcomes["kill_dpdfd"] = kill_and_resume("dpdfd", flags, d["dpdfd_killed"],
-                                             DPDFD_RELEASES, rngs[1])
+    parallel(*(lambda m=m: reference_then_kill(m) for m in TEACHER_METHODS))
 
   def offline():
     outcomes["offline"] = offline_missing_data(tmp)
 
-  parallel(dpsgd, dpdfd, offline)
-  for key, ref, killed, keys in (
-      ("kill_dpsgd", "dpsgd_ref", "dpsgd_killed", ("test_accuracy", "test_loss", "epsilon")),
-      ("kill_dpdfd", "dpdfd_ref", "dpdfd_killed",
-       ("test_accuracy", "epsilon", "steps", "released_rows_per_class",
-        "replay_rows_written_per_class", "replay_rows_held_per_class"))):
+  parallel(dpsgd, with_teacher, offline)
+  kills = {"dpsgd": ("test_accuracy", "test_loss", "epsilon"),
+           **{m: keys for m, (_, _, keys) in TEACHER_METHODS.items()}}
+  for method, keys in kills.items():
+    key, ref = f"kill_{method}", d[f"{method}_ref"]
     if key in outcomes and not outcomes[key].problems and os.path.exists(
-        os.path.join(d[ref], "results.json")):
-      outcomes[key].problems += compare(d[ref], d[killed], keys)
+        os.path.join(ref, "results.json")):
+      outcomes[key].problems += compare(ref, d[f"{method}_killed"], keys)
   return outcomes
 
 

@@ -41,10 +41,10 @@ def _check(injected, key):
   assert not outcomes[key].problems, f"{outcomes[key].line()}\n{report}"
 
 
-@pytest.mark.parametrize("method", ["dpsgd", "dpdfd"])
+@pytest.mark.parametrize("method", ["dpsgd", "dpdfd", "rona", "srr"])
 def test_kill_9_at_a_random_release_then_resume_loses_nothing(injected, method):
-  if method == "dpdfd":
-    _check(injected, "dpdfd_ref")
+  if method != "dpsgd":
+    _check(injected, f"{method}_ref")
   _check(injected, f"kill_{method}")
 
 
