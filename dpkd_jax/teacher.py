@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import math
 import os
 import time
 from typing import Any, NamedTuple
@@ -31,6 +32,7 @@ from dpkd_jax.privacy import seeds
 from dpkd_jax.train import checkpoint
 from dpkd_jax.train import evaluate as evaluate_lib
 from dpkd_jax.train import metrics as metrics_lib
+from dpkd_jax.train import records
 from dpkd_jax.train import sharding
 from dpkd_jax.train import supervised
 from dpkd_jax.train import workdir as workdir_lib
@@ -157,22 +159,6 @@ def init_model(config: TeacherConfig, key: jax.Array, *,
   return core.split(model)
 
 
-def _training_split(config: TeacherConfig) -> tuple[data.ArrayDataset, dict[str, Any]]:
-  """(this teacher's shard of the train split, the card fields naming that split)."""
-  train = data.load(config.dataset, "train", data_dir=config.data_dir, download=config.download)
-  source = teacher_partition.source_fields(train)  # lets ensembles prove disjoint shards
-  if config.num_shards == 1:
-    return train, source
-  shards = data.shard_indices(len(train), config.num_shards, seed=config.shard_seed)
-  return train.subset(shards[config.shard]), source
-
-
-def _split_fields(config: TeacherConfig, num_train: int, source: dict[str, Any]) -> dict[str, Any]:
-  """The card's `split`: which shard of the training split the teacher saw, and its source."""
-  return {"num_shards": config.num_shards, "shard": config.shard,
-          "shard_seed": config.shard_seed, "num_train_examples": num_train, **source}
-
-
 def make_card(config: TeacherConfig, state: TrainState, test: data.ArrayDataset, *,
           split: dict[str, Any], seconds: tuple[float, float]) -> dict[str, Any]:
   """A teacher's card.json (also RONA's public-split teacher's): what it is, what it saw, its
@@ -182,7 +168,7 @@ def make_card(config: TeacherConfig, state: TrainState, test: data.ArrayDataset,
     config: the recipe.
     state: the trained state (its model is evaluated on `test`).
     test: the test split.
-    split: the card's `split` fields (`_split_fields`).
+    split: the card's `split` fields (`teacher_partition.split_fields`).
     seconds: (wall, CPU) seconds of this run's training, rounded.
   """
   final = evaluate_lib.evaluate(state.parts, test)
@@ -207,11 +193,22 @@ def make_card(config: TeacherConfig, state: TrainState, test: data.ArrayDataset,
   }
 
 
-def write_card(workdir: str, card: dict[str, Any]) -> None:
-  """Writes `<workdir>/card.json` (process 0 only): the mark of a finished teacher."""
-  if jax.process_index() == 0:
-    with open(os.path.join(workdir, "card.json"), "w") as f:
-      json.dump(card, f, indent=2)
+def write_card(workdir: str, card: dict[str, Any], *, run: workdir_lib.Run | None = None,
+               seconds: tuple[float, float] | None = None) -> None:
+  """Writes `<workdir>/card.json` (process 0 only): the mark of a finished teacher; with the
+  `run` that trained it and this process's (CPU, wall) `seconds`, also its results record
+  (record.json: no privacy, so sound ε "inf"; seconds summed over resumed processes)."""
+  if jax.process_index() != 0:
+    return
+  with open(os.path.join(workdir, "card.json"), "w") as f:
+    json.dump(card, f, indent=2)
+  if run is not None and run.clock is not None and seconds is not None:
+    cost = run.clock.finish(*seconds)
+    records.write_record(os.path.join(workdir, "record.json"), records.make_record(
+        method="teacher", dataset=card["dataset"], test_accuracy=card["test_accuracy"],
+        sound_epsilon=math.inf, delta=0.0, neighbouring="replace-one", accounting="sound",
+        cpu_seconds=cost.pop("cpu_seconds"), wall_seconds=cost.pop("wall_seconds"),
+        extra={"model": card["model"], "params": card["param_count"], **cost}))
 
 
 @workdir_lib.run_scope
@@ -231,11 +228,12 @@ def train_teacher(config: TeacherConfig, workdir: str, *, progress: bool = True,
   Returns:
     The card (also written to `<workdir>/card.json`).
   """
+  process_start = (time.time(), time.process_time())
   config_json = dataclasses.asdict(config)
   run = workdir_lib.open_run(workdir, kind="teacher", config=config_json)
   mesh = sharding.data_mesh() if mesh is None else mesh
   sharding.check_divisible(config.batch_size, mesh)
-  train, source = _training_split(config)
+  train, source = teacher_partition.training_split(config)
   test = data.load(config.dataset, "test", data_dir=config.data_dir, download=config.download)
   if len(train) < config.batch_size:
     raise errors.UserError(f"teacher batch_size={config.batch_size} exceeds the {len(train)} "
@@ -278,10 +276,11 @@ def train_teacher(config: TeacherConfig, workdir: str, *, progress: bool = True,
   bar.close()
   writer.close()
 
-  card = make_card(config, state, test, split=_split_fields(config, len(train), source),
+  card = make_card(config, state, test, split=teacher_partition.split_fields(config, len(train), source),
                    seconds=(round(time.time() - start_time, 1),
                             round(time.process_time() - start_cpu, 1)))
-  write_card(workdir, card)
+  write_card(workdir, card, run=run,
+             seconds=(time.process_time() - process_start[1], time.time() - process_start[0]))
   return card
 
 

@@ -64,6 +64,26 @@ def source_fields(train: data.ArrayDataset, split: str = "train") -> dict[str, A
           "source_sha256": digest.hexdigest()}
 
 
+def training_split(config: Any) -> tuple[data.ArrayDataset, dict[str, Any]]:
+  """(a teacher config's shard of the train split, the card fields naming that split).
+
+  `config`: a `teacher.TeacherConfig` (its dataset, data_dir, download, num_shards, shard,
+  shard_seed).
+  """
+  train = data.load(config.dataset, "train", data_dir=config.data_dir, download=config.download)
+  source = source_fields(train)  # lets ensembles prove disjoint shards
+  if config.num_shards == 1:
+    return train, source
+  shards = data.shard_indices(len(train), config.num_shards, seed=config.shard_seed)
+  return train.subset(shards[config.shard]), source
+
+
+def split_fields(config: Any, num_train: int, source: dict[str, Any]) -> dict[str, Any]:
+  """The card's `split`: which shard of the training split the teacher saw, and its source."""
+  return {"num_shards": config.num_shards, "shard": config.shard,
+          "shard_seed": config.shard_seed, "num_train_examples": num_train, **source}
+
+
 def check_distinct(teacher_dirs: Sequence[str], cards: Sequence[dict[str, Any]]) -> None:
   """Raises UserError if a workdir or a training appears twice among the teachers."""
   seen: dict[str, str] = {}

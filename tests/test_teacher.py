@@ -13,6 +13,7 @@ from dpkd_jax import data
 from dpkd_jax import teacher
 from dpkd_jax.train import checkpoint
 from dpkd_jax.train import evaluate
+from dpkd_jax.train import records
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), os.pardir, "benchmarks"))
 import fault_injection  # noqa: E402  (the fault-injection script's byte overwriter)
@@ -43,6 +44,18 @@ def test_card_and_artifacts(trained):
   # full command in docs/RESULTS.md.
   assert card["test_accuracy"] > 0.5
   assert os.path.exists(os.path.join(workdir, "metrics.csv"))
+
+
+def test_a_trained_teacher_writes_its_results_record(trained):
+  workdir, card = trained
+  record = records.read_record(os.path.join(workdir, "record.json"))
+  assert record["method"] == "teacher" and record["dataset"] == "digits"
+  assert record["test_accuracy"] == card["test_accuracy"]
+  assert record["sound_epsilon"] == "inf"  # a teacher is not private
+  assert record["params"] == card["param_count"] and record["model"] == "lenet5"
+  # The whole process's seconds, at least the training loop's that the card holds.
+  assert record["cpu_seconds"] >= card["train_cpu_seconds_this_run"] > 0
+  assert record["wall_seconds"] >= card["train_seconds_this_run"] > 0
 
 
 def test_load_teacher_reproduces_test_accuracy(trained):
