@@ -32,6 +32,7 @@ from dpkd_jax.privacy import seeds
 from dpkd_jax.train import checkpoint
 from dpkd_jax.train import evaluate as evaluate_lib
 from dpkd_jax.train import metrics as metrics_lib
+from dpkd_jax.train import outputs
 from dpkd_jax.train import records
 from dpkd_jax.train import sharding
 from dpkd_jax.train import supervised
@@ -194,21 +195,21 @@ def make_card(config: TeacherConfig, state: TrainState, test: data.ArrayDataset,
 
 
 def write_card(workdir: str, card: dict[str, Any], *, run: workdir_lib.Run | None = None,
-               seconds: tuple[float, float] | None = None) -> None:
+               clock: outputs.RunClock | None = None) -> None:
   """Writes `<workdir>/card.json` (process 0 only): the mark of a finished teacher; with the
-  `run` that trained it and this process's (CPU, wall) `seconds`, also its results record
-  (record.json: no privacy, so sound ε "inf"; seconds summed over resumed processes)."""
+  `run` that trained it and this process's `clock`, also its results record (record.json: no
+  privacy, so sound ε "inf"; seconds summed over resumed processes, the starting commit)."""
   if jax.process_index() != 0:
     return
   with open(os.path.join(workdir, "card.json"), "w") as f:
     json.dump(card, f, indent=2)
-  if run is not None and run.clock is not None and seconds is not None:
-    cost = run.clock.finish(*seconds)
+  if run is not None and run.clock is not None and clock is not None:
+    cost = run.clock.finish(*clock.seconds())
     records.write_record(os.path.join(workdir, "record.json"), records.make_record(
         method="teacher", dataset=card["dataset"], test_accuracy=card["test_accuracy"],
         sound_epsilon=math.inf, delta=0.0, neighbouring="replace-one", accounting="sound",
         cpu_seconds=cost.pop("cpu_seconds"), wall_seconds=cost.pop("wall_seconds"),
-        extra={"model": card["model"], "params": card["param_count"], **cost}))
+        commit=clock.commit, extra={"model": card["model"], "params": card["param_count"], **cost}))
 
 
 @workdir_lib.run_scope
@@ -228,7 +229,7 @@ def train_teacher(config: TeacherConfig, workdir: str, *, progress: bool = True,
   Returns:
     The card (also written to `<workdir>/card.json`).
   """
-  process_start = (time.time(), time.process_time())
+  clock = outputs.RunClock()
   config_json = dataclasses.asdict(config)
   run = workdir_lib.open_run(workdir, kind="teacher", config=config_json)
   mesh = sharding.data_mesh() if mesh is None else mesh
@@ -276,11 +277,11 @@ def train_teacher(config: TeacherConfig, workdir: str, *, progress: bool = True,
   bar.close()
   writer.close()
 
-  card = make_card(config, state, test, split=teacher_partition.split_fields(config, len(train), source),
+  split = teacher_partition.split_fields(config, len(train), source)
+  card = make_card(config, state, test, split=split,
                    seconds=(round(time.time() - start_time, 1),
                             round(time.process_time() - start_cpu, 1)))
-  write_card(workdir, card, run=run,
-             seconds=(time.process_time() - process_start[1], time.time() - process_start[0]))
+  write_card(workdir, card, run=run, clock=clock)
   return card
 
 
