@@ -148,6 +148,21 @@ def pretrained(teacher_dir, tmp_path_factory):
   return gen_dir, srr.pretrain(_config(teacher_dir, seed=1), gen_dir, progress=False)
 
 
+def test_a_standalone_pretraining_writes_its_record_and_reruns_without_training(
+    teacher_dir, pretrained):
+  gen_dir, generator = pretrained
+  record = records.read_record(os.path.join(gen_dir, "record.json"))
+  config = _config(teacher_dir, seed=1)
+  assert record["method"] == "srr_generator" and record["test_accuracy"] is None
+  assert record["sound_epsilon"] == "inf" and record["cpu_seconds"] > 0
+  assert record["pretrain_steps"] == config.pretrain_steps
+  assert set(record["final_metrics"]) >= {"loss"}
+  # The same command again finds the finished generator: nothing retrained, one more segment.
+  again = srr.pretrain(config, gen_dir, progress=False)
+  chex.assert_trees_all_equal(again.params, generator.params)
+  assert records.read_record(os.path.join(gen_dir, "record.json"))["segments"] == 2
+
+
 def _load(gen_dir, config, teacher_dir=None):
   """`load_pretrained` as a run of `config` asks for it, its teacher read from `teacher_dir`."""
   teacher_dir = teacher_dir or config.teacher_dir

@@ -12,6 +12,7 @@ initialisation.
 from __future__ import annotations
 
 import dataclasses
+import math
 import os
 from typing import Any
 
@@ -27,7 +28,9 @@ from dpkd_jax.methods.srr import step as step_lib
 from dpkd_jax.models import core
 from dpkd_jax.train import checkpoint
 from dpkd_jax.train import outputs
+from dpkd_jax.train import records
 from dpkd_jax.train import sharding
+from dpkd_jax.train import workdir as workdir_lib
 from dpkd_jax.train.state import TrainState
 
 
@@ -51,7 +54,7 @@ def pretrain_generator(config: generator_lib.PretrainConfig, generator: core.Mod
                        teacher: core.ModelParts, workdir: str, key: jax.Array, *,
                        identity: dict[str, Any], checkpoint_every: int = 250,
                        progress: bool = True, mesh: jax.sharding.Mesh | None = None,
-                       ) -> core.ModelParts:
+                       run: workdir_lib.Run | None = None) -> core.ModelParts:
   """Pretrains `generator` against the frozen `teacher`, resumable from `workdir`.
 
   `workdir/checkpoints/<step>` holds the generator state and, in its metadata, the config,
@@ -69,6 +72,8 @@ def pretrain_generator(config: generator_lib.PretrainConfig, generator: core.Mod
     checkpoint_every: steps between checkpoints.
     progress: show a tqdm bar.
     mesh: devices (default: all, replicated state).
+    run: the locked `workdir` of a standalone pretraining (`open_run(workdir, config=
+      config_json(config))`): checkpoints go through it, so its clock counts them.
 
   Returns:
     The pretrained generator (params and BatchNorm running statistics).
@@ -76,7 +81,7 @@ def pretrain_generator(config: generator_lib.PretrainConfig, generator: core.Mod
   mesh = sharding.data_mesh() if mesh is None else mesh
   state = TrainState.create(generator, _optimizer(config))
   ckpt_dir = os.path.join(workdir, "checkpoints")
-  meta = {"config": _config_json(config), "identity": identity, "step": 0,
+  meta = {"config": config_json(config), "identity": identity, "step": 0,
           "key_data": jax.random.key_data(key).tolist()}
   start = 0
   if checkpoint.latest_step(ckpt_dir) is not None:
@@ -91,7 +96,7 @@ def pretrain_generator(config: generator_lib.PretrainConfig, generator: core.Mod
   teacher = sharding.replicate(teacher, mesh)
   step_fn = step_lib.make_pretrain_step(config, teacher.graphdef)
   # Losses of teacher(G(z)): noiseless functions of the teacher, so private diagnostics.
-  writer = outputs.PrivateDiagnosticsWriter(workdir)
+  writer = outputs.PrivateDiagnosticsWriter(workdir, resume_step=start if start else None)
   bar = tqdm.tqdm(total=config.steps, initial=start, disable=not progress, desc="generator")
   step = start
   while step < config.steps:
@@ -103,7 +108,12 @@ def pretrain_generator(config: generator_lib.PretrainConfig, generator: core.Mod
     step_metrics = jax.device_get(step_metrics)
     writer.write(step, step_metrics, prefix="pretrain/")
     bar.set_postfix(loss=f"{step_metrics['loss']:.3f}")
-    checkpoint.save(ckpt_dir, step, jax.device_get(state.arrays()), {**meta, "step": step})
+    last = {k: float(v) for k, v in step_metrics.items()}
+    if run is None:
+      checkpoint.save(ckpt_dir, step, jax.device_get(state.arrays()),
+                      {**meta, "step": step, "final_metrics": last})
+    else:
+      run.save(step, state.arrays(), {**meta, "step": step, "final_metrics": last})
   bar.close()
   writer.close()
   return jax.device_get(state.parts)
@@ -128,9 +138,9 @@ def load_pretrained(workdir: str, template: core.ModelParts, *, config: generato
   meta = checkpoint.restore_metadata(ckpt_dir)
   models.check_generator_identity(meta.get("identity"), identity,
                                   where=f"the generator in {workdir!r}", teacher_dir=teacher_dir)
-  if meta.get("config") != _config_json(config):
+  if meta.get("config") != config_json(config):
     raise ValueError(f"the generator in {workdir!r} was pretrained with {meta.get('config')},"
-                     f" this run asks for {_config_json(config)}")
+                     f" this run asks for {config_json(config)}")
   if meta["step"] < config.steps:
     raise ValueError(f"the generator in {workdir!r} is unfinished ({meta['step']} of"
                      f" {config.steps} steps)")
@@ -142,7 +152,25 @@ def _optimizer(config: generator_lib.PretrainConfig) -> optax.GradientTransforma
   return step_lib.adam(config.learning_rate, config.steps)
 
 
-def _config_json(config: generator_lib.PretrainConfig) -> dict[str, Any]:
+def config_json(config: generator_lib.PretrainConfig) -> dict[str, Any]:
+  """The pretraining config as its checkpoints store it (compared on resume and reuse)."""
   out = dataclasses.asdict(config)
   out["terms"] = list(config.terms)
   return out
+
+
+def write_record(workdir: str, *, dataset: str, run: workdir_lib.Run,
+                 clock: outputs.RunClock) -> None:
+  """`<workdir>/record.json` of a finished standalone pretraining (process 0 only): its cost
+  (seconds summed over resumed processes) and final losses. No test accuracy (a generator is
+  not a classifier) and sound ε "inf": the generator is a noiseless function of the teacher."""
+  if jax.process_index() != 0 or run.clock is None:
+    return
+  meta = checkpoint.restore_metadata(os.path.join(workdir, "checkpoints"))
+  cost = run.clock.finish(*clock.seconds())
+  records.write_record(os.path.join(workdir, "record.json"), records.make_record(
+      method="srr_generator", dataset=dataset, test_accuracy=None, sound_epsilon=math.inf,
+      delta=0.0, neighbouring="replace-one", accounting="sound",
+      cpu_seconds=cost.pop("cpu_seconds"), wall_seconds=cost.pop("wall_seconds"),
+      commit=clock.commit, extra={"pretrain_steps": meta["step"],
+                                  "final_metrics": meta.get("final_metrics", {}), **cost}))

@@ -74,26 +74,32 @@ def _save_grid(config: config_lib.SRRConfig, generator: core.ModelParts, key: ja
   samples.save_sample_grid(np.asarray(images[:64]), config.info, path)
 
 
+@workdir_lib.run_scope
 def pretrain(config: config_lib.SRRConfig, workdir: str, *, progress: bool = True,
              mesh: jax.sharding.Mesh | None = None) -> core.ModelParts:
-  """Only the teacher-prior generator pretraining of `config`, into `workdir` (resumable),
-  plus `workdir/samples.png`; runs reuse it with `pretrained_generator_dir=workdir`.
+  """Only the teacher-prior generator pretraining of `config`, into `workdir` (locked,
+  resumable), plus `workdir/samples.png` and `workdir/record.json` (its cost); runs reuse it
+  with `pretrained_generator_dir=workdir`.
 
   The generator is a noiseless function of the teacher: every run that uses it reports
   record-level ε = inf (`privacy`). Returns the pretrained generator.
   """
   if config.generator_prior != "teacher":
     raise ValueError("only generator_prior='teacher' pretrains a generator")
+  clock = outputs.RunClock()
   mesh = sharding.data_mesh() if mesh is None else mesh
   sharding.check_divisible(config.pretrain_batch_size, mesh)
   teacher = _load_teacher(config)
+  run = workdir_lib.open_run(workdir, kind="SRR generator pretraining",
+                             config=pretraining.config_json(config.pretrain_config()))
   keys = _keys(seeds.resolve_seed(config.seed))
   _, generator = step_lib.init_models(config, keys.init)
   generator = pretraining.pretrain_generator(
       config.pretrain_config(), generator, teacher.parts, workdir, keys.pretrain,
-      identity=config.generator_identity(teacher.parts), progress=progress, mesh=mesh)
+      identity=config.generator_identity(teacher.parts), progress=progress, mesh=mesh, run=run)
   _save_grid(config, generator, jax.random.fold_in(keys.init, _GRID_TAG), mesh,
              os.path.join(workdir, "samples.png"))
+  pretraining.write_record(workdir, dataset=config.dataset, run=run, clock=clock)
   return generator
 
 
