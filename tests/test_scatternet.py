@@ -49,6 +49,36 @@ def test_features_do_not_depend_on_the_chunking_or_the_other_images():
                              rtol=1e-6, atol=1e-6)
 
 
+def test_features_are_memoized_by_content_read_only_and_bounded(monkeypatch):
+  images = data.load("digits", "test").images[:6]
+  info = data.DATASETS["digits"]
+  config = scatternet.ScatterNetConfig()
+  scatternet.clear_memo()
+  first = scatternet.features(images, info, config, chunk=4)
+  assert not first.flags.writeable
+  with pytest.raises(ValueError, match="read-only"):
+    first[0, 0, 0, 0] = 1.0
+  assert scatternet.features(images.copy(), info, config, chunk=4) is first  # same content
+  other = images.copy()
+  other[0, 0, 0, 0] ^= 1
+  assert scatternet.features(other, info, config, chunk=4) is not first  # one pixel differs
+  assert scatternet.features(images, info, config, chunk=3) is not first  # another program
+  assert scatternet.features(images, info, scatternet.ScatterNetConfig(orientations=4),
+                             chunk=4).shape[-1] == 1 + 2 * 4 + 16
+  # A bounded memo: the least recently used entries go first, a larger array is never kept.
+  monkeypatch.setattr(scatternet, "_MEMO_BYTES", first.nbytes)
+  scatternet.clear_memo()
+  scatternet.features(images, info, config, chunk=4)
+  kept = scatternet.features(images[:3], info, config, chunk=4)
+  assert scatternet.features(images[:3], info, config, chunk=4) is kept
+  assert len(scatternet._memo) == 1  # the 6-image array was dropped for room
+  monkeypatch.setattr(scatternet, "_MEMO_BYTES", 1)
+  scatternet.clear_memo()
+  scatternet.features(images, info, config, chunk=4)
+  assert not scatternet._memo
+  scatternet.clear_memo()
+
+
 @pytest.mark.parametrize("name", ["scatter_linear", "scatter_cnn"])
 def test_heads_take_feature_maps_and_refuse_batchnorm(name):
   model = registry.create_classifier(name, num_classes=10, input_shape=(7, 7, 81), norm="group",

@@ -15,8 +15,10 @@ groups of whole coefficient families is what the paper's normalization does.
 
 from __future__ import annotations
 
+import collections
 import dataclasses
 import functools
+import hashlib
 
 import jax
 import jax.numpy as jnp
@@ -89,9 +91,25 @@ def transform(x: jax.Array, config: ScatterNetConfig) -> jax.Array:
   return jnp.moveaxis(coefficients, 1, -1)
 
 
+# Features already computed in this process, by (content hash of the images, info, config):
+# the transform reads no data and has no parameters, so the same images always give the same
+# features, and a sweep of runs over one dataset (a notebook, the tests) computes them once.
+# Least recently used entries go first past `_MEMO_BYTES`; an array larger than it is not kept.
+_MEMO_BYTES = 1 << 30
+_memo: collections.OrderedDict[tuple, np.ndarray] = collections.OrderedDict()
+
+
+def clear_memo() -> None:
+  """Forgets every memoized feature array (frees their memory)."""
+  _memo.clear()
+
+
 def features(images: np.ndarray, info: arrays.DatasetInfo, config: ScatterNetConfig, *,
              chunk: int = 1000) -> np.ndarray:
   """ScatterNet features of uint8 images, computed in fixed-size chunks on the host's device.
+
+  Memoized per process (`clear_memo`): the same images, dataset and config return the same
+  read-only array (copy it to write into it).
 
   Args:
     images: (N, H, W, C) uint8 images of the dataset `info`.
@@ -100,13 +118,26 @@ def features(images: np.ndarray, info: arrays.DatasetInfo, config: ScatterNetCon
     chunk: images per call (the last chunk is zero-padded, so one shape compiles).
 
   Returns:
-    (N, H / 2^J, W / 2^J, C K) float32 features.
+    (N, H / 2^J, W / 2^J, C K) float32 features, read-only.
   """
   shape = config.output_shape(tuple(images.shape[1:]))  # the divisibility check, first
   if len(images) == 0:
     return np.zeros((0, *shape), np.float32)
-  return evaluate.map_padded(
+  images = np.ascontiguousarray(images)
+  key = (hashlib.sha256(images.data).hexdigest(), images.shape, images.dtype.str, info, config,
+         chunk)
+  if key in _memo:
+    _memo.move_to_end(key)
+    return _memo[key]
+  out = evaluate.map_padded(
       lambda part: transform(pipeline.normalize(jnp.asarray(part), info), config), images, chunk)
+  out = np.asarray(out)
+  out.setflags(write=False)
+  if out.nbytes <= _MEMO_BYTES:
+    _memo[key] = out
+    while sum(a.nbytes for a in _memo.values()) > _MEMO_BYTES:
+      _memo.popitem(last=False)
+  return out
 
 
 # --- As a representation for clustering (`representations.fit("scatternet", ...)`). ---
