@@ -161,6 +161,11 @@ def test_a_standalone_pretraining_writes_its_record_and_reruns_without_training(
   again = srr.pretrain(config, gen_dir, progress=False)
   chex.assert_trees_all_equal(again.params, generator.params)
   assert records.read_record(os.path.join(gen_dir, "record.json"))["segments"] == 2
+  # The same pretraining flags for another generator (wider): one user error, nothing written.
+  before = sorted(os.listdir(os.path.join(gen_dir, "checkpoints")))
+  with pytest.raises(UserError, match="pretrained for another run"):
+    srr.pretrain(_config(teacher_dir, seed=1, generator_channels=16), gen_dir, progress=False)
+  assert sorted(os.listdir(os.path.join(gen_dir, "checkpoints"))) == before
 
 
 def _load(gen_dir, config, teacher_dir=None):

@@ -21,6 +21,7 @@ import jax.numpy as jnp
 import optax
 import tqdm
 
+from dpkd_jax import errors
 from dpkd_jax import models
 from dpkd_jax.methods.srr import config as config_lib
 from dpkd_jax.methods.srr import generator as generator_lib
@@ -87,8 +88,8 @@ def pretrain_generator(config: generator_lib.PretrainConfig, generator: core.Mod
   if checkpoint.latest_step(ckpt_dir) is not None:
     saved = checkpoint.restore_metadata(ckpt_dir)
     if saved.get("config") != meta["config"] or saved.get("identity") != identity:
-      raise ValueError(f"{workdir!r} holds a generator pretrained for another run; use a fresh"
-                       " directory")
+      raise errors.UserError(f"{workdir!r} holds a generator pretrained for another run"
+                             " (another teacher, dataset or architecture); use a fresh directory")
     arrays, meta = checkpoint.restore(ckpt_dir, state.arrays())
     state, start = state.with_arrays(arrays), int(meta["step"])
     key = jax.random.wrap_key_data(jnp.asarray(meta["key_data"], jnp.uint32))
