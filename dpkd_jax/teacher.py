@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import math
 import os
 import time
 from typing import Any, NamedTuple
@@ -33,7 +32,6 @@ from dpkd_jax.train import checkpoint
 from dpkd_jax.train import evaluate as evaluate_lib
 from dpkd_jax.train import metrics as metrics_lib
 from dpkd_jax.train import outputs
-from dpkd_jax.train import records
 from dpkd_jax.train import sharding
 from dpkd_jax.train import supervised
 from dpkd_jax.train import workdir as workdir_lib
@@ -204,12 +202,10 @@ def write_card(workdir: str, card: dict[str, Any], *, run: workdir_lib.Run | Non
   with open(os.path.join(workdir, "card.json"), "w") as f:
     json.dump(card, f, indent=2)
   if run is not None and run.clock is not None and clock is not None:
-    cost = run.clock.finish(*clock.seconds())
-    records.write_record(os.path.join(workdir, "record.json"), records.make_record(
-        method="teacher", dataset=card["dataset"], test_accuracy=card["test_accuracy"],
-        sound_epsilon=math.inf, delta=0.0, neighbouring="replace-one", accounting="sound",
-        cpu_seconds=cost.pop("cpu_seconds"), wall_seconds=cost.pop("wall_seconds"),
-        commit=clock.commit, extra={"model": card["model"], "params": card["param_count"], **cost}))
+    outputs.write_non_private_record(
+        workdir, run=run, clock=clock, method="teacher", dataset=card["dataset"],
+        test_accuracy=card["test_accuracy"],
+        extra={"model": card["model"], "params": card["param_count"]})
 
 
 @workdir_lib.run_scope

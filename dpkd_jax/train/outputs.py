@@ -182,12 +182,9 @@ def finish_run(workdir: str, results: dict[str, Any], *, run: workdir_lib.Run | 
   """
   results["warnings"] = privacy_warnings(sound_epsilon=sound_epsilon,
                                          target_epsilon=target_epsilon, accounting=accounting)
-  cpu, wall = clock.seconds()
   if run is not None and os.path.abspath(run.workdir) != os.path.abspath(workdir):
     raise ValueError(f"finish_run of {workdir!r} was handed the run of {run.workdir!r}")
-  account = None if run is None else run.clock  # None: process != 0, or the run is closed
-  cost = (account.finish(cpu, wall) if account is not None
-          else {"cpu_seconds": cpu, "wall_seconds": wall})
+  cost = _run_cost(run, clock)
   cpu, wall = cost.pop("cpu_seconds"), cost.pop("wall_seconds")
   record = records.make_record(
       method=results["method"], dataset=dataset, test_accuracy=test_accuracy,
@@ -200,3 +197,28 @@ def finish_run(workdir: str, results: dict[str, Any], *, run: workdir_lib.Run | 
     model_card.write_model_card(workdir)  # model_card.md + .json, from the two files above
     report.write_report(workdir)  # report.md: curves, ε spent, samples, privacy-utility
   return results
+
+
+def _run_cost(run: workdir_lib.Run | None, clock: RunClock) -> dict[str, Any]:
+  """{cpu_seconds, wall_seconds, + segments / commits / clock_incomplete after a resume}: the
+  run's cost summed over its processes (`finish_run`), or this process's alone without one."""
+  cpu, wall = clock.seconds()
+  account = None if run is None else run.clock  # None: process != 0, or the run is closed
+  return (account.finish(cpu, wall) if account is not None
+          else {"cpu_seconds": cpu, "wall_seconds": wall})
+
+
+def write_non_private_record(workdir: str, *, run: workdir_lib.Run, clock: RunClock,
+                             method: str, dataset: str, test_accuracy: float | None,
+                             extra: dict[str, Any]) -> None:
+  """`<workdir>/record.json` (coordinator only) of a run that releases no privacy guarantee
+  (a teacher, a generator pretrained on one): sound ε "inf", δ 0, its cost as `finish_run`
+  sums it, the starting commit of `clock`."""
+  if not distributed.is_coordinator():
+    return
+  cost = _run_cost(run, clock)
+  records.write_record(os.path.join(workdir, "record.json"), records.make_record(
+      method=method, dataset=dataset, test_accuracy=test_accuracy, sound_epsilon=math.inf,
+      delta=0.0, neighbouring="replace-one", accounting="sound",
+      cpu_seconds=cost.pop("cpu_seconds"), wall_seconds=cost.pop("wall_seconds"),
+      commit=clock.commit, extra={**extra, **cost}))

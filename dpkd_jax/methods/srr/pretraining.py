@@ -12,7 +12,6 @@ initialisation.
 from __future__ import annotations
 
 import dataclasses
-import math
 import os
 from typing import Any
 
@@ -29,7 +28,6 @@ from dpkd_jax.methods.srr import step as step_lib
 from dpkd_jax.models import core
 from dpkd_jax.train import checkpoint
 from dpkd_jax.train import outputs
-from dpkd_jax.train import records
 from dpkd_jax.train import sharding
 from dpkd_jax.train import workdir as workdir_lib
 from dpkd_jax.train.state import TrainState
@@ -109,12 +107,12 @@ def pretrain_generator(config: generator_lib.PretrainConfig, generator: core.Mod
     step_metrics = jax.device_get(step_metrics)
     writer.write(step, step_metrics, prefix="pretrain/")
     bar.set_postfix(loss=f"{step_metrics['loss']:.3f}")
-    last = {k: float(v) for k, v in step_metrics.items()}
+    step_meta = {**meta, "step": step,
+                 "final_metrics": {k: float(v) for k, v in step_metrics.items()}}
     if run is None:
-      checkpoint.save(ckpt_dir, step, jax.device_get(state.arrays()),
-                      {**meta, "step": step, "final_metrics": last})
-    else:
-      run.save(step, state.arrays(), {**meta, "step": step, "final_metrics": last})
+      checkpoint.save(ckpt_dir, step, jax.device_get(state.arrays()), step_meta)
+    else:  # through the run, whose clock counts the checkpoint
+      run.save(step, state.arrays(), step_meta)
   bar.close()
   writer.close()
   return jax.device_get(state.parts)
@@ -168,10 +166,6 @@ def write_record(workdir: str, *, dataset: str, run: workdir_lib.Run,
   if jax.process_index() != 0 or run.clock is None:
     return
   meta = checkpoint.restore_metadata(os.path.join(workdir, "checkpoints"))
-  cost = run.clock.finish(*clock.seconds())
-  records.write_record(os.path.join(workdir, "record.json"), records.make_record(
-      method="srr_generator", dataset=dataset, test_accuracy=None, sound_epsilon=math.inf,
-      delta=0.0, neighbouring="replace-one", accounting="sound",
-      cpu_seconds=cost.pop("cpu_seconds"), wall_seconds=cost.pop("wall_seconds"),
-      commit=clock.commit, extra={"pretrain_steps": meta["step"],
-                                  "final_metrics": meta.get("final_metrics", {}), **cost}))
+  outputs.write_non_private_record(
+      workdir, run=run, clock=clock, method="srr_generator", dataset=dataset, test_accuracy=None,
+      extra={"pretrain_steps": meta["step"], "final_metrics": meta.get("final_metrics", {})})
