@@ -13,10 +13,10 @@ card matches, else trained. Per-dataset defaults (dpdfd/quickstart.py, docs/RESU
 best measured recipe: --dataset=digits fits a few CPU minutes (sound target epsilon 10 unless
 --noise_multiplier/--target_epsilon); mnist and fashion_mnist get the disagreement engine
 (--steps=8000 --batch_size=64 --generator_channels=64 --teacher_loss=logit --bound_method=clip
---l2_norm_bound=1000 --generator_objective=disagreement), with --teacher_ensemble_dir the paper
+--l2_norm_bound=1000 --generator_objective=disagreement; Fashion-MNIST: a small_cnn student and
+--class_conditional_weight=3), with --teacher_ensemble_dir the paper
 generator at C = 1 for 2,000 steps, with --accounting=paper C = 1e-10 (kappa 1e-12, gamma 1e12)
-and the class-conditional generator (--class_conditional_weight=1;
-Fashion-MNIST 3).
+and the class-conditional generator (--class_conditional_weight=1; Fashion-MNIST 3).
 A flag you give always wins; the defaults below are the config's.
 """
 

@@ -92,7 +92,12 @@ DATASET_DEFAULTS: dict[str, dict[str, Any]] = {
     # datalens_cnn under the engine recipe (DISAGREEMENT_ANCHOR, session 12 rows); the
     # PAPER rule lifts it from 0.75 to 0.86-0.87 (session 17, "The class-conditional
     # generator at paper ε = 10 and on Fashion-MNIST"); ENSEMBLE was measured on MNIST only.
-    "fashion_mnist": {**ENGINE_RECIPE, "student_model": "small_cnn"},
+    # Session 28: with a class code of weight 3 and the default teacher (5 epochs, no
+    # augmentation) it meets the non-private goal on three seeds (0.884; "Without noise the
+    # same recipe meets the engine's non-private goal"); older recorded commands name
+    # --class_conditional_weight=0, what they ran.
+    "fashion_mnist": {**ENGINE_RECIPE, "student_model": "small_cnn",
+                      "class_conditional_weight": 3.0},
 }
 TEACHER_MODEL = "small_cnn"
 TEACHER_EPOCHS = 5  # other datasets (the CLI's --teacher_epochs default)
@@ -122,7 +127,8 @@ def flag_defaults(dataset: str, given: Mapping[str, Any] | None = None) -> dict[
     given: the flags the user gave, with their values ({} or None: none); they always win.
       A given `--bound_method` other than clip keeps the config's C, κ, γ and generator: the
       recipes' values assume clipped rows (normalised rows all have norm C). A given
-      `--generator_objective` other than disagreement drops that generator's own terms.
+      `--generator_objective` other than disagreement, or a rule's, drops that generator's own
+      terms.
   """
   given = given or {}
   out = dict(DATASET_DEFAULTS.get(dataset, {}))
@@ -131,7 +137,8 @@ def flag_defaults(dataset: str, given: Mapping[str, Any] | None = None) -> dict[
     if given.get("bound_method", "clip") != "clip":
       for name in CLIP_RECIPE_FLAGS:
         out.pop(name, None)
-    if given.get("generator_objective", "disagreement") != "disagreement":
+    objective = given.get("generator_objective", out.get("generator_objective"))
+    if objective != "disagreement":  # given, or a rule's (the ensemble's paper generator)
       for name in DISAGREEMENT_ONLY_FLAGS:
         out.pop(name, None)
   return {name: value for name, value in out.items() if name not in given}
