@@ -142,8 +142,9 @@ def test_flag_defaults_resolution():
                                             }) == quickstart.ENGINE_RECIPE
   assert quickstart.recipe_rule({"accounting": "paper", "teacher_ensemble_dir": "e"}) == \
       quickstart.PAPER_RECIPE
-  assert quickstart.recipe_rule({"accounting": "paper"}, "fashion_mnist") == {
-      **quickstart.PAPER_RECIPE, "class_conditional_weight": 3.0}
+  assert quickstart.flag_defaults("fashion_mnist", {"accounting": "paper"}) == {
+      **quickstart.DATASET_DEFAULTS["fashion_mnist"], **quickstart.PAPER_RECIPE,
+      "class_conditional_weight": 3.0}
   # The digits Quickstart is not the engine recipe: no rule applies to it.
   assert quickstart.flag_defaults("digits", {"teacher_ensemble_dir": "e"}) == \
       quickstart.DATASET_DEFAULTS["digits"]
