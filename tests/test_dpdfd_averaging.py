@@ -54,8 +54,11 @@ def runs(teacher_dir, tmp_path_factory):
 
 def test_averaging_changes_neither_the_iterates_nor_epsilon(runs):
   (plain_config, plain_dir, plain), (config, workdir, averaged) = runs["plain"], runs["averaged"]
-  chex.assert_trees_all_equal(_student_arrays(config, workdir)["params"],
-                              _student_arrays(plain_config, plain_dir)["params"])
+  # Two programs (the averaging one has the EMA beside the update): the same iterates up to
+  # float rounding, which depends on how XLA fuses each program (tests/conftest.py's codegen).
+  chex.assert_trees_all_close(_student_arrays(config, workdir)["params"],
+                              _student_arrays(plain_config, plain_dir)["params"], rtol=1e-5,
+                              atol=1e-7)
   assert averaged["epsilon"] == plain["epsilon"]
   assert averaged["noise_multiplier"] == plain["noise_multiplier"]
 

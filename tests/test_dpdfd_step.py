@@ -295,7 +295,8 @@ def test_class_balance_terms_move_only_the_generator(teacher_dir):
     out[name] = step(dpdfd.init_state(config, jax.random.key(0)), ensemble.params,
                      ensemble.batch_stats, jax.random.key(1))
   (plain, m0), (balanced, m1) = out["plain"], out["balanced"]
-  chex.assert_trees_all_close(plain.student.params, balanced.student.params)
+  # Two programs: equal up to float rounding (atol for the entries near 0).
+  chex.assert_trees_all_close(plain.student.params, balanced.student.params, atol=1e-8)
   deltas = jax.tree.leaves(jax.tree.map(lambda a, b: jnp.max(jnp.abs(a - b)),
                                         plain.generator.params, balanced.generator.params))
   assert max(float(d) for d in deltas) > 0

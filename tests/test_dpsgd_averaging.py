@@ -73,8 +73,11 @@ def test_a_resumed_run_has_the_uninterrupted_average(averaged):
 def test_averaging_changes_neither_the_iterates_nor_epsilon(averaged):
   _, _, results, arrays, _ = averaged
   plain, one_go = arrays["plain"]["state"], arrays["one_go"]["state"]
-  chex.assert_trees_all_equal(one_go["params"], plain["params"])
-  chex.assert_trees_all_equal(one_go["opt_state"].inner, plain["opt_state"])
+  # Two programs (the averaging one has the EMA beside the update): the same iterates up to
+  # float rounding, which depends on how XLA fuses each program (tests/conftest.py's codegen).
+  chex.assert_trees_all_close(one_go["params"], plain["params"], rtol=1e-5, atol=1e-7)
+  chex.assert_trees_all_close(one_go["opt_state"].inner, plain["opt_state"], rtol=1e-5,
+                              atol=1e-7)
   for key in ("epsilon", "epsilon_add_remove", "noise_multiplier", "steps", "sampling_rate"):
     assert results["one_go"][key] == results["plain"][key]
   assert results["one_go"]["ledger"]["entries"] == results["plain"]["ledger"]["entries"]

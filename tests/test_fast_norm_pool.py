@@ -132,7 +132,9 @@ def test_constant_groups_match_autodiffs_clipped_variance():
   x[0] = 1.5
   x[1, ..., 2:] = -0.25
   scale, bias = normal((4,), seed=12), jnp.asarray([0.3, -0.2, 0.1, 0.4], jnp.float32)
-  check_against_references(jnp.asarray(x), scale, bias, num_groups=2)
+  # E[x²] − μ² cancels here, so its rounding (which depends on how XLA fuses the reductions of
+  # each program) reaches the outputs at a few 1e-5 of their scale.
+  check_against_references(jnp.asarray(x), scale, bias, num_groups=2, tolerance=1e-4)
 
 
 def test_rounded_variances_at_and_below_zero_match_autodiff():
