@@ -85,7 +85,10 @@ def cache_path() -> pathlib.Path:
 
 
 def _scope() -> str:
-  return f"{machine_id()} | jax {jax.__version__}"
+  """Routes hold for one machine type, jax version and set of XLA options (an XLA flag can
+  change which convolution kernel runs, e.g. dpkd_jax/xla_cpu.py's)."""
+  flags = " ".join(sorted(os.environ.get("XLA_FLAGS", "").split()))
+  return f"{machine_id()} | jax {jax.__version__}" + (f" | XLA_FLAGS {flags}" if flags else "")
 
 
 def _load() -> None:
