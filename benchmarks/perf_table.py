@@ -465,7 +465,8 @@ def main() -> None:
           if NOT_TIGHT else "")
   header = (
       f"{datetime.date.today()}, jax {jax.__version__} on {jax.devices()[0].platform} "
-      f"({protocol.machine_id()}), convolution routes {conv_routes.mode()} "
+      f"({protocol.machine_id()}), XLA_FLAGS `{os.environ.get('XLA_FLAGS', '')}` (from "
+      f"dpkd_jax/xla_cpu.py unless set), convolution routes {conv_routes.mode()} "
       f"(models/conv_routes.py), {args.warmup} warm-up call(s) then >= {args.repeats} "
       f"interleaved rounds per group of rows, until each ratio's 95% bootstrap interval is "
       f"within 5%; {conditions.line()}; whole run {time.perf_counter() - start:.0f} s.{wide}")
