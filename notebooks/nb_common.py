@@ -20,7 +20,9 @@ print("dpkd_jax found:", importlib.util.find_spec("dpkd_jax").origin)'''
 DEVICE = '''\
 # Backend detection and the small-config switch. SMALL = True (a tiny config that runs in
 # well under a minute on a laptop CPU; what CI executes) unless a TPU or GPU is attached.
-# Override with the environment variable DPKD_NOTEBOOK_SMALL=1 (or 0).
+# Override with the environment variable DPKD_NOTEBOOK_SMALL=1 (or 0). dpkd_jax is imported
+# before JAX starts a backend, so that its XLA CPU options apply (dpkd_jax/xla_cpu.py).
+import dpkd_jax  # noqa: F401
 import jax
 
 BACKEND = jax.default_backend()  # "tpu", "gpu" or "cpu"
