@@ -14,7 +14,7 @@ from jax.sharding import PartitionSpec as P
 
 from dpkd_jax.errors import UserError
 from dpkd_jax.models import classifiers, conv_routes, core, ghost, mobilenet, registry
-from dpkd_jax.privacy import dpsgd_mechanism
+from dpkd_jax.privacy import dpsgd_mechanism, ghost_clipping
 from dpkd_jax.train import sharding
 # Forces every convolution pass to one exact form (no timing), as in the fast_conv tests.
 from test_fast_conv import force_route
@@ -156,6 +156,15 @@ def test_equals_the_vmap_path_with_banded_convolutions(monkeypatch):
   # narrow layers on some machines): the tapped forward and its input gradient go through
   # fast_conv too, and the batch axis is never merged, so example_mixing still follows it.
   force_route(monkeypatch, "banded")
+  model = registry.create_classifier("lenet5", num_classes=4, input_shape=(28, 28, 1),
+                                     norm="group", seed=0)
+  _check_against_vmap(core.split(model), (28, 28, 1), 4)
+
+
+def test_equals_the_vmap_path_with_batch_channels_per_example_gradients(monkeypatch):
+  # Every per-example kernel gradient by the grouped convolution over (example, channel) pairs
+  # (what measured routes take for narrow layers on some machines), NaN example included.
+  monkeypatch.setattr(ghost_clipping, "conv_grad_form", lambda *a, **k: "batch_channels")
   model = registry.create_classifier("lenet5", num_classes=4, input_shape=(28, 28, 1),
                                      norm="group", seed=0)
   _check_against_vmap(core.split(model), (28, 28, 1), 4)
@@ -378,12 +387,16 @@ def test_refuses_what_it_cannot_handle_naming_the_layer(model, message):
 
 
 @pytest.mark.parametrize("routes,vary_params", [("static", True), ("measure", True),
-                                                ("static", False)])
+                                                ("static", False), ("batch_channels", True)])
 def test_inside_shard_map_each_device_sums_its_own_rows(monkeypatch, tmp_path, routes,
                                                         vary_params):
   # "measure": every convolution pass and per-example kernel gradient takes the form timed on
   # this machine (conv_routes), as outside the tests; the sums must not change. Without
   # vary_params the parameters stay replicated (invariant), as the ghost docstring allows.
+  # "batch_channels": the static rule with every per-example kernel gradient in that form.
+  if routes == "batch_channels":
+    monkeypatch.setattr(ghost_clipping, "conv_grad_form", lambda *a, **k: "batch_channels")
+    routes = "static"
   monkeypatch.setenv(conv_routes.ENV_VAR, routes)
   monkeypatch.setenv(conv_routes.CACHE_ENV_VAR, str(tmp_path))
   conv_routes.clear()

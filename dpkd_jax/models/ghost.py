@@ -52,6 +52,8 @@ Path = tuple
 SMALL_PARAM_LAYERS = ghost_taps.AFFINE_LAYERS
 _AFFINE_PARAMS = ("scale", "bias")
 _FALLBACK = "; use clipping='vmap' (per-example gradients by vmap)"
+# The largest kernel operand (B·C·O·T values) offered to the "batch_channels" per-example form.
+_BATCH_CHANNELS_MAX_VALUES = 2**24
 
 
 class GhostOutputs(NamedTuple):
@@ -221,10 +223,15 @@ def _per_example_conv_grads(a: jax.Array, g: jax.Array, spec: ghost_taps.ConvSpe
 
   # Not "vmap_dw": its vjp is taken at a replicated zero kernel, which inside shard_map (the
   # DP-SGD step) would make the transpose sum over devices; it never won by much anyway.
+  # "batch_channels" only while its kernel operand (B·C·O·T values) stays small.
   forms = ("patches",) if spec.groups != 1 else ("patches", "taps")
+  if spec.groups == 1 and g.size * a.shape[-1] <= _BATCH_CHANNELS_MAX_VALUES:
+    forms += ("batch_channels",)
   static = ghost_clipping.conv_grad_form(spec.window, a.shape[-1], g.shape[-1],
                                          groups=spec.groups)
-  key = (f"per_example_kernel_grad {a.shape} {g.shape} w{spec.window} s{spec.strides} "
+  # The candidates are part of the key: a route measured among fewer forms is measured again.
+  key = (f"per_example_kernel_grad[{','.join(forms)}] {a.shape} {g.shape} w{spec.window} "
+         f"s{spec.strides} "
          f"p{spec.padding} g{spec.groups} {a.dtype}")
   form = conv_routes.choose(key, {name: form_fn(name) for name in forms}, (a.shape, g.shape),
                             static)

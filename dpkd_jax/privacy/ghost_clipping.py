@@ -198,7 +198,7 @@ def conv_patches(x: jax.Array, window: Sequence[int], *, strides: Sequence[int],
   return patches.reshape(x.shape[0], -1, groups, patches.shape[-2] * len(taps) // groups)
 
 
-CONV_GRAD_FORMS = ("patches", "taps", "vmap_dw")
+CONV_GRAD_FORMS = ("patches", "taps", "vmap_dw", "batch_channels")
 _MIN_TAPS_PATCH_DEPTH = 16  # C·prod(window); benchmarks/ghost_conv_forms.py
 
 
@@ -230,7 +230,11 @@ def per_example_conv_kernel_grads(x: jax.Array, g: jax.Array, *, window: Sequenc
     * "taps": one batched dot over T per kernel tap, (B, T, C)ᵀ(B, T, O) → (B, C, O), no patch
       array (G = 1 only; grouped convolutions take "patches");
     * "vmap_dw": `vmap` over the examples of XLA's kernel gradient of a one-example
-      convolution.
+      convolution;
+    * "batch_channels": ONE convolution whose input channels are the (example, channel)
+      pairs and whose kernel is each example's output gradient (a feature group per pair,
+      `_batch_channels_grads`; G = 1 only, grouped convolutions take "patches"). Its kernel
+      operand holds B·C·O·T values: meant for narrow inputs.
 
   Args:
     x: (B, *spatial, C) channels-last input of the convolution.
@@ -256,6 +260,8 @@ def per_example_conv_kernel_grads(x: jax.Array, g: jax.Array, *, window: Sequenc
     return jax.vmap(one)(x, g)
   if form not in CONV_GRAD_FORMS:
     raise ValueError(f"form must be one of {CONV_GRAD_FORMS}, got {form!r}")
+  if form == "batch_channels" and groups == 1:
+    return _batch_channels_grads(x, g, window, **conv)
   g_rows = g.reshape(batch, -1, out_channels)  # (B, T, O)
   if form == "taps" and groups == 1:
     taps = _conv_taps(x, window, **conv)
@@ -269,6 +275,45 @@ def per_example_conv_kernel_grads(x: jax.Array, g: jax.Array, *, window: Sequenc
   patches = conv_patches(x, window, groups=groups, **conv)  # (B, T, G, d)
   grads = per_example_kernel_grads(patches, g.reshape(batch, -1, groups, out_channels // groups))
   return conv_kernel_from_patches(grads, kernel_shape)
+
+
+def _batch_channels_grads(x: jax.Array, g: jax.Array, window: Sequence[int], *,
+                          strides: Sequence[int], padding: str | Sequence[tuple[int, int]],
+                          lhs_dilation: Sequence[int] | None, rhs_dilation: Sequence[int] | None,
+                          dimension_numbers: Any) -> jax.Array:
+  """(B, *window, C, O) per-example kernel gradients as one grouped convolution.
+
+  G_b[w, c, o] = Σ_y x_pad[b, s·y + r·w, c] · g[b, y, o] is, for each pair (b, c), a
+  correlation of that channel of the padded (dilated) input with g_b, read at the window's
+  taps: a convolution of a one-image input with B·C channels by a (*out, 1, B·C·O) kernel
+  holding g_b for each of its C pairs, with `feature_group_count` = B·C, the convolution's
+  strides s as the kernel's dilation and its kernel dilation r as the window strides.
+  """
+  batch, channels, out_channels = x.shape[0], x.shape[-1], g.shape[-1]
+  rank = x.ndim - 2
+  reach = [(k - 1) * r + 1 for k, r in zip(window, rhs_dilation or (1,) * rank)]
+  if isinstance(padding, str):  # as `lax.conv_general_dilated` resolves it
+    padding = lax.padtype_to_pads(x.shape[1:-1], reach, strides, padding)
+  numbers = lax.conv_dimension_numbers(x.shape, (1,) * x.ndim, dimension_numbers)
+  if tuple(numbers.lhs_spec) != (0, x.ndim - 1, *range(1, x.ndim - 1)):
+    raise ValueError(f"batch_channels needs a channels-last input, got {numbers}")
+  x = lax.pad(x, jnp.zeros((), x.dtype), [(0, 0, 0)] + [
+      (lo, hi, d - 1) for (lo, hi), d in zip(padding, lhs_dilation or (1,) * rank)] + [(0, 0, 0)])
+  spatial = tuple(range(1, rank + 1))
+  lhs = jnp.moveaxis(x, 0, -2).reshape(1, *x.shape[1:-1], batch * channels)  # channels (b, c)
+  out_shape = g.shape[1:-1]
+  rhs = jnp.broadcast_to(jnp.moveaxis(g, 0, -2)[..., None, :],  # (*out, B, C, O)
+                         (*out_shape, batch, channels, out_channels))
+  rhs = rhs.reshape(*out_shape, 1, batch * channels * out_channels)
+  out = lax.conv_general_dilated(
+      lhs, rhs, tuple(rhs_dilation or (1,) * rank), "VALID", rhs_dilation=tuple(strides),
+      dimension_numbers=lax.ConvDimensionNumbers((0, rank + 1, *spatial),
+                                                 (rank + 1, rank, *range(rank)),
+                                                 (0, rank + 1, *spatial)),
+      feature_group_count=batch * channels)  # (1, ≥ *window, B·C·O)
+  out = out[(0, *(slice(0, k) for k in window))]  # past the window: taps the conv never uses
+  out = out.reshape(*window, batch, channels, out_channels)
+  return jnp.moveaxis(out, rank, 0)
 
 
 def conv_kernel_from_patches(grad: jax.Array, kernel_shape: Sequence[int]) -> jax.Array:
