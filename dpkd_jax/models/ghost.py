@@ -231,8 +231,7 @@ def _per_example_conv_grads(a: jax.Array, g: jax.Array, spec: ghost_taps.ConvSpe
                                          groups=spec.groups)
   # The candidates are part of the key: a route measured among fewer forms is measured again.
   key = (f"per_example_kernel_grad[{','.join(forms)}] {a.shape} {g.shape} w{spec.window} "
-         f"s{spec.strides} "
-         f"p{spec.padding} g{spec.groups} {a.dtype}")
+         f"s{spec.strides} p{spec.padding} g{spec.groups} {a.dtype}")
   form = conv_routes.choose(key, {name: form_fn(name) for name in forms}, (a.shape, g.shape),
                             static)
   return form_fn(form)(a, g)
