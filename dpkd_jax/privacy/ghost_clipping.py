@@ -139,6 +139,25 @@ def bias_grads(g: jax.Array) -> jax.Array:
   return jnp.sum(g, axis=1)
 
 
+def _dilated_padded_input(x: jax.Array, window: Sequence[int], *, strides: Sequence[int],
+                          padding: str | Sequence[tuple[int, int]],
+                          lhs_dilation: Sequence[int] | None, rhs_dilation: Sequence[int],
+                          dimension_numbers: Any, user: str) -> tuple[jax.Array, list[int]]:
+  """(x dilated and padded as the convolution reads it, (B, *spatial', C); the dilated
+  window's reach per spatial axis). Refuses a layout other than channels-last, naming `user`."""
+  rank = x.ndim - 2
+  numbers = lax.conv_dimension_numbers(x.shape, (1,) * x.ndim, dimension_numbers)
+  if tuple(numbers.lhs_spec) != (0, x.ndim - 1, *range(1, x.ndim - 1)):
+    raise ValueError(f"{user} needs a channels-last input, got {numbers}")
+  reach = [(k - 1) * r + 1 for k, r in zip(window, rhs_dilation)]  # the dilated window
+  if isinstance(padding, str):  # as `lax.conv_general_dilated` resolves it
+    padding = lax.padtype_to_pads(x.shape[1:-1], reach, strides, padding)
+  # Dilate (interior zeros) and pad in one go; negative padding crops.
+  x = lax.pad(x, jnp.zeros((), x.dtype), [(0, 0, 0)] + [
+      (lo, hi, d - 1) for (lo, hi), d in zip(padding, lhs_dilation or (1,) * rank)] + [(0, 0, 0)])
+  return x, reach
+
+
 def _conv_taps(x: jax.Array, window: Sequence[int], *, strides: Sequence[int],
                padding: str | Sequence[tuple[int, int]], lhs_dilation: Sequence[int] | None,
                rhs_dilation: Sequence[int] | None, dimension_numbers: Any) -> list[jax.Array]:
@@ -146,19 +165,11 @@ def _conv_taps(x: jax.Array, window: Sequence[int], *, strides: Sequence[int],
 
   Strided slices of the dilated, padded input: pure data movement, no arithmetic.
   """
-  rank = x.ndim - 2
-  numbers = lax.conv_dimension_numbers(x.shape, (1,) * x.ndim, dimension_numbers)
-  if tuple(numbers.lhs_spec) != (0, x.ndim - 1, *range(1, x.ndim - 1)):
-    raise ValueError(f"conv_patches needs a channels-last input, got {numbers}")
   window, strides = tuple(window), tuple(strides)
-  lhs_dilation = tuple(lhs_dilation or (1,) * rank)
-  rhs_dilation = tuple(rhs_dilation or (1,) * rank)
-  reach = [(k - 1) * r + 1 for k, r in zip(window, rhs_dilation)]  # the dilated window
-  if isinstance(padding, str):  # as `lax.conv_general_dilated` resolves it
-    padding = lax.padtype_to_pads(x.shape[1:-1], reach, strides, padding)
-  # Dilate (interior zeros) and pad in one go; negative padding crops.
-  x = lax.pad(x, jnp.zeros((), x.dtype), [(0, 0, 0)] + [
-      (lo, hi, d - 1) for (lo, hi), d in zip(padding, lhs_dilation)] + [(0, 0, 0)])
+  rhs_dilation = tuple(rhs_dilation or (1,) * (x.ndim - 2))
+  x, reach = _dilated_padded_input(x, window, strides=strides, padding=padding,
+                                   lhs_dilation=lhs_dilation, rhs_dilation=rhs_dilation,
+                                   dimension_numbers=dimension_numbers, user="conv_patches")
   out = [(n - k) // s + 1 for n, k, s in zip(x.shape[1:-1], reach, strides)]
   taps = []
   for offset in itertools.product(*(range(k) for k in window)):  # row-major, as the kernel
@@ -291,14 +302,10 @@ def _batch_channels_grads(x: jax.Array, g: jax.Array, window: Sequence[int], *,
   """
   batch, channels, out_channels = x.shape[0], x.shape[-1], g.shape[-1]
   rank = x.ndim - 2
-  reach = [(k - 1) * r + 1 for k, r in zip(window, rhs_dilation or (1,) * rank)]
-  if isinstance(padding, str):  # as `lax.conv_general_dilated` resolves it
-    padding = lax.padtype_to_pads(x.shape[1:-1], reach, strides, padding)
-  numbers = lax.conv_dimension_numbers(x.shape, (1,) * x.ndim, dimension_numbers)
-  if tuple(numbers.lhs_spec) != (0, x.ndim - 1, *range(1, x.ndim - 1)):
-    raise ValueError(f"batch_channels needs a channels-last input, got {numbers}")
-  x = lax.pad(x, jnp.zeros((), x.dtype), [(0, 0, 0)] + [
-      (lo, hi, d - 1) for (lo, hi), d in zip(padding, lhs_dilation or (1,) * rank)] + [(0, 0, 0)])
+  rhs_dilation = tuple(rhs_dilation or (1,) * rank)
+  x, _ = _dilated_padded_input(x, window, strides=strides, padding=padding,
+                               lhs_dilation=lhs_dilation, rhs_dilation=rhs_dilation,
+                               dimension_numbers=dimension_numbers, user="batch_channels")
   spatial = tuple(range(1, rank + 1))
   lhs = jnp.moveaxis(x, 0, -2).reshape(1, *x.shape[1:-1], batch * channels)  # channels (b, c)
   out_shape = g.shape[1:-1]
@@ -306,7 +313,7 @@ def _batch_channels_grads(x: jax.Array, g: jax.Array, window: Sequence[int], *,
                          (*out_shape, batch, channels, out_channels))
   rhs = rhs.reshape(*out_shape, 1, batch * channels * out_channels)
   out = lax.conv_general_dilated(
-      lhs, rhs, tuple(rhs_dilation or (1,) * rank), "VALID", rhs_dilation=tuple(strides),
+      lhs, rhs, rhs_dilation, "VALID", rhs_dilation=tuple(strides),
       dimension_numbers=lax.ConvDimensionNumbers((0, rank + 1, *spatial),
                                                  (rank + 1, rank, *range(rank)),
                                                  (0, rank + 1, *spatial)),
