@@ -60,8 +60,8 @@ print(config)'''),
 it: the teacher is **not** private, it is the model we convert), calibrates σ so that the whole
 run spends at most the target ε under `dpdfd_event` (PLD accountant), charges a privacy ledger
 before every release, and writes the student checkpoint, results.json, record.json and
-report.md. The summary marks the teacher's accuracy as a private diagnostic, and says why when
-the student is at chance.
+report.md. The summary names where the private diagnostics are (the teacher's accuracy among
+them; their values are never printed), and says why when the student is at chance.
 """),
       ("code", '''
 RUN_DIR = os.path.join(WORKDIR, "eps10")

@@ -121,7 +121,8 @@ def _guarantee(record: dict[str, Any], results: dict[str, Any], privacy: dict[st
                  "assumes they were fixed without looking at it"]
   names = _private_names(results)
   if names:
-    not_covered.append(f"the private diagnostics of results.json ({', '.join(names)}): "
+    where = "results.json" + (" and record.json" if record.get("private_diagnostics") else "")
+    not_covered.append(f"the private diagnostics of {where} ({', '.join(names)}): "
                        "noiseless, never publish them")
   not_covered.append(f"the seed: {seed['note']}")
   if method in TEACHER_METHODS:

@@ -20,6 +20,8 @@ from typing import Mapping
 import jax
 import numpy as np
 
+from dpkd_jax.train import released_fields
+
 _HEADER = ["step", "name", "value"]
 
 
@@ -62,10 +64,15 @@ class MetricsWriter:
 
   The CSV is in long format (`step,name,value`, one row per scalar) so that metrics logged at
   different cadences (train every step, eval every epoch) share one file without header churn.
+  A released log (`private=False`) sends every private metric name
+  (`released_fields.is_private_metric`, e.g. "validation/accuracy") to the run's private
+  diagnostics instead (`released_fields.PRIVATE_CSV` / `PRIVATE_TB_DIR`, named
+  `private_diagnostics/<name>`), opened at its first such write.
   """
 
   def __init__(self, workdir: str, *, tensorboard: bool = True, resume_step: int | None = None,
-               csv_name: str = "metrics.csv", tb_dir: str = "tb"):
+               csv_name: str = "metrics.csv", tb_dir: str = "tb", private: bool = False,
+               drop_rows: bool = True):
     """Opens the log.
 
     Args:
@@ -74,15 +81,22 @@ class MetricsWriter:
       resume_step: the step the run (re)starts from; rows and events after it are dropped.
         None keeps everything (plain append).
       csv_name, tb_dir: file and directory names inside `workdir`.
+      private: this log holds private diagnostics (it keeps every name it is given).
+      drop_rows: drop the CSV's rows after `resume_step` now (False: the caller did, before
+        this process wrote any row; TensorBoard is still told to purge).
     """
     self._active = jax.process_index() == 0
+    self._workdir, self._tensorboard, self._resume_step = workdir, tensorboard, resume_step
     self._csv_path = os.path.join(workdir, csv_name)
     self._tb = None
+    self._private = None if private else False  # False: a released log's private sink, unopened
     if not self._active:
       return
     os.makedirs(workdir, exist_ok=True)
-    if resume_step is not None:
+    if resume_step is not None and drop_rows:
       drop_rows_after(self._csv_path, resume_step)
+      if not private:  # the private rows of the steps to replay go too (before any write)
+        drop_rows_after(os.path.join(workdir, released_fields.PRIVATE_CSV), resume_step)
     if not os.path.exists(self._csv_path):
       with open(self._csv_path, "w", newline="") as f:
         csv.writer(f).writerow(_HEADER)
@@ -100,15 +114,31 @@ class MetricsWriter:
     if not self._active:
       return
     rows = [(int(step), f"{prefix}{k}", float(np.asarray(v))) for k, v in metrics.items()]
+    if self._private is not None:
+      private = {n[len(prefix):]: v for _, n, v in rows if released_fields.is_private_metric(n)}
+      if private:
+        self._private_sink().write(
+            step, private, prefix=f"{released_fields.PRIVATE_TAG_PREFIX}{prefix}")
+        rows = [row for row in rows if not released_fields.is_private_metric(row[1])]
     with open(self._csv_path, "a", newline="") as f:
       csv.writer(f).writerows(rows)
     if self._tb is not None:
       for step_, name, value in rows:
         self._tb.add_scalar(name, value, step_)
 
+  def _private_sink(self) -> "MetricsWriter":
+    if not self._private:
+      self._private = MetricsWriter(
+          self._workdir, tensorboard=self._tensorboard, resume_step=self._resume_step,
+          csv_name=released_fields.PRIVATE_CSV, tb_dir=released_fields.PRIVATE_TB_DIR,
+          private=True, drop_rows=False)
+    return self._private
+
   def close(self) -> None:
     if self._tb is not None:
       self._tb.close()
+    if self._private:
+      self._private.close()
 
 
 def read_metrics(workdir: str, csv_name: str = "metrics.csv") -> dict[str, list[tuple[int, float]]]:

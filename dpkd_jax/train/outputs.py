@@ -7,10 +7,14 @@ accuracy, DP-SGD's loss on a private batch, ...): their ε is infinite. They are
 every output file so that publishing a run's outputs never publishes them by accident:
 
 * results.json: released figures at top level; the others under `"private_diagnostics"`,
-  whose `"_note"` says they are not covered by ε.
+  whose `"_note"` says they are not covered by ε (`finish_run` moves any field that
+  `released_fields` declares private there: e.g. a validation accuracy).
 * metrics.csv / tb/: released curves only. Private scalars go to `private_diagnostics.csv`
-  (same long format) and to `private_diagnostics_tb/` with tags prefixed `private_diagnostics/`.
-* record.json: the results record (`records.make_record`), released figures only.
+  (same long format) and to `private_diagnostics_tb/` with tags prefixed `private_diagnostics/`
+  (`metrics.MetricsWriter` sends a declared private name such as "validation/accuracy" there).
+* record.json: the results record (`records.make_record`), released figures at top level; a
+  declared private field of `extra` (the statistic a tuning table selects on) under its own
+  `"private_diagnostics"` block.
 
 `finish_run` writes results.json and record.json at the end of every `train_*`, with the
 privacy warnings (ε = inf, sound ε above the target) in both, the model card built from them
@@ -32,15 +36,16 @@ from dpkd_jax.release import model_card
 from dpkd_jax.train import distributed
 from dpkd_jax.train import metrics as metrics_lib
 from dpkd_jax.train import records
+from dpkd_jax.train import released_fields
 from dpkd_jax.train import report
 from dpkd_jax.train import workdir as workdir_lib
 
-PRIVATE_KEY = "private_diagnostics"
-PRIVATE_NOTE = ("noiseless functions of private data or of the non-private teacher: NOT "
-                "covered by epsilon, do not publish")
-PRIVATE_CSV = "private_diagnostics.csv"
-PRIVATE_TB_DIR = "private_diagnostics_tb"
-PRIVATE_TAG_PREFIX = "private_diagnostics/"
+# Declared once in `released_fields` (which names are private, and where they go).
+PRIVATE_KEY = released_fields.PRIVATE_KEY
+PRIVATE_NOTE = released_fields.PRIVATE_NOTE
+PRIVATE_CSV = released_fields.PRIVATE_CSV
+PRIVATE_TB_DIR = released_fields.PRIVATE_TB_DIR
+PRIVATE_TAG_PREFIX = released_fields.PRIVATE_TAG_PREFIX
 NOT_PRIVATE = "epsilon = inf (NOT private)"
 
 
@@ -77,7 +82,8 @@ class PrivateDiagnosticsWriter:
     if self._writer is None:
       self._writer = metrics_lib.MetricsWriter(
           self._workdir, tensorboard=self._tensorboard, resume_step=self._resume_step,
-          csv_name=PRIVATE_CSV, tb_dir=PRIVATE_TB_DIR)
+          csv_name=PRIVATE_CSV, tb_dir=PRIVATE_TB_DIR, private=True,
+          drop_rows=False)  # dropped at construction: rows written since are this process's
     self._writer.write(step, metrics, prefix=f"{PRIVATE_TAG_PREFIX}{prefix}")
 
   def close(self) -> None:
@@ -180,6 +186,7 @@ def finish_run(workdir: str, results: dict[str, Any], *, run: workdir_lib.Run | 
   Returns:
     `results`.
   """
+  released_fields.move_private_fields(results)  # a declared private field never at top level
   results["warnings"] = privacy_warnings(sound_epsilon=sound_epsilon,
                                          target_epsilon=target_epsilon, accounting=accounting)
   if run is not None and os.path.abspath(run.workdir) != os.path.abspath(workdir):

@@ -19,6 +19,10 @@ files, so that no figure is typed twice. Fields (all required; null where not ap
                            processes of a resumed run (`train.clock_file`: time after a killed
                            process's last checkpoint is not counted)
 Optional fields (`extra`) hold anything else worth keeping (seeds are never stored when secret).
+A noiseless private statistic (`released_fields.is_private_field`: e.g. `validation_accuracy`,
+the accuracy on a private hold-out that a tuning run selects on) is never a top-level field:
+`make_record` moves it into the record's `"private_diagnostics"` block (`{"_note": ..., name:
+value}`: NOT covered by ε), and `validate_record` refuses a record that has one at top level.
 A resumed run adds `segments` (how many processes ran it) and `commits` (their distinct
 commits, in order; `commit` is the finishing one's), and `clock_incomplete: true` if the
 seconds of earlier processes are unknown (their account was lost).
@@ -41,6 +45,7 @@ import tempfile
 from typing import Any
 
 from dpkd_jax.errors import UserError
+from dpkd_jax.train import released_fields
 
 RECORD_FIELDS = (
     "method", "dataset", "command", "commit", "test_accuracy", "sound_epsilon", "delta",
@@ -112,7 +117,7 @@ def make_record(*, method: str, dataset: str, test_accuracy: float | None,
     if clash:
       raise ValueError(f"extra fields clash with record fields: {sorted(clash)}")
     record.update(extra)
-  return validate_record(record)
+  return validate_record(released_fields.move_private_fields(record))
 
 
 def _is_number(value: Any) -> bool:
@@ -163,6 +168,13 @@ def validate_record(record: dict[str, Any]) -> dict[str, Any]:
   if not (eps == "inf" or (_is_number(eps) and eps >= 0)):
     raise ValueError(f"sound_epsilon must be a finite number >= 0 or 'inf', got {eps!r}")
   _check_kinds(record)
+  leaked = sorted(k for k in record if released_fields.is_private_field(k))
+  if leaked:
+    raise ValueError(f"private statistics at the top level: {leaked} (noiseless, not covered "
+                     f"by epsilon: they belong under \"{released_fields.PRIVATE_KEY}\")")
+  private = record.get(released_fields.PRIVATE_KEY, {})
+  if not isinstance(private, dict):
+    raise ValueError(f"{released_fields.PRIVATE_KEY} must be an object, got {private!r}")
   return record
 
 
@@ -228,7 +240,7 @@ def combine_seeds(records: dict[str, dict[str, Any]], *, name: str) -> dict[str,
   # Settings every seed shares; not the publishing fields (tables, labels, sources).
   publishing = {"tables", "columns", "text", "bold", "source", "regenerated", "single_seed",
                 "seed_of", "combined_from", "warnings", "segments", "commits",
-                "clock_incomplete"}
+                "clock_incomplete", released_fields.PRIVATE_KEY}
   combined.update({key: value for key, value in first.items()
                    if key not in combined and key not in publishing
                    and all(json.dumps(records[n].get(key)) == json.dumps(value) for n in names)})

@@ -15,8 +15,9 @@
                                 of the same dataset, when the checkout has them
 
 Private diagnostics (results.json's "private_diagnostics": noiseless functions of private data
-or of the non-private teacher) appear only in the last section, every value marked PRIVATE and
-not covered by ε; private_diagnostics.csv is named, never plotted.
+or of the non-private teacher, e.g. a tuning run's validation accuracy) appear only in the last
+section, every value marked PRIVATE and not covered by ε; private_diagnostics.csv is named, never
+plotted, and a private metric (`released_fields.is_private_metric`) is never a curve.
 """
 
 from __future__ import annotations
@@ -36,13 +37,12 @@ from dpkd_jax.privacy import accounting
 from dpkd_jax.privacy import ledger as ledger_lib
 from dpkd_jax.train import metrics as metrics_lib
 from dpkd_jax.train import records
+from dpkd_jax.train import released_fields
 
 FILE_NAME = "report.md"
 CURVES_PNG, PRIVACY_PNG, UTILITY_PNG = ("report_curves.png", "report_privacy.png",
                                         "report_privacy_utility.png")
-# = outputs.PRIVATE_KEY (outputs imports this module, so it cannot be imported here; a test
-# checks that the two agree).
-PRIVATE_KEY = "private_diagnostics"
+PRIVATE_KEY = released_fields.PRIVATE_KEY
 _REPO_RESULTS = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(
     os.path.abspath(__file__)))), "docs", "results")
 _MAX_LEDGER_POINTS = 20  # ε recomputed from the ledger at most this many times
@@ -90,6 +90,14 @@ def summary_rows(results: dict[str, Any], record: dict[str, Any] | None) -> list
            f"{_fmt(rec.get('cpu_seconds'))} / {_fmt(rec.get('wall_seconds'))}")]
   cell = lambda v: _fmt(v).replace("|", "\\|")  # noqa: E731  (a `|` would end the cell)
   return ["| field | value |", "| --- | --- |"] + [f"| {k} | {cell(v)} |" for k, v in rows]
+
+
+def released_series(series: dict[str, list[tuple[int, float]]]
+                    ) -> dict[str, list[tuple[int, float]]]:
+  """The curves of metrics.csv that may be plotted: non-empty and not a private metric
+  (`released_fields.is_private_metric`; a run written before the metrics writer sent them to
+  private_diagnostics.csv may still hold "validation/accuracy" in metrics.csv)."""
+  return {k: v for k, v in series.items() if v and not released_fields.is_private_metric(k)}
 
 
 def plot_curves(series: dict[str, list[tuple[int, float]]], out_path: str) -> str:
@@ -243,7 +251,7 @@ def write_report(workdir: str, *, results_dir: str | None = _REPO_RESULTS) -> st
   dataset = (record or {}).get("dataset") or results.get("config", {}).get("dataset")
   metrics_path = os.path.join(workdir, "metrics.csv")
   series = metrics_lib.read_metrics(workdir) if os.path.isfile(metrics_path) else {}
-  series = {k: v for k, v in series.items() if v}
+  series = released_series(series)
   lines = [f"# Run report: {results.get('method', 'run')} on {dataset}", "",
            f"`{workdir}`. Released figures only, except the last section (PRIVATE)."]
   lines += _section("Summary", summary_rows(results, record))

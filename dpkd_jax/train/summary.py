@@ -161,7 +161,10 @@ def file_lines(workdir: str) -> list[str]:
 
 def conversion_lines(results: Results, *, workdir: str, num_classes: int,
                      chance_reason: str) -> list[str]:
-  """The closing summary of a conversion (module docstring).
+  """The closing summary of a conversion: the student's test accuracy, the sound (ε, δ) with
+  its relation, warnings, the files, where the private diagnostics are (the teachers' accuracy
+  is one: its value stays in results.json's "private_diagnostics", never printed), and
+  `chance_reason` last when the student is at chance.
 
   Args:
     results: the run's results.json.
@@ -170,17 +173,8 @@ def conversion_lines(results: Results, *, workdir: str, num_classes: int,
     chance_reason: the line printed when the student is at chance (why, what to try).
   """
   accuracy = results["test_accuracy"]
+  # The teachers' accuracy is a private diagnostic: named by the last lines, never shown.
   lines = [f"student test accuracy: {accuracy:.4f} ({_dataset(results)} test split)"]
-  teachers = results.get(outputs.PRIVATE_KEY, {}).get("teacher_test_accuracy")
-  if teachers:
-    shown = ", ".join(f"{a:.4f}" for a in teachers)
-    lines.append(f"teacher test accuracy: {shown} [PRIVATE diagnostic: non-private teacher, "
-                 "not covered by epsilon, do not publish]")
-  stacked = results.get(outputs.PRIVATE_KEY, {}).get("teacher_ensemble")  # a stacked ensemble
-  if stacked and {"teacher_mean", "plurality"} <= set(stacked):
-    lines.append(f"teacher test accuracy: mean {stacked['teacher_mean']:.4f}, plurality vote "
-                 f"{stacked['plurality']:.4f} [PRIVATE diagnostic: non-private teachers, not "
-                 "covered by epsilon, do not publish]")
   lines.append(f"privacy: sound epsilon {_eps(results['epsilon'])} at delta "
                f"{results['delta']:g}, {_relation(workdir)} (dp_accounting)")
   paper = results.get("paper_epsilon")

@@ -10,9 +10,10 @@
      `config.teacher_ensemble_dir` (`experiments.teacher_ensemble`), checked before the run;
   2. `train_dpdfd` (its report.md, and the model card where helper code writes one, come from
      `train.outputs.finish_run`);
-  3. `summary_lines(results, workdir)`: accuracy, the teacher's accuracy marked as a private
-     diagnostic, the sound (ε, δ) with its relation, the files, and a line saying why when
-     the student is at chance.
+  3. `summary_lines(results, workdir)`: accuracy, the sound (ε, δ) with its relation, the
+     files, where the private diagnostics are (the teacher's accuracy among them: its value
+     stays in results.json's "private_diagnostics", never printed), and a line saying why
+     when the student is at chance.
 
 Per-dataset flag defaults (`flag_defaults`): the best measured recipe of each dataset
 (docs/RESULTS.md, anchors below). Digits keeps the whole command within a few CPU minutes.

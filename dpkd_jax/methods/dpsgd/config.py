@@ -71,7 +71,8 @@ class DPSGDConfig:
       images (J = 2, L = 8; Tramèr & Boneh 2021), computed once before training; use the
       `scatter_linear` or `scatter_cnn` heads. Same mechanism, noise and ε.
     validation_examples: hold this many training records out (a fixed split, seed 0) and
-      report the model's accuracy on them (`validation_accuracy`), for hyper-parameter tuning
+      report the model's accuracy on them (`validation_accuracy`, a private diagnostic of
+      results.json and record.json, curve in private_diagnostics.csv), for hyper-parameter tuning
       that never reads the test split. The held-out records are not trained on (N shrinks and
       ε is of the remaining records); the validation accuracy is a noiseless statistic of
       private records, NOT covered by ε (as for the tuning in the DP-SGD literature).

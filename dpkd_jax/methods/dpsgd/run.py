@@ -12,6 +12,10 @@ exported; the training metrics (loss, accuracy, batch size, fraction clipped, gr
 norm) are noiseless functions of private batches, written to `private_diagnostics.csv` only
 with `log_private_diagnostics=True`.
 
+A tuning run's accuracy on its validation hold-out (`validation_examples`: private training
+records, evaluated without noise) is a private diagnostic too: results.json and record.json
+keep it under "private_diagnostics", its curve is in `private_diagnostics.csv`.
+
 Workdir: checkpoints/ (Orbax state + PRNG key data; config, plan, ledger JSON as metadata),
 privacy_ledger.json, results.json, record.json, metrics.csv and tb/ (released values only).
 """
@@ -132,12 +136,15 @@ def train_dpsgd(config: DPSGDConfig, workdir: str, *, resume: bool = False,
 def _record_extra(results: dict[str, Any]) -> dict[str, Any]:
   """What a DP-SGD record keeps beside the common fields: the settings its tables show (the
   averaging decay and augmult only when on: `to_json` omits them at their defaults), the
-  add/remove ε, and the validation accuracy of a tuning run (NOT covered by ε)."""
+  add/remove ε, and the validation accuracy of a tuning run (NOT covered by ε: `make_record`
+  keeps it in the record's private block, which the tuning table reads)."""
   config = results["config"]
   extra = {key: results[key] for key in ("model", "features", "noise_multiplier",
                                          "epsilon_add_remove", "steps", "expected_batch_size",
-                                         "l2_clip_norm", "validation_accuracy",
-                                         "validation_examples") if key in results}
+                                         "l2_clip_norm", "validation_examples") if key in results}
+  private = results.get(outputs.PRIVATE_KEY, {})
+  if "validation_accuracy" in private:
+    extra["validation_accuracy"] = private["validation_accuracy"]
   extra.update({key: config[key] for key in ("learning_rate", "norm", "epochs",
                                             "lr_schedule", "standardize_noise_multiplier",
                                             "param_averaging_decay",
@@ -307,7 +314,8 @@ class _Loop:
     # A non-private run has no finite ε to plot: results.json says inf.
     writer.write(self.step, {**released, **({"epsilon": self.spent()} if self.ledger else {})},
                  prefix="test/")
-    if self.validation is not None:  # tuning runs only: a noiseless statistic of private records
+    if self.validation is not None:  # tuning runs only: a noiseless statistic of private
+      # records, which the writer sends to private_diagnostics.csv (`released_fields`)
       writer.write(self.step, {"accuracy": test_metrics["validation_accuracy"]},
                    prefix="validation/")
     self.run.save(self.step, host_arrays, {
@@ -326,9 +334,7 @@ def _results(loop: _Loop, state: TrainState, test_metrics: dict[str, float], *, 
   return {
       "method": "dpsgd", "dataset": config.dataset, "model": config.model, "norm": config.norm,
       "test_accuracy": test_metrics["accuracy"], "test_loss": test_metrics["loss"],
-      **({} if loop.validation is None else {
-          "validation_accuracy": test_metrics["validation_accuracy"],
-          "validation_examples": len(loop.validation)}),
+      **({} if loop.validation is None else {"validation_examples": len(loop.validation)}),
       "features": config.features,
       "epsilon": epsilon, "neighbouring_relation": plan.relation,
       "epsilon_add_remove": epsilon if ledger is None else accounting.epsilon(
@@ -347,5 +353,8 @@ def _results(loop: _Loop, state: TrainState, test_metrics: dict[str, float], *, 
       "config": config.to_json(),
       "ledger": None if ledger is None else json.loads(ledger.to_json()),
       "dpkd_jax_version": dpkd_jax.__version__,
-      outputs.PRIVATE_KEY: outputs.private_section(workdir=workdir),
+      # The validation accuracy of a tuning run: a noiseless statistic of private records.
+      outputs.PRIVATE_KEY: outputs.private_section(
+          None if loop.validation is None else {
+              "validation_accuracy": test_metrics["validation_accuracy"]}, workdir=workdir),
   }
