@@ -17,7 +17,9 @@ record = file name without .json) is rendered once: pivot tables, one line per l
 begin comment. A placeholder `{key:flags}` looks `key` up in the record: first
 `text["NAME/key"]`, then `text[key]` (labels, written as they are, flags ignored), then
 `columns[key]`, then the record's own field; `{ref>key}` follows `ref` to another record and
-`{a|b}` takes the first of `a`, `b` that is not null.
+`{a|b}` takes the first of `a`, `b` that is not null. `{private_diagnostics.key}` reads the
+record's private block (a noiseless statistic, NOT covered by ε: its column says PRIVATE); no
+other placeholder does.
 Flags: `,` thousands separators, `b` bold if "NAME/key" is in the record's `bold` list, `B` always
 bold, `L` bold the last element of a list, `/` `;` `p` join a list with " / ", ", " or table
 cells, `` ` `` code span, `D` dataset display name, `?` empty (not "—") when missing or null,
@@ -40,6 +42,7 @@ from typing import Any
 
 from dpkd_jax.errors import UserError
 from dpkd_jax.train import records as records_lib
+from dpkd_jax.train import released_fields
 
 Record = dict[str, Any]
 
@@ -49,6 +52,9 @@ _PLACEHOLDER = re.compile(r"\{(?P<key>[^{}:]+)(?::(?P<flags>[^{}]*))?\}")
 _DATASETS = {"mnist": "MNIST", "fashion_mnist": "Fashion-MNIST", "digits": "digits",
              "cifar10": "CIFAR-10"}
 _JOINS = {"/": " / ", ";": ", ", "p": " | "}
+# `{private_diagnostics.KEY}`: a value of the record's private block (NOT covered by ε); a
+# table that shows one labels its column PRIVATE. No other placeholder reads that block.
+_PRIVATE_PREFIX = released_fields.PRIVATE_KEY + "."
 DATASET_NAMES = _DATASETS  # display names, for other generated docs (train/frontier_doc)
 
 
@@ -70,6 +76,11 @@ class _Missing(Exception):
 
 def _lookup(record: Record, table: str, key: str) -> tuple[Any, bool]:
   """(value, is_label) of `key` for `table`; raises _Missing."""
+  if key.startswith(_PRIVATE_PREFIX):  # only where the template names the private block
+    private = record.get(released_fields.PRIVATE_KEY, {})
+    if key[len(_PRIVATE_PREFIX):] not in private:
+      raise _Missing(key)
+    return private[key[len(_PRIVATE_PREFIX):]], False
   text = record.get("text", {})
   for name in (f"{table}/{key}", key):
     if name in text:
