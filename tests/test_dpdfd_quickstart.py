@@ -20,6 +20,7 @@ from dpkd_jax import teacher as teacher_lib
 from dpkd_jax.methods import dpdfd
 from dpkd_jax.methods.dpdfd import quickstart
 from dpkd_jax.privacy import accounting
+from dpkd_jax.train import outputs
 from dpkd_jax.train import summary
 from experiments import dpdfd as dpdfd_cli
 
@@ -186,14 +187,17 @@ def test_quickstart_trains_the_teacher_and_sums_up(first_run, monkeypatch):
   lines = out[out.index(next(l for l in out if l.startswith("student test accuracy"))):]
   results = json.load(open(os.path.join(workdir, "results.json")))
   card = json.load(open(os.path.join(teacher_dir, "card.json")))
-  assert lines[:4] == [
+  assert lines[:3] == [
       f"student test accuracy: {results['test_accuracy']:.4f} (digits test split)",
-      f"teacher test accuracy: {card['test_accuracy']:.4f} [PRIVATE diagnostic: non-private "
-      "teacher, not covered by epsilon, do not publish]",
       f"privacy: sound epsilon {results['epsilon']:.4g} at delta 1e-05, replace-one "
       "neighbouring (dp_accounting)",
       f"student checkpoint: {os.path.join(workdir, 'checkpoints', '4')}"]
   assert f"run report: {os.path.join(workdir, 'report.md')}" in lines
+  # The teacher's accuracy: in results.json's private block, never in the printed summary.
+  assert card["test_accuracy"] in results[outputs.PRIVATE_KEY]["teacher_test_accuracy"]
+  assert not any(line.startswith("teacher test accuracy") or "PRIVATE diagnostic" in line
+                 for line in lines)
+  assert any(line.startswith("private diagnostics (not covered by epsilon) in ") for line in lines)
   assert not any("paper-formula" in line for line in lines)  # sound accounting
   assert results["epsilon"] <= 10.0 and results["steps"] == 4
   assert os.path.isfile(os.path.join(workdir, "report.md"))

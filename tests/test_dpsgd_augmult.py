@@ -15,6 +15,7 @@ from dpkd_jax.methods import dpsgd
 from dpkd_jax.methods.dpsgd import augmult
 from dpkd_jax.methods.dpsgd import run as run_lib
 from dpkd_jax.methods.dpsgd import step as step_lib
+from dpkd_jax.train import outputs
 
 CLIP = 0.1
 
@@ -155,7 +156,7 @@ def test_a_run_with_views_trains_resumes_and_records_augmult(tmp_path):
   dpsgd.train_dpsgd(config, str(tmp_path / "b"), stop_at_step=2, progress=False)
   resumed = dpsgd.train_dpsgd(config, str(tmp_path / "b"), resume=True, progress=False)
   assert resumed["test_accuracy"] == one_go["test_accuracy"]
-  assert resumed["validation_accuracy"] == one_go["validation_accuracy"]
+  assert resumed[outputs.PRIVATE_KEY] == one_go[outputs.PRIVATE_KEY]  # validation accuracy
   with open(os.path.join(tmp_path, "a", "record.json")) as f:
     record = json.load(f)
   assert (record["augmult"], record["augmult_max_shift"]) == (3, 2)

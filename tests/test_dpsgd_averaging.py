@@ -20,6 +20,7 @@ from dpkd_jax.methods.dpsgd import run as run_lib
 from dpkd_jax.release import students
 from dpkd_jax.train import checkpoint
 from dpkd_jax.train import evaluate as evaluate_lib
+from dpkd_jax.train import outputs
 from dpkd_jax.train.state import TrainState
 from dpsgd_fixtures import hand_ema, make_config
 
@@ -66,7 +67,7 @@ def test_the_average_is_the_ema_of_the_run_iterates(averaged):
 def test_a_resumed_run_has_the_uninterrupted_average(averaged):
   _, _, results, arrays, _ = averaged
   chex.assert_trees_all_equal(arrays["stepwise"], arrays["one_go"])  # average, count, key data
-  for key in ("test_accuracy", "test_loss", "validation_accuracy", "epsilon"):
+  for key in ("test_accuracy", "test_loss", "epsilon", outputs.PRIVATE_KEY):  # + validation
     assert results["stepwise"][key] == results["one_go"][key]
 
 
@@ -96,7 +97,7 @@ def test_evaluation_record_and_release_use_the_average(averaged):
   assert evaluate_lib.evaluate(of_average, test) == {"accuracy": one_go["test_accuracy"],
                                                      "loss": one_go["test_loss"]}
   assert evaluate_lib.evaluate(of_average, validation)["accuracy"] == (
-      one_go["validation_accuracy"])
+      one_go[outputs.PRIVATE_KEY]["validation_accuracy"])
   assert evaluate_lib.evaluate(of_iterate, test)["loss"] != one_go["test_loss"]
   with open(os.path.join(dirs["one_go"], "record.json")) as f:
     record = json.load(f)

@@ -14,6 +14,7 @@ from dpkd_jax.methods import dpsgd
 from dpkd_jax.methods.dpsgd import run as run_lib
 from dpkd_jax.release import students
 from dpkd_jax.train import metrics as metrics_lib
+from dpkd_jax.train import outputs
 
 
 def _config(**kw):
@@ -73,18 +74,25 @@ def test_a_run_on_features_reports_validation_and_resumes(tmp_path):
   assert one_go["features"] == "scatternet" and one_go["finished"]
   assert one_go["validation_examples"] == 100
   assert one_go["num_examples"] == 1442 - 100  # N of the plan: the records trained on
-  assert 0.0 <= one_go["validation_accuracy"] <= 1.0
+  # The validation accuracy is a noiseless statistic of private records: private diagnostics.
+  validation = one_go[outputs.PRIVATE_KEY]["validation_accuracy"]
+  assert "validation_accuracy" not in one_go and 0.0 <= validation <= 1.0
   assert one_go["test_accuracy"] > 0.5  # six noisy steps on ScatterNet features already learn
-  series = metrics_lib.read_metrics(str(tmp_path / "a"))
-  assert series["validation/accuracy"][-1] == (6, one_go["validation_accuracy"])
+  assert "validation/accuracy" not in metrics_lib.read_metrics(str(tmp_path / "a"))
+  private = outputs.read_private_diagnostics(str(tmp_path / "a"))
+  assert private["private_diagnostics/validation/accuracy"][-1] == (6, validation)
   dpsgd.train_dpsgd(config, str(tmp_path / "b"), stop_at_step=3, progress=False)
   resumed = dpsgd.train_dpsgd(config, str(tmp_path / "b"), resume=True, progress=False)
   assert resumed["test_accuracy"] == one_go["test_accuracy"]
-  assert resumed["validation_accuracy"] == one_go["validation_accuracy"]
+  assert resumed[outputs.PRIVATE_KEY] == one_go[outputs.PRIVATE_KEY]
+  resumed_series = outputs.read_private_diagnostics(str(tmp_path / "b"))
+  steps = [s for s, _ in resumed_series["private_diagnostics/validation/accuracy"]]
+  assert steps == sorted(set(steps)) and steps[-1] == 6  # each step once after the resume
   with open(os.path.join(tmp_path, "a", "record.json")) as f:
     record = json.load(f)
   assert record["test_accuracy"] == one_go["test_accuracy"]
-  assert record["validation_accuracy"] == one_go["validation_accuracy"]  # the tables show it
+  assert "validation_accuracy" not in record  # the tuning table reads the private block
+  assert record[outputs.PRIVATE_KEY]["validation_accuracy"] == validation
   assert (record["features"], record["model"], record["learning_rate"]) == (
       "scatternet", "scatter_linear", 4.0)
   with open(os.path.join(tmp_path, "a", "model_card.json")) as f:
