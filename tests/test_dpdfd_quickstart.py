@@ -230,7 +230,7 @@ def test_convert_reuses_the_teacher_whose_card_matches(first_run, tmp_path):
   assert logged == [f"teacher: reusing {reused} (lenet5 on digits, its card.json matches; "
                     "remove the directory to retrain)"]
   lines = quickstart.summary_lines(results, str(tmp_path))
-  assert "privacy: sound epsilon inf" in lines[2]
+  assert "privacy: sound epsilon inf" in lines[1]  # after the student's accuracy
   assert "WARNING: epsilon = inf (NOT private)" in lines
   (tmp_path / "model_card.md").write_text("card")
   assert f"model card: {tmp_path}/model_card.md" in summary.file_lines(str(tmp_path))
