@@ -202,8 +202,8 @@ def _md_privacy(card: dict[str, Any]) -> list[str]:
             f"delta = {privacy['delta']}, relation {privacy['neighbouring']}.")
   lines = ["## Privacy", "", head]
   if "checkpoint_step" in privacy:
-    lines.append(f"It covers every release charged up to the exported checkpoint (step "
-                 f"{privacy['checkpoint_step']}).")
+    lines.append("This epsilon accounts for every release charged up to the exported "
+                 f"checkpoint (step {privacy['checkpoint_step']}).")
   if privacy["accountant"]:
     lines.append(f"Accountant: {privacy['accountant']}.")
   paper = privacy["paper"]

@@ -108,7 +108,8 @@ def meta_checksum(meta: dict[str, Any]) -> str:
   """SHA-256 hex digest of `meta`'s canonical JSON (sorted keys, no spaces; without the
   checksum entry itself): equal for a dict and its JSON round trip."""
   body = {k: v for k, v in meta.items() if k != CHECKSUM_KEY}
-  return hashlib.sha256(json.dumps(body, sort_keys=True, separators=(",", ":")).encode()).hexdigest()
+  text = json.dumps(body, sort_keys=True, separators=(",", ":"))
+  return hashlib.sha256(text.encode()).hexdigest()
 
 
 def make_private(directory: str) -> None:
@@ -122,8 +123,8 @@ def make_private(directory: str) -> None:
 
 
 def _private_directory(directory: str) -> None:
-  """Creates `directory` (and missing parents) owner-only, or makes an existing one so,
-  before anything secret is written into it."""
+  """Creates `directory` owner-only (missing parents get the umask's mode), or makes an
+  existing one so, before anything secret is written into it."""
   os.makedirs(directory, mode=DIR_MODE, exist_ok=True)
   os.chmod(directory, DIR_MODE)
 
@@ -284,7 +285,8 @@ def read_verified(directory: str, step: int | None = None) -> Verified:
   elif not isinstance(stored, dict) or stored.get("sha256") != checksum(arrays):
     raise _corrupt(directory, step, "its arrays do not match the checksum written at save time")
   elif "meta_sha256" in stored and stored["meta_sha256"] != meta_checksum(meta):
-    # Written before metadata was covered: no entry, and the arrays' checksum still applies.
+    # A checkpoint written before the metadata was covered has no entry: its arrays' checksum
+    # still applies.
     raise _corrupt(directory, step, f"file {META_FILE} (root seed, config, ledger) differs "
                    "from the checksum written at save time")
   return Verified(step, arrays, meta)
