@@ -287,8 +287,9 @@ def read_verified(directory: str, step: int | None = None) -> Verified:
   elif "meta_sha256" in stored and stored["meta_sha256"] != meta_checksum(meta):
     # A checkpoint written before the metadata was covered has no entry: its arrays' checksum
     # still applies.
-    raise _corrupt(directory, step, f"file {META_FILE} (root seed, config, ledger) differs "
-                   "from the checksum written at save time")
+    path = os.path.join(os.path.abspath(directory), str(step), META_FILE)
+    raise _corrupt(directory, step, f"{path!r} (root seed, config, ledger) differs from the "
+                   "checksum written at save time")
   return Verified(step, arrays, meta)
 
 
