@@ -6,7 +6,10 @@ Writes `<out>/student.onnx` (jax2onnx; run by onnxruntime) and/or `<out>/student
 batch dimension, each checked against JAX on the public test images (relative tolerance 1e-4),
 and `<out>/model_card.{md,json}`: privacy guarantee and what it does not cover, input format,
 files with sha256, CPU latency per image measured now (`--no_latency` skips it). Runs of dpsgd,
-dpdfd, srr, rona, rknn and dfpate have a classifier student; other directories are refused.
+dpdfd, srr, rona, rknn and dfpate have a classifier student; other directories are refused,
+as is a run whose newest checkpoint spent more epsilon than its results report (a run stopped
+after that checkpoint: finish it with --resume first). The card's epsilon covers the exported
+checkpoint: every release charged up to it.
 ONNX needs `onnx`, `onnxruntime` and `jax2onnx` (setup.cfg extra `export`, then
 `pip install --no-deps jax2onnx==0.17.1`).
 """
@@ -39,6 +42,7 @@ def main(argv: list[str]) -> None:
   args = parse_args(argv)
   formats = bundle.check_formats([f.strip() for f in args.format.split(",") if f.strip()])
   bundle.students.check_run(args.run)  # a wrong --run fails before --out is created
+  bundle.students.check_covered(args.run)  # as does a checkpoint newer than the results
   _cli.check_output_dir(args.out, "--out")
   done = bundle.export_run(args.run, args.out, formats, measure_latency=not args.no_latency,
                            repeats=args.repeats)

@@ -141,3 +141,52 @@ def test_keeps_at_least_two_and_quarantine_moves_a_step(tmp_path):
   assert checkpoint.read_moved_metadata(moved) == {"s": 3}
   checkpoint.save(str(tmp_path / "c"), 3, _arrays(), {"s": 3})  # the step can be saved again
   assert checkpoint.latest_step(str(tmp_path / "c")) == 3
+
+
+def _modes(directory):
+  """{path relative to `directory`: permission bits} of it and everything under it."""
+  found = {".": os.stat(directory).st_mode & 0o777}
+  for root, dirs, files in os.walk(directory):
+    for name in dirs + files:
+      path = os.path.join(root, name)
+      found[os.path.relpath(path, directory)] = os.stat(path).st_mode & 0o777
+  return found
+
+
+def test_checkpoints_holding_the_seed_are_owner_only(tmp_path):
+  # Before: 0755 directories and 0644 files, the root seed readable by any local account.
+  old = os.umask(0o022)
+  try:
+    directory = str(tmp_path / "checkpoints")
+    for step in (1, 2):
+      checkpoint.save(directory, step, _arrays(), {"root_seed": [12345, True]})
+    checkpoint.quarantine(directory, 1)
+  finally:
+    os.umask(old)
+  for where in (directory, directory + ".corrupt"):
+    modes = _modes(where)
+    assert len(modes) > 5  # the step's arrays and metadata files were walked
+    for path, mode in modes.items():
+      expected = checkpoint.DIR_MODE if os.path.isdir(os.path.join(where, path)) else checkpoint.FILE_MODE
+      assert mode == expected, (path, oct(mode))
+
+
+def test_a_changed_seed_in_the_metadata_is_refused_naming_the_file(tmp_path):
+  # Before: one digit of the stored seed changed was restored silently.
+  checkpoint.save(str(tmp_path), 1, _arrays(), {"root_seed": [12345, True], "epoch": 1})
+  path = tmp_path / "1" / checkpoint.META_FILE
+  text = path.read_text()
+  assert "12345" in text
+  path.write_text(text.replace("12345", "12346"))
+  with pytest.raises(checkpoint.CorruptCheckpointError, match="root seed") as err:
+    checkpoint.read_verified(str(tmp_path))
+  assert str(path) in str(err.value) and "\n" not in str(err.value)
+  path.write_text(text)  # the original bytes read again
+  assert checkpoint.read_verified(str(tmp_path)).meta == {"root_seed": [12345, True], "epoch": 1}
+
+
+def test_metadata_checksum_survives_the_json_round_trip():
+  meta = {"a": (1, 2), "b": float("inf"), "c": {"z": 1, "y": [0.1, None]}, "s": "é"}
+  assert checkpoint.meta_checksum(meta) == checkpoint.meta_checksum(
+      {"s": "é", "c": {"y": [0.1, None], "z": 1}, "b": float("inf"), "a": [1, 2]})
+  assert checkpoint.meta_checksum(meta) != checkpoint.meta_checksum({**meta, "a": [1, 3]})

@@ -190,3 +190,53 @@ def test_ghost_clipping_run_matches_the_vmap_run(runs, tmp_path, monkeypatch):
   assert meta["config"] == ghost_config.to_json()
   chex.assert_trees_all_close(arrays_ghost["state"]["params"], arrays_vmap["state"]["params"],
                               atol=1e-5, rtol=1e-4)
+
+
+def _mode(path) -> int:
+  return os.stat(path).st_mode & 0o777
+
+
+def test_files_holding_the_seed_or_the_noise_state_are_owner_only(runs):
+  # Before: checkpoints (the root seed in their metadata, the key data as `rng`) were 0644
+  # files in 0755 directories, readable by any local account.
+  _, dirs, *_ = runs
+  for name in ("a", "b", "c"):  # a chosen seed, the same resumed, a secret seed
+    for root, _, files in os.walk(os.path.join(dirs[name], "checkpoints")):
+      assert _mode(root) == checkpoint.DIR_MODE, root
+      for file in files:
+        assert _mode(os.path.join(root, file)) == checkpoint.FILE_MODE, os.path.join(root, file)
+    for file in ("results.json", "record.json", "privacy_ledger.json"):  # seed, command, digests
+      assert _mode(os.path.join(dirs[name], file)) == 0o600, file
+
+
+def test_cli_resume_with_a_changed_seed_is_refused_in_one_line(runs, tmp_path, capsys):
+  # Before: one digit of the stored secret seed changed was accepted on resume (results.json
+  # then reported the new seed). The flags of `make_config(seed=None)`: the same plan and step.
+  del runs  # the compiled step
+  workdir = tmp_path / "run"
+  flags = ["--dataset=digits", "--model=lenet5_half", "--expected_batch_size=16",
+           "--l2_clip_norm=2", "--noise_multiplier=1", "--steps=4", "--learning_rate=0.5",
+           "--momentum=0.9", "--no-download", "--no_progress", f"--workdir={workdir}"]
+  dpsgd_cli.main([*flags, "--stop_at_step=2"])
+  dpsgd_cli.main([*flags, "--resume", "--stop_at_step=3"])
+  meta_path = workdir / "checkpoints" / "3" / checkpoint.META_FILE
+  original = meta_path.read_text()
+  seed = str(json.loads(original)["root_seed"][0])
+  assert original.count(seed) == 1
+  meta_path.write_text(original.replace(seed, seed[:-1] + str((int(seed[-1]) + 1) % 10)))
+  ledger_path = workdir / "privacy_ledger.json"
+  ledger_before = ledger_path.read_bytes()
+  capsys.readouterr()
+  with pytest.raises(SystemExit) as exit_info:
+    dpsgd_cli.main([*flags, "--resume"])
+  assert exit_info.value.code == 2
+  err = capsys.readouterr().err.strip()
+  assert err.startswith("error: ") and "\n" not in err and "Traceback" not in err
+  assert str(meta_path) in err and "root seed" in err
+  assert ledger_path.read_bytes() == ledger_before  # nothing charged
+  assert checkpoint.all_steps(str(workdir / "checkpoints")) == [2, 3]  # nothing moved
+  meta_path.write_text(original)  # the original file: the run continues
+  dpsgd_cli.main([*flags, "--resume"])
+  with open(workdir / "results.json") as f:
+    results = json.load(f)
+  assert results["steps"] == 4 and results["seed"].startswith("os-entropy")

@@ -20,7 +20,9 @@ from dpkd_jax.models import resnet
 from dpkd_jax.release import export
 from dpkd_jax.release import students
 from dpkd_jax.train import checkpoint
+from dpkd_jax.train import ledger_file
 from dpkd_jax.train import records
+from experiments import dpsgd as dpsgd_cli
 from experiments import export as export_cli
 
 HAVE_ONNX = all(importlib.util.find_spec(m) for m in ("jax2onnx", "onnx", "onnxruntime"))
@@ -193,3 +195,41 @@ def test_cli_refuses_in_one_line(dpsgd_run, tmp_path, capsys):
 def test_onnx_without_jax2onnx_is_one_line(dpsgd_run, tmp_path, capsys):
   err = _fails([f"--run={dpsgd_run}", f"--out={tmp_path / 'o'}", "--format=onnx"], capsys)
   assert "pip install --no-deps jax2onnx" in err
+
+
+# The flags of `dpsgd_fixtures.make_config(seed=7)`: the plan of the run above, one compiled step.
+DPSGD_FLAGS = ["--dataset=digits", "--model=lenet5_half", "--expected_batch_size=16",
+               "--l2_clip_norm=2", "--noise_multiplier=1", "--steps=4", "--learning_rate=0.5",
+               "--momentum=0.9", "--seed=7", "--no-download", "--no_progress"]
+
+
+def test_export_of_weights_beyond_the_results_is_refused_then_covered(dpsgd_run, tmp_path,
+                                                                      capsys):
+  # Before: `--stop_at_step`, then `--resume` killed once a later checkpoint existed, then an
+  # export: the card stated the first segment's epsilon for the later checkpoint's weights.
+  del dpsgd_run  # compiles the step first
+  run, out = tmp_path / "run", str(tmp_path / "release")
+  dpsgd_cli.main([*DPSGD_FLAGS, f"--workdir={run}", "--stop_at_step=2"])
+  first = {name: (run / name).read_bytes() for name in ("results.json", "record.json")}
+  dpsgd_cli.main([*DPSGD_FLAGS, f"--workdir={run}", "--resume"])
+  for name, text in first.items():  # killed once checkpoints/4 existed: no results of it
+    (run / name).write_bytes(text)
+  ckpt_dir = str(run / "checkpoints")
+  assert checkpoint.all_steps(ckpt_dir) == [2, 4]
+  spent = {step: ledger_file.ledger_of(checkpoint.restore_metadata(ckpt_dir, step=step))
+           .spent_epsilon() for step in (2, 4)}
+  recorded = records.read_record(str(run / "record.json"))["sound_epsilon"]
+  assert recorded == pytest.approx(spent[2]) and spent[2] < spent[4]
+  capsys.readouterr()
+  err = _fails([f"--run={run}", f"--out={out}", "--format=stablehlo", "--no_latency"], capsys)
+  assert "checkpoint step 4" in err and "with --resume" in err
+  assert not os.path.exists(out)  # refused before anything was written
+  dpsgd_cli.main([*DPSGD_FLAGS, f"--workdir={run}", "--resume"])  # finishes: results of step 4
+  export_cli.main([f"--run={run}", f"--out={out}", "--format=stablehlo", "--no_latency"])
+  with open(os.path.join(out, "model_card.json")) as f:
+    card = json.load(f)
+  privacy = card["privacy"]
+  assert privacy["checkpoint_step"] == 4 and card["exports"][0]["checkpoint_step"] == 4
+  assert privacy["sound_epsilon"] >= spent[4] * (1 - 1e-12)  # never below what was charged
+  with open(run / ledger_file.FILE_NAME) as f:
+    assert privacy["sound_epsilon"] <= json.load(f)["spent_epsilon"] * (1 + 1e-12)

@@ -125,3 +125,19 @@ def test_exports_and_measured_sections(tmp_path):
   assert card["exports"][0]["sha256"] == "ab" * 32 and "ab" * 32 in markdown
   assert card["measured"]["results"]["onnxruntime"][0]["min_ms_per_image"] == "inf"
   assert "1-minute load average 1.50, 1.25" in markdown and "| onnxruntime | 256 |" in markdown
+
+
+def test_an_exported_checkpoint_states_the_epsilon_covering_it(tmp_path):
+  # Before: an export took the record's epsilon, whatever checkpoint its weights came from.
+  workdir = _run(tmp_path, epsilon=2.5)
+  model_card.write_model_card(workdir, out_dir=str(tmp_path / "out"),
+                              checkpoint={"step": 46, "epsilon": 2.75})
+  card, markdown = _card(str(tmp_path / "out"))
+  assert card["privacy"]["sound_epsilon"] == 2.75 and card["privacy"]["checkpoint_step"] == 46
+  assert "Sound epsilon = 2.75," in markdown and "exported checkpoint (step 46)" in markdown
+  assert "(2.75, 1e-05)" in card["guarantee"]["covers"]
+  model_card.write_model_card(workdir, out_dir=str(tmp_path / "inf"),
+                              checkpoint={"step": 46, "epsilon": float("inf")})
+  card, _ = _card(str(tmp_path / "inf"))
+  assert card["privacy"]["sound_epsilon"] == "inf" and not card["privacy"]["private"]
+  assert "checkpoint_step" not in _card(workdir)[0]["privacy"]  # the run's own card

@@ -12,11 +12,14 @@ import os
 import jax
 import numpy as np
 import pytest
+from dp_accounting import dp_event
 from flax import nnx
 
 from dpkd_jax import data
+from dpkd_jax import errors
 from dpkd_jax.methods import dfpate, dpdfd, dpsgd, rknn, rona, srr
 from dpkd_jax.models import core
+from dpkd_jax.privacy import ledger as ledger_lib
 from dpkd_jax.release import students
 from dpkd_jax.train import checkpoint
 from dpkd_jax.train import records
@@ -39,8 +42,9 @@ def _nest(path, value, tree):
   tree[path[-1]] = value
 
 
-def _fake_run(root, method, *, model=None, seed=3):
-  """A finished run of `method` whose checkpoint holds a student in the method's layout."""
+def _fake_run(root, method, *, model=None, seed=3, ledger=None, recorded=1.0):
+  """A finished run of `method` whose checkpoint holds a student in the method's layout (and
+  `ledger`, as every method checkpoints it), its record stating ε `recorded`."""
   config, name, norm = CONFIGS[method]
   info = data.DATASETS["digits"]
   abstract = core.split(nnx.eval_shape(lambda: students.ARCHITECTURES[model or name](
@@ -57,9 +61,9 @@ def _fake_run(root, method, *, model=None, seed=3):
   _nest(layout.batch_stats, parts.batch_stats, arrays)  # {} for norms "group" and "none"
   workdir = os.path.join(str(root), method)
   checkpoint.save(os.path.join(workdir, "checkpoints"), 7, jax.device_get(arrays),
-                  {"config": config})
+                  {"config": config, **({} if ledger is None else {"ledger": ledger.to_json()})})
   records.write_record(os.path.join(workdir, "record.json"), records.make_record(
-      method=method, dataset="digits", test_accuracy=0.5, sound_epsilon=1.0, delta=1e-5,
+      method=method, dataset="digits", test_accuracy=0.5, sound_epsilon=recorded, delta=1e-5,
       neighbouring="replace-one", accounting="sound", cpu_seconds=1.0, wall_seconds=1.0))
   with open(os.path.join(workdir, "results.json"), "w") as f:
     json.dump({"method": method, "config": config}, f)
@@ -103,3 +107,35 @@ def test_spec_of_unknown_runs_is_none():
   assert students.spec_of("dpsgd", "no_such_dataset", CONFIGS["dpsgd"][0]) is None
   assert students.spec_of("dpsgd", "digits", {"model": "lenet5"}) is None  # no norm saved
   assert students.spec_of("dpsgd", "digits", None) is None
+
+
+def _ledger(charges: int) -> ledger_lib.PrivacyLedger:
+  """A ledger of `charges` Gaussian releases (sigma 4), one per step."""
+  ledger = ledger_lib.PrivacyLedger(target_epsilon=100.0, delta=1e-5)
+  for step in range(charges):
+    ledger.record(dp_event.GaussianDpEvent(4.0), step=step)
+  return ledger
+
+
+@pytest.mark.parametrize("method", sorted(CONFIGS))
+def test_the_epsilon_stated_covers_the_checkpoint_of_every_method(method, tmp_path):
+  # Before: the card took the record's epsilon whatever checkpoint was exported.
+  two, three = _ledger(2), _ledger(3)
+  assert two.spent_epsilon() < three.spent_epsilon()
+  workdir, _ = _fake_run(tmp_path / "covered", method, ledger=two, recorded=two.spent_epsilon())
+  student = students.load_student(workdir)
+  assert students.covered_epsilon(workdir, student.meta, student.step) == pytest.approx(
+      two.spent_epsilon(), rel=1e-12)
+  assert students.check_covered(workdir) == pytest.approx(two.spent_epsilon(), rel=1e-12)
+  # A record above the checkpoint's ledger (a charge after it): the larger figure.
+  workdir, _ = _fake_run(tmp_path / "above", method, ledger=two, recorded=5.0)
+  assert students.check_covered(workdir) == 5.0
+  # Weights beyond the results (a run stopped after the checkpoint): refused in one line.
+  workdir, _ = _fake_run(tmp_path / "beyond", method, ledger=three,
+                         recorded=two.spent_epsilon())
+  with pytest.raises(errors.UserError, match="checkpoint step 7 .* with --resume") as err:
+    students.check_covered(workdir)
+  assert "\n" not in str(err.value)
+  # No ledger (no noise): the record says inf, and so does the release.
+  workdir, _ = _fake_run(tmp_path / "none", method, recorded="inf")
+  assert students.check_covered(workdir) == float("inf")

@@ -160,3 +160,39 @@ def test_a_run_without_a_ledger_charges_nothing(tmp_path):
     assert run.charge(None, step=0) == float("inf")
     run.save(1, _arrays(1), {"config": CONFIG})
   assert not os.path.exists(tmp_path / "privacy_ledger.json")
+
+
+def _seeded_run(path, seed=(12345678901234567890, True)):  # > 2**63: 64 bits
+  """Two checkpoints storing the secret root seed, and a ledger file with one charge."""
+  from dp_accounting import dp_event  # pylint: disable=import-outside-toplevel
+  from dpkd_jax.privacy import ledger as ledger_lib  # pylint: disable=import-outside-toplevel
+  with workdir.open_run(str(path), kind="test", config=CONFIG) as run:
+    run.ledger(ledger_lib.PrivacyLedger(target_epsilon=10.0, delta=1e-5))
+    for step in (1, 2):
+      run.charge(dp_event.GaussianDpEvent(5.0), step=step)
+      run.save(step, _arrays(step), {"config": CONFIG, "root_seed": list(seed)})
+
+
+@pytest.mark.parametrize("changed", [2, 1])
+def test_a_changed_root_seed_is_refused_before_anything_is_written(tmp_path, changed):
+  # Before: a digit of the stored seed changed was accepted and the run went on with it.
+  _seeded_run(tmp_path)
+  path = tmp_path / "checkpoints" / str(changed) / checkpoint.META_FILE
+  path.write_text(path.read_text().replace("12345", "12346", 1))
+  ledger_before = (tmp_path / "privacy_ledger.json").read_bytes()
+  with pytest.raises(errors.UserError, match="meta/metadata") as err:
+    workdir.open_run(str(tmp_path), kind="test", config=CONFIG, resume=True)
+  assert str(path) in str(err.value) and "\n" not in str(err.value)
+  assert checkpoint.all_steps(str(tmp_path / "checkpoints")) == [1, 2]  # nothing moved
+  assert not os.path.exists(str(tmp_path / "checkpoints") + ".corrupt")
+  assert (tmp_path / "privacy_ledger.json").read_bytes() == ledger_before  # nothing charged
+  assert not os.path.exists(tmp_path / workdir.LOCK_NAME)  # the lock was released
+
+
+def test_every_checkpoint_with_a_changed_seed_is_refused_in_one_line(tmp_path):
+  _seeded_run(tmp_path)
+  for step in (1, 2):
+    path = tmp_path / "checkpoints" / str(step) / checkpoint.META_FILE
+    path.write_text(path.read_text().replace("12345", "12346", 1))
+  with pytest.raises(checkpoint.CorruptCheckpointError, match="no intact checkpoint.*meta/metadata"):
+    workdir.open_run(str(tmp_path), kind="test", config=CONFIG, resume=True)

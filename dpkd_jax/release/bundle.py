@@ -6,7 +6,9 @@
 the public test images (`export.verification_inputs`), optionally measures CPU latency
 (`latency.measure`), and writes model_card.md / model_card.json into `out_dir` with each
 file's sha256. Releasing the student is post-processing of the run's noisy releases: the files
-carry the run's (ε, δ) and nothing more (the card says what that does not cover).
+carry the (ε, δ) of the releases charged up to the exported checkpoint, never less than its
+ledger holds (`students.covered_epsilon`; a checkpoint newer than the run's results is refused),
+and nothing more (the card says what that does not cover).
 """
 
 from __future__ import annotations
@@ -59,6 +61,7 @@ def export_run(workdir: str, out_dir: str, formats: Sequence[str] = export.FORMA
   """
   formats = check_formats(formats)
   student = students.load_student(workdir)
+  epsilon = students.covered_epsilon(workdir, student.meta, student.step)
   info = student.spec.info
   images, described = export.verification_inputs(info, data_dir=_data_dir(workdir))
   reference = np.asarray(jax.jit(export.logits_fn(student.parts))(images))
@@ -77,5 +80,6 @@ def export_run(workdir: str, out_dir: str, formats: Sequence[str] = export.FORMA
     measured = latency.measure(student.parts, info, onnx_path=paths.get("onnx"),
                                stablehlo_path=paths.get("stablehlo"), repeats=repeats)
   card = model_card.write_model_card(workdir, out_dir=out_dir, exports=exports,
-                                     measured=measured)
+                                     measured=measured,
+                                     checkpoint={"step": student.step, "epsilon": epsilon})
   return {"exports": exports, "measured": measured, "card": card, "inputs": described}

@@ -12,7 +12,9 @@ hold the seed) or the config (it holds the seed and the private data's location)
 
   released      the student and its public-test accuracy: what (ε, δ) covers
   privacy       sound ε ("inf" when there is no guarantee), δ, relation, accounting, accountant,
-                the paper's own figure beside, labelled as not a guarantee, warnings
+                the paper's own figure beside, labelled as not a guarantee, warnings; on an
+                export, the checkpoint step exported and the ε covering it
+                (`students.covered_epsilon`: never below that checkpoint's ledger)
   guarantee     what it covers and does NOT cover (tuning on private data, private
                 diagnostics, a chosen seed, the non-private teacher, public splits)
   input/output  shape, dtype, layout, normalisation (mean/std), class names
@@ -89,10 +91,14 @@ def _paper(record: dict[str, Any], results: dict[str, Any]) -> dict[str, Any] | 
   return paper
 
 
-def _privacy(record: dict[str, Any], results: dict[str, Any]) -> dict[str, Any]:
+def _privacy(record: dict[str, Any], results: dict[str, Any],
+             checkpoint: dict[str, Any] | None) -> dict[str, Any]:
   eps = record.get("sound_epsilon")
+  if checkpoint is not None:  # the exported weights' checkpoint: its ε, never the record's alone
+    eps = records.epsilon_json(checkpoint["epsilon"])
   accountant = results.get("epsilon_accountant") or results.get("accountant")
-  return {"sound_epsilon": eps, "delta": record.get("delta"),
+  covered = {} if checkpoint is None else {"checkpoint_step": checkpoint["step"]}
+  return {"sound_epsilon": eps, **covered, "delta": record.get("delta"),
           "neighbouring": record.get("neighbouring"),
           "private": eps is not None and eps != "inf",
           "accounting": record.get("accounting"),
@@ -153,12 +159,17 @@ def _io(spec: students.StudentSpec | None) -> dict[str, Any] | None:
 
 
 def build_card(workdir: str, *, exports: list[dict[str, Any]] | None = None,
-               measured: dict[str, Any] | None = None) -> dict[str, Any]:
-  """The card of the finished run in `workdir` as a JSON-able dict (module docstring)."""
+               measured: dict[str, Any] | None = None,
+               checkpoint: dict[str, Any] | None = None) -> dict[str, Any]:
+  """The card of the finished run in `workdir` as a JSON-able dict (module docstring).
+
+  `checkpoint`: {"step", "epsilon"} of the exported weights (`students.covered_epsilon`);
+  None: the run's record alone (the card written when the run finishes).
+  """
   record = _read(os.path.join(workdir, "record.json"))
   results = _read(os.path.join(workdir, "results.json"))
   spec = students.spec_of(record.get("method"), record.get("dataset"), results.get("config"))
-  privacy, seed = _privacy(record, results), _seed(results)
+  privacy, seed = _privacy(record, results, checkpoint), _seed(results)
   student = None if spec is None else {"model": spec.model, "norm": spec.norm,
                                        "num_classes": spec.info.num_classes}
   return {
@@ -191,6 +202,9 @@ def _md_privacy(card: dict[str, Any]) -> list[str]:
     head = (f"**NOT private: sound epsilon = {eps}** (no differential-privacy guarantee); "
             f"delta = {privacy['delta']}, relation {privacy['neighbouring']}.")
   lines = ["## Privacy", "", head]
+  if "checkpoint_step" in privacy:
+    lines.append("This epsilon accounts for every release charged up to the exported "
+                 f"checkpoint (step {privacy['checkpoint_step']}).")
   if privacy["accountant"]:
     lines.append(f"Accountant: {privacy['accountant']}.")
   paper = privacy["paper"]
@@ -285,10 +299,12 @@ def _write(path: str, text: str) -> None:
 
 def write_model_card(workdir: str, *, out_dir: str | None = None,
                      exports: list[dict[str, Any]] | None = None,
-                     measured: dict[str, Any] | None = None) -> tuple[str, str]:
+                     measured: dict[str, Any] | None = None,
+                     checkpoint: dict[str, Any] | None = None) -> tuple[str, str]:
   """Writes model_card.md and model_card.json of the run in `workdir` into `out_dir`
-  (default `workdir`); returns their paths."""
-  card = _jsonable(build_card(workdir, exports=exports, measured=measured))
+  (default `workdir`); returns their paths. `checkpoint`: see `build_card`."""
+  card = _jsonable(build_card(workdir, exports=exports, measured=measured,
+                              checkpoint=checkpoint))
   out_dir = workdir if out_dir is None else out_dir
   os.makedirs(out_dir, exist_ok=True)
   md_path, json_path = os.path.join(out_dir, CARD_MD), os.path.join(out_dir, CARD_JSON)

@@ -19,6 +19,13 @@ classifier student: a teacher (trained without privacy), DPDFD's direct mode (no
 
 `load_student(workdir)` rebuilds the architecture, checks the saved leaves' checksum, paths and
 shapes against it (`checkpoint.read_verified`, `checkpoint.into_target`) and returns it.
+
+The ε a release states must cover its weights. Every method charges a release to its ledger
+before it happens and checkpoints the ledger with the state, so the ledger stored in the
+exported checkpoint's metadata lists every release those weights depend on (and nothing is
+removed from it: the run continues the most-spent ledger on resume). `covered_epsilon` states
+the larger of that ledger's ε and the run's record; a checkpoint that spent more than the
+record reports (a run stopped after it, before writing its results) is refused in one line.
 """
 
 from __future__ import annotations
@@ -38,10 +45,12 @@ from dpkd_jax.models import compact
 from dpkd_jax.models import core
 from dpkd_jax.representations import scatternet
 from dpkd_jax.train import checkpoint
+from dpkd_jax.train import ledger_file
 
 # Every classifier a student can be: the registry plus RONA's compact students.
 ARCHITECTURES = {**models.CLASSIFIERS, **compact.COMPACT_CLASSIFIERS}
 _RUN_HINT = "give the workdir of a finished dpsgd, dpdfd, srr, rona, rknn or dfpate run"
+_RELATIVE_SLACK = 1e-9  # the same events give the same ε up to float formatting
 
 
 @dataclasses.dataclass(frozen=True)
@@ -99,6 +108,7 @@ class Student:
   spec: StudentSpec
   parts: core.ModelParts
   step: int  # the checkpoint it was read from
+  meta: dict[str, Any] = dataclasses.field(default_factory=dict)  # that checkpoint's metadata
 
 
 def spec_of(method: str, dataset: str, config: dict[str, Any] | None) -> StudentSpec | None:
@@ -217,4 +227,46 @@ def load_student(workdir: str) -> Student:
   restored = checkpoint.into_target(
       saved, {"params": template.params, "batch_stats": template.batch_stats}, ckpt_dir)
   parts = core.ModelParts(template.graphdef, restored["params"], restored["batch_stats"])
-  return Student(spec, parts, verified.step)
+  return Student(spec, parts, verified.step, verified.meta)
+
+
+def _epsilon_of(value: Any) -> float:
+  """A record's `sound_epsilon` (a number or "inf") as a float."""
+  return float("inf") if value == "inf" else float(value)
+
+
+def covered_epsilon(workdir: str, meta: dict[str, Any], step: int) -> float:
+  """The ε to state for the weights of checkpoint `step` (metadata `meta`) of `workdir`.
+
+  Returns:
+    max(ε of record.json, ε of the ledger the checkpoint carries); inf for a run without a
+    guarantee.
+
+  Raises:
+    UserError: the checkpoint's ledger spent more than record.json reports: the results
+      describe an earlier state than the weights (the run stopped after this checkpoint).
+  """
+  record, _ = check_run(workdir)
+  recorded = _epsilon_of(record.get("sound_epsilon", "inf"))
+  try:
+    ledger = ledger_file.ledger_of(meta)
+  except ValueError as error:
+    raise errors.UserError(f"--run: the ledger in checkpoint step {step} of {workdir!r} is "
+                           f"unreadable ({str(error).splitlines()[0]})") from error
+  if ledger is None:  # a run without noise keeps no ledger: its record says inf
+    return recorded
+  spent = ledger.spent_epsilon()
+  if spent > recorded * (1 + _RELATIVE_SLACK):
+    raise errors.UserError(
+        f"--run: checkpoint step {step} of {workdir!r} was charged epsilon {spent:.6g}, its "
+        f"record.json reports {recorded:.6g}: the run stopped after that checkpoint without "
+        "writing its results; finish it (the same command with --resume), then export")
+  return max(spent, recorded)
+
+
+def check_covered(workdir: str) -> float:
+  """`covered_epsilon` of the newest checkpoint, from its metadata alone (cheap: before any
+  output is written; `load_student` then verifies the same checkpoint's checksum)."""
+  ckpt_dir = os.path.join(workdir, "checkpoints")
+  step = checkpoint.latest_step(ckpt_dir)
+  return covered_epsilon(workdir, checkpoint.restore_metadata(ckpt_dir, step=step), step)

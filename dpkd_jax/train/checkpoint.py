@@ -12,6 +12,13 @@ recomputes the leaf checksum on the arrays as stored (before any dtype cast), an
 `CorruptCheckpointError`, a one-line `UserError`, on a mismatch or on any read error of the
 step's files: a checkpoint with overwritten bytes is never used silently. Restoring also checks the saved tree paths and leaf
 shapes against the caller's target first (`CheckpointMismatchError` names the leaves).
+The checksum also covers `meta` (`meta_sha256`, over its canonical JSON): a changed root seed,
+config or ledger in `<step>/meta/metadata` is refused like changed array bytes.
+
+Owner-only: a checkpoint holds the run's secret root seed (`meta`) and noise key data (arrays),
+so the checkpoint directory is created 0700 before Orbax writes into it (a step is never
+visible to another account, not even while being written), and every directory under it is
+then set to 0700 and every file to 0600.
 """
 
 from __future__ import annotations
@@ -34,7 +41,9 @@ from dpkd_jax import errors
 PyTree = Any
 CHECKSUM_KEY = "_dpkd_checksum"  # in `meta`; stripped from what `restore*` returns
 MANIFEST_NAME = "dpkd_files.sha256.json"  # in the step directory, written after the save
+META_FILE = os.path.join("meta", "metadata")  # Orbax's file of the JSON item, in the step dir
 _MIN_KEPT = 2
+DIR_MODE, FILE_MODE = 0o700, 0o600  # the seed and the noise state: owner-only
 
 
 class CheckpointMismatchError(ValueError):
@@ -57,7 +66,9 @@ def _manager(directory: str, max_to_keep: int | None = _MIN_KEPT) -> ocp.Checkpo
   # Explicit handlers so that item metadata (shapes) can be read before any restore.
   return ocp.CheckpointManager(
       os.path.abspath(directory),
-      options=ocp.CheckpointManagerOptions(max_to_keep=max_to_keep, create=True),
+      options=ocp.CheckpointManagerOptions(
+          max_to_keep=max_to_keep, create=True,
+          file_options=ocp.options.FileOptions(path_permission_mode=DIR_MODE)),
       item_handlers={
           "arrays": ocp.StandardCheckpointHandler(),
           "meta": ocp.JsonCheckpointHandler(),
@@ -93,19 +104,46 @@ def checksum(arrays: PyTree) -> str:
   return digest.hexdigest()
 
 
+def meta_checksum(meta: dict[str, Any]) -> str:
+  """SHA-256 hex digest of `meta`'s canonical JSON (sorted keys, no spaces; without the
+  checksum entry itself): equal for a dict and its JSON round trip."""
+  body = {k: v for k, v in meta.items() if k != CHECKSUM_KEY}
+  text = json.dumps(body, sort_keys=True, separators=(",", ":"))
+  return hashlib.sha256(text.encode()).hexdigest()
+
+
+def make_private(directory: str) -> None:
+  """`directory` and everything under it owner-only (directories 0700, files 0600)."""
+  os.chmod(directory, DIR_MODE)
+  for root, dirs, files in os.walk(directory):
+    for name in dirs:
+      os.chmod(os.path.join(root, name), DIR_MODE)
+    for name in files:
+      os.chmod(os.path.join(root, name), FILE_MODE)
+
+
+def _private_directory(directory: str) -> None:
+  """Creates `directory` owner-only (missing parents get the umask's mode), or makes an
+  existing one so, before anything secret is written into it."""
+  os.makedirs(directory, mode=DIR_MODE, exist_ok=True)
+  os.chmod(directory, DIR_MODE)
+
+
 def save(directory: str, step: int, arrays: PyTree, metadata: dict[str, Any],
          *, max_to_keep: int | None = _MIN_KEPT) -> str:
   """Saves host `arrays` and JSON `metadata` (plus their checksum) as checkpoint `step`.
 
   Blocks until written. `max_to_keep` must be None (all) or >= 2: a corrupt newest checkpoint
-  must leave one to fall back to. Returns the checksum stored.
+  must leave one to fall back to. Returns the checksum of the arrays stored.
   """
   if max_to_keep is not None and max_to_keep < _MIN_KEPT:
     raise ValueError(f"max_to_keep must be None or >= {_MIN_KEPT}, got {max_to_keep}")
   arrays = jax.device_get(arrays)
   digest = checksum(arrays)
-  meta = {**{k: v for k, v in metadata.items() if k != CHECKSUM_KEY},
-          CHECKSUM_KEY: {"sha256": digest}}
+  body = {k: v for k, v in metadata.items() if k != CHECKSUM_KEY}
+  meta = {**body, CHECKSUM_KEY: {"sha256": digest, "meta_sha256": meta_checksum(body)}}
+  if jax.process_index() == 0:
+    _private_directory(os.path.abspath(directory))
   with _manager(directory, max_to_keep) as manager:
     manager.save(
         int(step),
@@ -117,7 +155,9 @@ def save(directory: str, step: int, arrays: PyTree, metadata: dict[str, Any],
     )
     manager.wait_until_finished()
   if jax.process_index() == 0:
-    _write_manifest(os.path.join(os.path.abspath(directory), str(int(step))))
+    step_dir = os.path.join(os.path.abspath(directory), str(int(step)))
+    _write_manifest(step_dir)
+    make_private(step_dir)
   return digest
 
 
@@ -244,6 +284,12 @@ def read_verified(directory: str, step: int | None = None) -> Verified:
                   "its integrity cannot be verified", stacklevel=2)
   elif not isinstance(stored, dict) or stored.get("sha256") != checksum(arrays):
     raise _corrupt(directory, step, "its arrays do not match the checksum written at save time")
+  elif "meta_sha256" in stored and stored["meta_sha256"] != meta_checksum(meta):
+    # A checkpoint written before the metadata was covered has no entry: its arrays' checksum
+    # still applies.
+    path = os.path.join(os.path.abspath(directory), str(step), META_FILE)
+    raise _corrupt(directory, step, f"{path!r} (root seed, config, ledger) differs from the "
+                   "checksum written at save time")
   return Verified(step, arrays, meta)
 
 
@@ -315,6 +361,6 @@ def quarantine(directory: str, step: int) -> str:
   target_dir = os.path.abspath(directory) + ".corrupt"
   destination = os.path.join(target_dir, f"{step}-{time.strftime('%Y%m%d-%H%M%S')}-{os.getpid()}")
   if jax.process_index() == 0:
-    os.makedirs(target_dir, exist_ok=True)
+    _private_directory(target_dir)  # the moved step still holds the seed
     shutil.move(os.path.join(os.path.abspath(directory), str(step)), destination)
   return destination

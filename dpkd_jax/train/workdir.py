@@ -12,9 +12,11 @@ does, before it writes anything:
 2. Resume or refuse: a workdir holding checkpoints or a privacy ledger is continued when
    `resume` is True (or None: methods that always resume), refused otherwise (`resume=False`,
    or a method that cannot resume) so that its ledger is never overwritten.
-3. Restore: the newest checkpoint that reads back and matches its checksum; newer corrupt ones
-   are moved to `<checkpoints>.corrupt/` with a warning; if none is intact the run is refused
-   with one line. The saved config must equal the run's.
+3. Restore: the newest checkpoint that reads back and matches its checksum (arrays and
+   metadata, the root seed among them); newer corrupt ones are moved to `<checkpoints>.corrupt/`
+   with a warning; if none is intact the run is refused with one line. The saved config must
+   equal the run's, and every checkpoint must store the same root seed: a seed changed in one
+   of them (its key data would no longer be the run's) is refused, not fallen back from.
 4. Ledger: `Run.ledger(fresh)` continues the most-spent ledger of the file and the checkpoints
    (`ledger_file`); `Run.charge` before each release, `Run.seal` after it is computed and
    before its outputs, `Run.save` for the checkpoint.
@@ -196,6 +198,7 @@ class Run:
     if self.resuming and self.saved.get("config") != config:
       raise errors.UserError(f"{workdir!r} holds a {kind} run with another config; use a "
                              "fresh workdir (or the same flags to continue it)")
+    self._check_seeds(steps)
     for step in steps:
       if step > self.step:
         moved = checkpoint.quarantine(self.ckpt_dir, step)
@@ -223,6 +226,25 @@ class Run:
           f"no intact checkpoint left in {self.ckpt_dir!r} ({len(problems)} corrupt, newest: "
           f"{problems[0]}): start again in a fresh workdir")
     return None
+
+  def _check_seeds(self, steps: list[int]) -> None:
+    """Refuses a run whose checkpoints store different root seeds (before anything is moved,
+    charged or written): one of them was changed, and falling back would hide it."""
+    if not self.resuming or "root_seed" not in self.saved:
+      return
+    for step in steps:
+      if step == self.step:
+        continue
+      try:
+        other = checkpoint.restore_metadata(self.ckpt_dir, step=step).get("root_seed")
+      except checkpoint.CorruptCheckpointError:
+        continue  # unreadable metadata holds no seed to compare
+      if other is not None and other != self.saved["root_seed"]:
+        path = os.path.join(os.path.abspath(self.ckpt_dir), str(step), checkpoint.META_FILE)
+        raise errors.UserError(
+            f"{path!r} stores another root seed than checkpoint step {self.step} of the same "
+            "run: a seed was changed; restore the original file or start again in a fresh "
+            "workdir")
 
   def root_seed(self, seed: int | None) -> seeds.ResolvedSeed:
     """The resumed run's own root seed, else `seed` (None: a secret one from OS entropy)."""
