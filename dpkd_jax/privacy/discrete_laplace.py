@@ -26,7 +26,7 @@ Samplers (Canonne, Kamath, Steinke 2020, "The Discrete Gaussian for Differential
   bits modulo the range, a bias of up to range / 2^64), so it is not used here.
 
 Every loop is a `lax.while_loop` on int32 / uint32 values: jittable, vmappable (vmap runs the
-lanes until the slowest is done). Every draw has its own key: loop iteration i uses
+lanes until the slowest is done; `sample` runs all its cells in one loop). Every draw has its own key: loop iteration i uses
 `fold_in(key, i)` and each draw in it its own `fold_in` tag. int32 holds every intermediate
 unless a geometric draw V exceeds 2^31 / (t + 1) (probability exp(−2^31 / (t + 1)), below
 e^−1000 for the largest admitted scale `MAX_SCALE`).
@@ -200,13 +200,14 @@ def _accepted(word, bound):
   return (excess == 0) | (word < jnp.uint32(0) - excess), word % bound
 
 
-def _sample_one(key, num: int, den: int):
-  """One DLap(num/den) draw, () int32: Algorithm 2 with Algorithm 1's loops as phases.
+def _sample_cells(cell_keys, num: int, den: int):
+  """(n,) DLap(num/den) draws, int32: Algorithm 2 with Algorithm 1's loops as phases.
 
   Nested while loops under vmap run every lane for the product of the nested maxima; one
-  loop over phases runs them for the longest lane's number of steps. Step i draws two
-  32-bit words from `fold_in(fold_in(key, i), 0 | 1)`; a phase whose uniform draw is
-  rejected repeats with the next step's words (rejection keeps every uniform exact).
+  loop over phases, on all cells at once, runs for the longest cell's number of steps. Step i
+  draws two 32-bit words per cell from `fold_in(fold_in(cell_key, i), 0 | 1)` (i is shared by
+  all cells, so a finished cell's unused words never repeat a key); a phase whose uniform draw
+  is rejected repeats with the next step's words (rejection keeps every uniform exact).
     _DRAW_U:    U uniform on [0, num).
     _ACCEPT_U:  Bernoulli(exp(−U/num)) as in `_bernoulli_exp_at_most_one`: A_K = [uniform
                 on [0, num) < U] AND [uniform on [0, K) = 0]; K += 1 while A_K; accept U iff K
@@ -216,18 +217,19 @@ def _sample_one(key, num: int, den: int):
     _SIGN:      B from one bit; Y = ⌊(U + num V) / den⌋; (B = 1, Y = 0) goes back to _DRAW_U.
   """
   whole, rest = divmod(num, den)  # num = whole · den + rest
+  words = jax.vmap(lambda key, i, tag: jax.random.bits(
+      jax.random.fold_in(jax.random.fold_in(key, i), tag), (), jnp.uint32),
+                   in_axes=(0, None, None))
 
   def go_on(state):
-    return state[1] != _DONE
+    return jnp.any(state[1] != _DONE)
 
   def step(state):
-    i, phase, u, k, v, value = state
-    step_key = jax.random.fold_in(key, i)
-    first = jax.random.bits(jax.random.fold_in(step_key, 0), (), jnp.uint32)
-    second = jax.random.bits(jax.random.fold_in(step_key, 1), (), jnp.uint32)
+    i, phase, u, k, v, value = state  # i: (); the rest (n,) int32
+    first, second = words(cell_keys, i, 0), words(cell_keys, i, 1)  # (n,) uint32 each
     uniform_ok, uniform = _accepted(first, num)  # uniform on [0, num)
     inverse_ok, inverse = _accepted(second, k)  # uniform on [0, K)
-    one = jnp.int32(1)
+    one = jnp.ones_like(k)
     # _DRAW_U
     drawn = (phase == _DRAW_U) & uniform_ok
     # _ACCEPT_U
@@ -246,19 +248,19 @@ def _sample_one(key, num: int, den: int):
     new_phase = jnp.select(
         [drawn, trial & ~success, geometric & ~geometric_success & (k % 2 == 0), restart,
          signed],
-        [jnp.int32(_ACCEPT_U), accept_next, jnp.int32(_SIGN), jnp.int32(_DRAW_U),
-         jnp.int32(_DONE)], phase)
+        [jnp.full_like(phase, _ACCEPT_U), accept_next, jnp.full_like(phase, _SIGN),
+         jnp.full_like(phase, _DRAW_U), jnp.full_like(phase, _DONE)], phase)
     new_u = jnp.where(drawn, uniform.astype(jnp.int32), u)
     new_k = jnp.select(
         [drawn, trial & success, trial, geometric & geometric_success, geometric],
         [one, k + 1, one, k + 1, one], k)
     new_v = jnp.select([trial & ~success, geometric & ~geometric_success & (k % 2 == 1)],
-                       [jnp.int32(0), v + 1], v)
+                       [jnp.zeros_like(v), v + 1], v)
     new_value = jnp.where(signed & ~restart, jnp.where(negative, -y, y), value)
     return i + 1, new_phase, new_u, new_k, new_v, new_value
 
-  zero = jnp.int32(0)
-  state = (zero, jnp.int32(_DRAW_U), zero, jnp.int32(1), zero, zero)
+  zeros = jnp.zeros(cell_keys.shape, jnp.int32)
+  state = (jnp.int32(0), zeros + _DRAW_U, zeros, zeros + 1, zeros, zeros)
   return lax.while_loop(go_on, step, state)[-1]
 
 
@@ -274,11 +276,9 @@ def sample(key: jax.Array, scale: fractions.Fraction, shape: tuple[int, ...]) ->
     int32 array of `shape`.
   """
   scale = check_scale(scale)
-  size = math.prod(shape)
-  cells = jnp.arange(size, dtype=jnp.uint32)
-  draws = jax.vmap(lambda cell: _sample_one(jax.random.fold_in(key, cell), scale.numerator,
-                                            scale.denominator))(cells)
-  return draws.reshape(shape)
+  cells = jnp.arange(math.prod(shape), dtype=jnp.uint32)
+  cell_keys = jax.vmap(jax.random.fold_in, in_axes=(None, 0))(key, cells)
+  return _sample_cells(cell_keys, scale.numerator, scale.denominator).reshape(shape)
 
 
 def pmf(values, scale: fractions.Fraction):
