@@ -22,14 +22,14 @@ Samplers (Canonne, Kamath, Steinke 2020, "The Discrete Gaussian for Differential
   Y = ⌊X/den⌋, a fair sign B; reject (B = 1, Y = 0) (else 0 would be counted twice) and return
   (1 − 2B) · Y.
 * Uniform integers come from 32 random bits with rejection (`uniform_below`): exactly uniform.
-  `jax.random.randint` is not exact for a range that is not a power of two (it reduces 64
-  bits modulo the range, a bias of up to range / 2^64), so it is not used here.
+  `jax.random.randint` is biased for a range that is not a power of two (its source says so:
+  it reduces twice the needed random bits modulo the range), so it is not used here.
 
 Every loop is a `lax.while_loop` on int32 / uint32 values: jittable, vmappable (vmap runs the
-lanes until the slowest is done; `sample` runs all its cells in one loop). Every draw has its own key: loop iteration i uses
-`fold_in(key, i)` and each draw in it its own `fold_in` tag. int32 holds every intermediate
-unless a geometric draw V exceeds 2^31 / (t + 1) (probability exp(−2^31 / (t + 1)), below
-e^−1000 for the largest admitted scale `MAX_SCALE`).
+lanes until the slowest is done; `sample` runs all its cells in one loop). Every draw has its
+own key: loop iteration i uses `fold_in(key, i)` and each draw in it its own `fold_in` tag.
+int32 holds every intermediate unless a geometric draw V exceeds about 2^31 / t (probability
+exp(−2^31 / t), below e^−1000 for the largest admitted scale `MAX_SCALE`).
 
 Library check: dp_accounting only accounts; jax_privacy ships no discrete Laplace; OpenDP's
 exact samplers run host-side (Rust), outside jit; TensorFlow Privacy's discrete Gaussian is
@@ -55,7 +55,6 @@ MAX_DENOMINATOR = 1 << 10
 MAX_SCALE = 1 << 20
 
 # fold_in tags of the draws inside one iteration of a loop.
-_TAG_UNIFORM, _TAG_ACCEPT, _TAG_GEOMETRIC, _TAG_SIGN = 0, 1, 2, 3
 _TAG_NUMERATOR, _TAG_ONE_OVER_K = 0, 1
 _TAG_WHOLE, _TAG_FRACTION = 0, 1
 
