@@ -24,6 +24,7 @@ import jax.numpy as jnp
 import matplotlib.pyplot as plt
 
 from dpkd_jax import privacy
+from dpkd_jax.privacy import discrete_laplace
 
 DELTA = 1e-5
 NUM_STEPS = 20 if SMALL else 500
@@ -129,9 +130,10 @@ with warnings.catch_warnings():
 event = privacy.srr_event(epsilon_per_query=eps_per_query, num_queries=num_queries)
 print(f"record-level eps of all {num_queries} queries: {privacy.epsilon(event, delta=DELTA):.1f}")'''),
       ("md", """
-## 4. Noisy vote counts (reverse k-NN): central Laplace and local bit flipping
+## 4. Noisy vote counts (reverse k-NN): central discrete Laplace and local bit flipping
 
-Central: Laplace(Δ₁/ε) per cell, Δ₁ = 2·k·r under replace-one; `laplace_counts_event`.
+Central: exact integer (discrete Laplace) noise of scale Δ₁/ε per cell, Δ₁ = 2·k·r under
+replace-one; `discrete_laplace_counts_event`.
 Local: every record flips its own bits with p = 1/(e^{ε/(2kr)} + 1), pure ε-LDP per report.
 """),
       ("code", '''
@@ -147,8 +149,9 @@ local = privacy.ldp_unbiased_counts(local_reports.sum(axis=0), num_records, epsi
                                     k=k, r=r).reshape(counts.shape)
 print(f"mean |error| central {float(jnp.abs(central - counts).mean()):.1f}, "
       f"local {float(jnp.abs(local - counts).mean()):.1f} (true counts ~{float(counts.mean()):.0f})")
-print("central eps:", privacy.epsilon(privacy.laplace_counts_event(epsilon_per_round=epsilon,
-                                                                   rounds=1), delta=DELTA))'''),
+central_event = privacy.discrete_laplace_counts_event(
+    scale=discrete_laplace.rational_scale(2 * k * r, epsilon), l1_sensitivity=2 * k * r, rounds=1)
+print("central eps:", privacy.epsilon(central_event, delta=DELTA))'''),
       ("md", """
 ## 5. A budget that refuses before it overshoots, and an empirical audit
 

@@ -12,6 +12,7 @@ from scipy import optimize
 from scipy import stats
 
 from dpkd_jax.privacy import accounting
+from dpkd_jax.privacy import discrete_laplace
 from dpkd_jax.privacy import evaluation
 
 DELTA = 1e-5
@@ -86,6 +87,45 @@ def test_pure_laplace_tree_costs_exactly_its_pure_epsilon(eps_round, rounds):
   assert accounting.delta_for_epsilon(event, epsilon=pure) == 0.0
   if (eps_round, rounds) == (0.1, 1):  # the rknn release: the grid said 0.1002 here
     assert accounting.epsilon(event, delta=1e-5) == pytest.approx(0.1, rel=1e-12)
+
+
+@pytest.mark.parametrize("l1_sensitivity,eps_round,rounds", [(2, 1.0, 1), (6, 0.25, 4),
+                                                             (20, 0.01, 10), (2, 0.5, 30)])
+def test_discrete_laplace_counts_cost_their_executed_pure_epsilon(l1_sensitivity, eps_round,
+                                                                  rounds):
+  # Pure ε of DLap(t) on integer sensitivity Δ is a·Δ, a = 1/t; the PLD ε at δ may be less,
+  # never more; RDP (binary RR of a·Δ, which dominates it) is sound too.
+  scale = discrete_laplace.rational_scale(l1_sensitivity, eps_round)
+  event = accounting.discrete_laplace_counts_event(scale=scale, l1_sensitivity=l1_sensitivity,
+                                                   rounds=rounds)
+  leaf = event.event
+  assert isinstance(leaf, dp_event.DiscreteLaplaceDpEvent) and leaf.sensitivity == l1_sensitivity
+  assert event.relation == accounting.REPLACE_ONE and event.count == rounds
+  pure = rounds * leaf.noise_parameter * l1_sensitivity
+  assert pure <= rounds * eps_round * (1 + 1e-12)  # the scale is rounded up
+  assert pure >= rounds * float(l1_sensitivity / scale)  # the charge is rounded up
+  for delta in (1e-5, 1e-10):
+    eps = accounting.epsilon(event, delta=delta)
+    assert 0.5 * pure < eps <= pure
+  assert accounting.delta_for_epsilon(event, epsilon=pure) == 0.0
+  assert pure * 0.9 < accounting.epsilon(event, delta=1e-5, accountant="rdp")
+  if rounds == 1:  # one pure release: exactly its pure ε
+    assert accounting.epsilon(event, delta=1e-10) == pytest.approx(pure, abs=1e-3)
+  assert isinstance(accounting.discrete_laplace_counts_event(
+      scale=scale, l1_sensitivity=l1_sensitivity, rounds=0), dp_event.NoOpDpEvent)
+
+
+def test_discrete_laplace_pld_matches_dp_accountings_own_accountant():
+  # Under a unit-shift relation dp_accounting's PLDAccountant prices the same event directly.
+  scale = discrete_laplace.rational_scale(2, 0.5)
+  leaf = accounting.discrete_laplace_counts_event(scale=scale, l1_sensitivity=2,
+                                                  rounds=1).event
+  reference = pld_privacy_accountant.PLDAccountant(
+      accounting.NeighborRel.ADD_OR_REMOVE_ONE, value_discretization_interval=1e-4)
+  reference.compose(dp_event.SelfComposedDpEvent(leaf, 8))
+  ours = accounting.epsilon(accounting.discrete_laplace_counts_event(
+      scale=scale, l1_sensitivity=2, rounds=8), delta=1e-5)
+  assert ours == pytest.approx(reference.get_epsilon(1e-5), abs=5e-3)
 
 
 def test_closed_form_cap_is_never_above_the_grid():

@@ -118,8 +118,8 @@ SOUND_CASES = {
                             lambda: 1.0),
     "selective_rr": (_srr(1.0), jnp.array([0]), jnp.array([1]), _picks_label_one, 0.0,
                      lambda: 1.0),
-    "laplace_counts": (_laplace(2.0, 1.0), jnp.zeros(4), jnp.zeros(4).at[1].set(2.0), None, 0.0,
-                       lambda: 1.0),
+    "laplace_counts": (_laplace(2.0, 1.0), jnp.zeros(4, jnp.int32),
+                       jnp.zeros(4, jnp.int32).at[1].set(2), None, 0.0, lambda: 1.0),
     # Local DP: a one-hot vote vector (k r = 1) moved to the other cell (2 bits differ).
     "ldp_flip_bits": (_flip_bits(2.0), jnp.array([1, 0]), jnp.array([0, 1]), None, 0.0,
                       lambda: 2.0),
@@ -143,8 +143,8 @@ BROKEN_CASES = {
     "randomized_response_eps_10x": (
         _rr(10.0), jnp.array([0]), jnp.array([1]), _picks_label_one, 0.0, lambda: 1.0),
     "laplace_sensitivity_misstated": (
-        _laplace(2.0, 1.0), jnp.zeros(4), jnp.zeros(4).at[1].set(20.0), None, 0.0,
-        lambda: 1.0),
+        _laplace(2.0, 1.0), jnp.zeros(4, jnp.int32), jnp.zeros(4, jnp.int32).at[1].set(20),
+        None, 0.0, lambda: 1.0),
 }
 
 
@@ -215,4 +215,5 @@ def test_epsilon_from_error_rates():
 def test_invalid_parameters_raise_value_error_naming_them(kwargs, param):
   mechanism = SOUND_CASES["laplace_counts"][0]
   with pytest.raises(ValueError, match=param):
-    audit.audit_mechanism(jax.random.key(0), mechanism, jnp.zeros(4), jnp.zeros(4), **kwargs)
+    audit.audit_mechanism(jax.random.key(0), mechanism, jnp.zeros(4, jnp.int32),
+                          jnp.zeros(4, jnp.int32), **kwargs)

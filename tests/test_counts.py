@@ -1,5 +1,6 @@
-"""Tests for dpkd_jax.privacy.counts: Laplace scale, LDP flip rate, unbiased estimators."""
+"""Tests for dpkd_jax.privacy.counts: discrete Laplace counts, LDP flip rate, unbiased estimators."""
 
+import fractions
 import functools
 import math
 
@@ -10,27 +11,32 @@ import numpy as np
 import pytest
 
 from dpkd_jax.privacy import counts
+from dpkd_jax.privacy import discrete_laplace
 
 
-@pytest.mark.parametrize("l1_sensitivity,epsilon", [(2.0, 1.0), (6.0, 0.5)])
-def test_laplace_noise_scale_and_mean(l1_sensitivity, epsilon):
-  scale = l1_sensitivity / epsilon
-  true_counts = jnp.tile(jnp.arange(100, dtype=jnp.int32), (1000, 1))  # (1000, 100)
+@pytest.mark.parametrize("l1_sensitivity,epsilon", [(2.0, 1.0), (6, 0.4)])
+def test_laplace_counts_add_exact_discrete_laplace_of_scale_delta_over_eps(l1_sensitivity,
+                                                                          epsilon):
+  scale = discrete_laplace.rational_scale(l1_sensitivity, epsilon)
+  assert scale >= fractions.Fraction(l1_sensitivity) / fractions.Fraction(epsilon)
+  true_counts = jnp.tile(jnp.arange(100, dtype=jnp.int32), (500, 1))  # (500, 100)
   noisy = jax.jit(functools.partial(counts.laplace_counts, l1_sensitivity=l1_sensitivity,
                                     epsilon=epsilon))(jax.random.key(0), true_counts)
   chex.assert_shape(noisy, true_counts.shape)
-  chex.assert_type(noisy, jnp.float32)
+  chex.assert_type(noisy, jnp.int32)
   noise = np.asarray(noisy, np.float64) - np.asarray(true_counts)
-  # Laplace(b): E|X| = b, sd|X| = b; on 1e5 draws the mean abs dev has sd b/316: 3% > 9 sd.
-  np.testing.assert_allclose(np.mean(np.abs(noise)), scale, rtol=0.03)
-  np.testing.assert_allclose(np.std(noise), math.sqrt(2) * scale, rtol=0.03)
-  assert abs(noise.mean()) < 5 * math.sqrt(2) * scale / math.sqrt(noise.size)
+  # DLap(t), q = e^(-1/t): Var = 2q / (1 - q)^2, E|X| = 2q / (1 - q^2); 5e4 draws: 4% is
+  # more than 8 standard errors.
+  q = math.exp(-1.0 / float(scale))
+  np.testing.assert_allclose(np.var(noise), 2 * q / (1 - q) ** 2, rtol=0.04)
+  np.testing.assert_allclose(np.mean(np.abs(noise)), 2 * q / (1 - q * q), rtol=0.04)
+  assert abs(noise.mean()) < 5 * math.sqrt(2 * q / (1 - q) ** 2 / noise.size)
 
 
-def test_laplace_and_flip_bits_under_jit_vmap_scan_and_grad():
+def test_laplace_and_flip_bits_under_jit_vmap_and_scan():
   laplace = functools.partial(counts.laplace_counts, l1_sensitivity=2.0, epsilon=1.0)
   flip = functools.partial(counts.ldp_flip_bits, epsilon=1.0, k=1, r=1)
-  true_counts = jnp.arange(12.0).reshape(3, 4)
+  true_counts = jnp.arange(12, dtype=jnp.int32).reshape(3, 4)
   bits = true_counts > 5
   keys = jax.random.split(jax.random.key(1), 3)
 
@@ -40,18 +46,24 @@ def test_laplace_and_flip_bits_under_jit_vmap_scan_and_grad():
                jax.vmap(flip, in_axes=(0, None))(keys, bits))
     _, scanned = jax.lax.scan(
         lambda carry, k: (carry, (laplace(k, true_counts), flip(k, bits))), 0, keys)
-    grad = jax.grad(lambda c: jnp.sum(laplace(keys[0], c) * jnp.arange(12.0).reshape(3, 4)))(
-        true_counts)
-    return batched, scanned, grad
+    return batched, scanned
 
-  batched, scanned, grad = transformed(keys, true_counts)
+  batched, scanned = transformed(keys, true_counts)
   chex.assert_shape(batched, (3, 3, 4))
-  np.testing.assert_allclose(scanned[0], batched[0], rtol=1e-6)
+  chex.assert_type(batched[0], jnp.int32)
+  np.testing.assert_array_equal(scanned[0], batched[0])
   np.testing.assert_array_equal(scanned[1], batched[1])
-  np.testing.assert_allclose(batched[0][2], laplace(keys[2], true_counts), rtol=1e-6)  # eager
-  assert not np.allclose(batched[0][0], batched[0][1])
-  # Noise is additive and independent of the counts: the gradient is the weight itself.
-  np.testing.assert_allclose(grad, np.arange(12.0).reshape(3, 4))
+  np.testing.assert_array_equal(batched[0][2], laplace(keys[2], true_counts))  # eager
+  assert not np.array_equal(batched[0][0], batched[0][1])
+
+
+def test_laplace_counts_is_the_scale_form_at_the_rational_scale():
+  true_counts = jnp.arange(6, dtype=jnp.int32).reshape(2, 3)
+  key = jax.random.key(5)
+  np.testing.assert_array_equal(
+      counts.laplace_counts(key, true_counts, l1_sensitivity=4, epsilon=0.3),
+      counts.discrete_laplace_counts(key, true_counts,
+                                     scale=discrete_laplace.rational_scale(4, 0.3)))
 
 
 @pytest.mark.parametrize("epsilon,k,r", [(2.0, 3, 1), (1.0, 1, 1), (8.0, 2, 2)])
@@ -174,10 +186,14 @@ def test_collision_estimator_is_unbiased():
 
 
 @pytest.mark.parametrize("call,param", [
-    (lambda: counts.laplace_counts(jax.random.key(0), jnp.zeros(3), l1_sensitivity=0.0,
-                                   epsilon=1.0), "l1_sensitivity"),
+    (lambda: counts.laplace_counts(jax.random.key(0), jnp.zeros(3, jnp.int32),
+                                   l1_sensitivity=0.0, epsilon=1.0), "l1_sensitivity"),
+    (lambda: counts.laplace_counts(jax.random.key(0), jnp.zeros(3, jnp.int32),
+                                   l1_sensitivity=1.5, epsilon=1.0), "whole number"),
+    (lambda: counts.laplace_counts(jax.random.key(0), jnp.zeros(3, jnp.int32),
+                                   l1_sensitivity=1.0, epsilon=-1.0), "epsilon"),
     (lambda: counts.laplace_counts(jax.random.key(0), jnp.zeros(3), l1_sensitivity=1.0,
-                                   epsilon=-1.0), "epsilon"),
+                                   epsilon=1.0), "integer dtype"),
     (lambda: counts.ldp_flip_bits(jax.random.key(0), jnp.zeros(3, bool), epsilon=0.0, k=1,
                                   r=1), "epsilon"),
     (lambda: counts.ldp_flip_bits(jax.random.key(0), jnp.zeros(3, bool), epsilon=1.0, k=0,

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import collections
 import contextlib
+import fractions
 import functools
 import os
 import sys
@@ -42,6 +43,7 @@ from dpkd_jax.methods import dpsgd
 from dpkd_jax.methods import rknn
 from dpkd_jax.methods import rona
 from dpkd_jax.methods import srr
+from dpkd_jax.privacy import discrete_laplace
 
 _PACKAGE = os.sep + "dpkd_jax" + os.sep
 
@@ -144,6 +146,14 @@ def test_recorder_sees_jit_vmap_and_loops_and_catches_split_beside_fold_in(recor
     jax.random.normal(jax.random.fold_in(key, 1))
   with pytest.raises(AssertionError, match="more than once"):
     _assert_distinct(uses, minimum=2)
+
+
+def test_discrete_laplace_draws_have_their_own_keys(recorder):
+  # Every word of every step of every cell (rejected, discarded or used) has its own key.
+  with recorder.collect() as uses:
+    jax.jit(lambda k: discrete_laplace.sample(k, fractions.Fraction(5, 3), (40,)))(
+        jax.random.key(9))
+  _assert_distinct(uses, minimum=2 * 40)
 
 
 def test_query_model_noise_and_redraws_have_their_own_keys(recorder):

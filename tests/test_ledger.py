@@ -1,5 +1,6 @@
 """Tests for dpkd_jax.privacy.ledger: budget, JSON round trip, tampering."""
 
+import fractions
 import json
 import math
 
@@ -79,6 +80,8 @@ def test_rr_entries_grow_epsilon_with_count():
     dp_event.ComposedDpEvent([
         accounting.srr_event(epsilon_per_query=0.5, num_queries=3),
         accounting.laplace_counts_event(epsilon_per_round=0.1, rounds=2)]),
+    accounting.discrete_laplace_counts_event(scale=fractions.Fraction(6827, 512),
+                                             l1_sensitivity=4, rounds=3),
 ])
 def test_event_dict_round_trip(event):
   as_json = json.dumps(ledger_lib.event_to_dict(event))

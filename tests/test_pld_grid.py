@@ -166,3 +166,12 @@ def test_explicit_interval_is_used_as_given():
     assert accounting.epsilon(event, delta=DELTA, value_discretization_interval=interval) == (
         pytest.approx(_direct_dpsgd(0.0011, 2.72, 6089, accounting.ADD_REMOVE, interval),
                       rel=1e-9))
+
+
+def test_discrete_laplace_width_is_its_loss_range():
+  # dp_accounting's tail object for the discrete Laplace reports an empty x range; the width
+  # is 2·a·Δ (losses a·(|x − Δ| − |x|)), so the pilot grid of a composition stays small.
+  floor, width = pld_grid._widths(("discrete_laplace", 0.25, 4, 1))
+  assert width == 2.0 and floor == 2.0 / pld_grid.MAX_POINTS
+  floor, width = pld_grid._widths(("discrete_laplace", 0.25, 4, 40))
+  assert 2.0 < width <= 40 * 2.0 + 1.0

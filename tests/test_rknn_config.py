@@ -20,6 +20,7 @@ def _config(**kw):
     (dict(k=11), "k=11 exceeds num_queries=10"),
     (dict(epsilon=0.0), "epsilon must be"),
     (dict(epsilon=-1.0), "epsilon must be"),
+    (dict(epsilon=1e-6), "outside the exact sampler's range"),
     (dict(num_queries=1), "num_queries must be >= 2"),
     (dict(representation="hog"), "unknown representation 'hog'"),
     (dict(dataset="imagenet"), "unknown dataset 'imagenet'"),

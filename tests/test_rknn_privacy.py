@@ -2,6 +2,7 @@
 noise for the release and the ledger."""
 
 import dataclasses
+import fractions
 import json
 import math
 import os
@@ -14,6 +15,7 @@ from dp_accounting import dp_event
 from dpkd_jax.methods import rknn
 from dpkd_jax.methods.rknn import votes
 from dpkd_jax.privacy import accounting
+from dpkd_jax.privacy import discrete_laplace
 from dpkd_jax.privacy import ledger as ledger_lib
 from dpkd_jax.train import checkpoint
 
@@ -31,9 +33,11 @@ def test_plan_splits_the_budget_over_the_rounds():
   plan = rknn.make_plan(_config(rounds=4, epsilon=1.0, k=3))
   assert plan.releases == 4 and plan.epsilon_per_round == 0.25 and plan.k == 3
   assert plan.relation == "replace-one" and plan.accounting == "sound"
-  event = plan.event(1)  # one Laplace(b / Delta_1 = 1 / 0.25) round
-  assert event.count == 1 and event.event.noise_multiplier == 4.0
-  assert plan.l1_sensitivity == 6.0 and plan.laplace_scale == 24.0  # 2k / ε_r
+  event = plan.event(1)  # one discrete Laplace round: scale t = 2k / ε_r = 24, a = 1/t
+  assert event.count == 1 and event.event == dp_event.DiscreteLaplaceDpEvent(
+      noise_parameter=discrete_laplace.noise_parameter(fractions.Fraction(24)), sensitivity=6)
+  assert plan.l1_sensitivity == 6.0 and plan.laplace_scale == fractions.Fraction(24)
+  assert event.event.noise_parameter * event.event.sensitivity >= 0.25  # never under-charged
   assert plan.flip_probability is None
   assert plan.event(4).count == 4 and isinstance(plan.event(0), dp_event.NoOpDpEvent)
   # Four pure 0.25-DP rounds: the paper's ε is 1 (δ = 0); the ledger's PLD ε at δ is the
@@ -96,10 +100,14 @@ def test_release_and_event_take_their_noise_from_the_same_plan(mode):
 
   exact = np.asarray(votes.reverse_knn_counts(embeddings, labels, queries, k=1,
                                               num_classes=3), np.float64)
-  if mode == "central":  # the same Laplace draws at twice the scale
-    np.testing.assert_allclose(release(stronger) - exact, 2 * (release(plan) - exact),
-                               rtol=1e-5, atol=1e-4)
-    assert stronger.event(1).event.noise_multiplier == 2 * plan.event(1).event.noise_multiplier
+  if mode == "central":  # the plan's exact scale drives the draws and the event
+    assert stronger.laplace_scale == 2 * plan.laplace_scale
+    for p in (plan, stronger):
+      noise = discrete_laplace.sample(jax.random.key(0), p.laplace_scale, exact.shape)
+      np.testing.assert_array_equal(release(p), exact + np.asarray(noise))
+      assert p.event(1).event.noise_parameter == discrete_laplace.noise_parameter(
+          p.laplace_scale)
+    assert not np.array_equal(release(stronger), release(plan))
   else:
     assert stronger.flip_probability > plan.flip_probability
     assert not np.array_equal(release(stronger), release(plan))

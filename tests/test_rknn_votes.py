@@ -79,14 +79,17 @@ def test_each_record_touches_at_most_k_queries_and_replace_one_moves_at_most_2k(
 
 @pytest.mark.parametrize("k,epsilon", [(1, 0.1), (3, 0.5)])
 def test_central_noise_scale_matches_sensitivity_2k(k, epsilon):
-  scale = 2 * k / epsilon  # Laplace b = Delta_1 / eps with Delta_1 = 2k
-  exact = jnp.zeros((400, 250), jnp.int32)  # 1e5 cells
-  noisy = votes.central_noisy_counts(jax.random.key(0), exact,
-                                     _plan("central", k=k, epsilon=epsilon))
+  plan = _plan("central", k=k, epsilon=epsilon)
+  scale = plan.laplace_scale  # discrete Laplace t >= Delta_1 / eps with Delta_1 = 2k
+  assert 2 * k / epsilon <= scale <= 2 * k / epsilon + 1 / 1024
+  exact = jnp.zeros((200, 250), jnp.int32)  # 5e4 cells
+  noisy = votes.central_noisy_counts(jax.random.key(0), exact, plan)
+  chex.assert_type(noisy, jnp.int32)
   noise = np.asarray(noisy, np.float64)
-  # Laplace(b): E|X| = b and sd(X) = sqrt(2) b; 1e5 draws: 3% is > 9 standard errors.
-  np.testing.assert_allclose(np.mean(np.abs(noise)), scale, rtol=0.03)
-  np.testing.assert_allclose(np.std(noise), math.sqrt(2) * scale, rtol=0.03)
+  # DLap(t), q = e^(-1/t): Var = 2q / (1 - q)^2; 5e4 draws: 4% is more than 8 standard errors.
+  q = math.exp(-1.0 / float(scale))
+  np.testing.assert_allclose(np.var(noise), 2 * q / (1 - q) ** 2, rtol=0.04)
+  np.testing.assert_allclose(np.mean(np.abs(noise)), 2 * q / (1 - q * q), rtol=0.04)
 
 
 def test_central_noise_keys_differ_and_repeat():
@@ -178,7 +181,8 @@ def test_propagate_labels_copies_query_argmax_to_cluster_members():
     (lambda e, l, q: votes.local_noisy_counts(jax.random.key(0), e, l, q,
                                               _plan("central", k=1, epsilon=1.0),
                                               num_classes=3), "needs a local plan"),
-    (lambda e, l, q: votes.central_noisy_counts(jax.random.key(0), jnp.zeros((6, 3)),
+    (lambda e, l, q: votes.central_noisy_counts(jax.random.key(0),
+                                                jnp.zeros((6, 3), jnp.int32),
                                                 _plan("local", k=1, epsilon=1.0)),
      "needs a central plan"),
     (lambda e, l, q: votes.kmeans(jax.random.key(0), q, 7), "exceeds"),

@@ -12,6 +12,7 @@ hold more (e.g. `dpsgd_mechanism.clip_per_example_gradients`, the sensitivities 
 
 from dpkd_jax.privacy.accounting import (
     delta_for_epsilon,
+    discrete_laplace_counts_event,
     dpdfd_event,
     dpsgd_event,
     epsilon,
@@ -86,6 +87,7 @@ __all__ = [
     "collision_report",
     "collision_unbiased_counts",
     "delta_for_epsilon",
+    "discrete_laplace_counts_event",
     "dpdfd_event",
     "dpsgd_add_noise",
     "dpsgd_clip_and_sum",

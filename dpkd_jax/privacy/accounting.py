@@ -19,10 +19,12 @@ Conventions (read them before adding a builder):
   Gaussian trees, exact lattice for RR of one ε0, a bounded self-refining PLD grid otherwise.
 """
 
+import fractions
 import math
 
 from dp_accounting import dp_event
 
+from dpkd_jax.privacy import discrete_laplace
 from dpkd_jax.privacy import neighbouring
 from dpkd_jax.privacy import validation
 from dpkd_jax.privacy.evaluation import (  # noqa: F401  (re-exported API)
@@ -115,7 +117,8 @@ def srr_event(*, epsilon_per_query: float, num_queries: int,
 
 def laplace_counts_event(*, epsilon_per_round: float,
                          rounds: int) -> dp_event.DpEvent:
-  """Reverse k-NN counts: Laplace(b = Δ₁/ε) on the count matrix, per round.
+  """Continuous Laplace(b = Δ₁/ε) on a count matrix, per round (ledgers written before the
+  counts were noised with integers; new releases use `discrete_laplace_counts_event`).
 
   Relation: replace one private record; Δ₁ is the L1 change of the count matrix
   it causes (2·k·r in the reverse k-NN paper). b/Δ₁ = 1/ε: each round is pure
@@ -131,6 +134,29 @@ def laplace_counts_event(*, epsilon_per_round: float,
   eps = validation.check_float("epsilon_per_round", epsilon_per_round, positive=True)
   rounds = validation.check_int("rounds", rounds, minimum=0)
   return _repeat(dp_event.LaplaceDpEvent(1.0 / eps), rounds)
+
+
+def discrete_laplace_counts_event(*, scale: fractions.Fraction, l1_sensitivity: int,
+                                  rounds: int) -> dp_event.DpEvent:
+  """Integer counts + exact discrete Laplace DLap(t) noise per cell, per round.
+
+  Relation: replace one private record; Δ₁ (an integer) is the L1 change of the count matrix
+  it causes (2·k·r for reverse k-NN). Unlike the continuous Laplace, a discrete Laplace on
+  Δ₁ is not one on Δ₁ = 1 rescaled, so the event keeps both: a = 1/t (rounded up,
+  `discrete_laplace.noise_parameter`) and Δ₁. Each round is pure a·Δ₁-DP; R rounds compose.
+
+  Args:
+    scale: t, the exact rational scale the mechanism executes (`discrete_laplace`).
+    l1_sensitivity: Δ₁ >= 1, a whole number.
+    rounds: R, number of rounds.
+
+  Returns:
+    `TaggedDpEvent(DiscreteLaplaceDpEvent(a, Δ₁), R, REPLACE_ONE)` (NoOp if R = 0).
+  """
+  sensitivity = discrete_laplace.check_integer_sensitivity(l1_sensitivity)
+  rounds = validation.check_int("rounds", rounds, minimum=0)
+  return _repeat(dp_event.DiscreteLaplaceDpEvent(
+      noise_parameter=discrete_laplace.noise_parameter(scale), sensitivity=sensitivity), rounds)
 
 
 def rona_event(*, noise_multiplier: float,

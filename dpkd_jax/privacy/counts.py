@@ -1,4 +1,4 @@
-"""Noisy vote counts for reverse k-NN labelling: central Laplace and local-DP reports.
+"""Noisy vote counts for reverse k-NN labelling: central discrete Laplace and local-DP reports.
 
 Reverse k-NN labelling (Li et al., "Fine-grained private knowledge distillation",
 arXiv:2207.13253): every private record votes, with a one-hot vector of its label, for each of
@@ -6,10 +6,11 @@ its k nearest public queries, in each of r rounds (r is the per-query vote weigh
 rounds, as the caller defines it). The (num_queries, num_classes) count matrix is then released
 with noise, and each query is labelled by its noisy arg-max.
 
-* Central model, `laplace_counts`: the curator adds i.i.d. Laplace(Delta_1 / eps) noise to every
-  cell. Under replace-one, a record's k r one-hot votes are removed and another record's k r
-  votes are added, so Delta_1 = 2 k r (k r under add/remove-one). The value is left to the
-  caller, who knows the adjacency and r.
+* Central model, `laplace_counts`: the curator adds i.i.d. exact discrete Laplace noise of
+  scale t >= Delta_1 / eps (an exact rational, `discrete_laplace`) to every integer cell; the
+  released counts are integers. Under replace-one, a record's k r one-hot votes are removed
+  and another record's k r votes are added, so Delta_1 = 2 k r (k r under add/remove-one).
+  The value is left to the caller, who knows the adjacency and r.
 * Local model, `ldp_flip_bits` + `ldp_unbiased_counts`: each record flips every bit of its own
   (num_queries * num_classes) vote vector independently with p = 1 / (e^{eps/(2kr)} + 1).
   Two records' vectors have at most k r ones each, hence differ in at most 2 k r positions;
@@ -35,12 +36,14 @@ All functions are pure; the key is the first positional argument and is never re
 
 from __future__ import annotations
 
+import fractions
 import math
 
 import chex
 import jax
 import jax.numpy as jnp
 
+from dpkd_jax.privacy import discrete_laplace
 from dpkd_jax.privacy import validation
 
 
@@ -51,25 +54,47 @@ def laplace_counts(
     l1_sensitivity: float,
     epsilon: float,
 ) -> jax.Array:
-  """Adds i.i.d. Laplace(scale = Delta_1 / eps) noise to every cell of a count matrix.
+  """Adds i.i.d. exact discrete Laplace noise DLap(t) to every cell of an integer count matrix.
 
-  This is eps-DP for any neighbouring datasets whose count matrices differ by at most
-  Delta_1 in L1 norm. For reverse k-NN votes Delta_1 = 2 k r under replace-one (module doc).
+  t = `discrete_laplace.rational_scale(Δ₁, ε)` >= Δ₁/ε, an exact rational, so the release is
+  pure (Δ₁/t <= ε)-DP for any neighbouring datasets whose count matrices differ by at most
+  Δ₁ in L1 norm; its event is `accounting.discrete_laplace_counts_event(scale=t, ...)`. The
+  noise is drawn in integer arithmetic and the released counts are integers: a float
+  Laplace on integer counts leaks them through float rounding (`discrete_laplace`). For
+  reverse k-NN votes Δ₁ = 2 k r under replace-one (module doc).
 
   Args:
     key: a `jax.random.key`, used once.
-    counts: (...) counts, e.g. (num_queries, num_classes); any integer or float dtype.
-    l1_sensitivity: Delta_1 > 0.
-    epsilon: eps > 0.
+    counts: (...) integer counts, e.g. (num_queries, num_classes); a float dtype is refused.
+    l1_sensitivity: Δ₁ >= 1, a whole number.
+    epsilon: ε > 0.
 
   Returns:
-    float32 noisy counts of the same shape.
+    int32 noisy counts of the same shape.
   """
-  validation.check_float("l1_sensitivity", l1_sensitivity, positive=True)
-  validation.check_float("epsilon", epsilon, positive=True)
-  counts = jnp.asarray(counts, jnp.float32)
-  scale = l1_sensitivity / epsilon
-  noisy = counts + scale * jax.random.laplace(key, counts.shape, jnp.float32)
+  return discrete_laplace_counts(
+      key, counts, scale=discrete_laplace.rational_scale(l1_sensitivity, epsilon))
+
+
+def discrete_laplace_counts(key: jax.Array, counts: jax.Array, *,
+                            scale: fractions.Fraction) -> jax.Array:
+  """Integer counts + i.i.d. DLap(scale) per cell: `laplace_counts` at a given exact scale.
+
+  For a caller whose plan holds the executed scale t (pure Δ₁/t-DP on L1 sensitivity Δ₁).
+
+  Args:
+    key: a `jax.random.key`, used once.
+    counts: (...) integer counts; a float dtype is refused.
+    scale: t, an exact rational (`discrete_laplace.rational_scale`).
+
+  Returns:
+    int32 noisy counts of the same shape.
+  """
+  counts = jnp.asarray(counts)
+  if not jnp.issubdtype(counts.dtype, jnp.integer):
+    raise ValueError(f"counts must have an integer dtype (exact integer noise), got "
+                     f"{counts.dtype}")
+  noisy = counts.astype(jnp.int32) + discrete_laplace.sample(key, scale, counts.shape)
   chex.assert_equal_shape((noisy, counts))
   return noisy
 

@@ -9,10 +9,10 @@ whole tree is under ONE neighbouring relation:
    no memory blow-up and no rounding, whatever σ.
 2. Only randomized response sharing one ε0: exact loss lattice (`rr_composition`; PLD's
    pessimistic grid would charge small ε0 up to one step per query).
-3. Anything else (Laplace, RR of several ε0 or beside other events, Poisson-subsampled
-   Gaussians): PLD on a grid that is sized before it is built and refined until stable
-   (`pld_grid`), capped by the closed-form bound of `_loose_bound` (the pure ε of the Laplace
-   and RR parts added to the exact ε of the Gaussians, subsampling ignored): both bounds are
+3. Anything else (Laplace, discrete Laplace, RR of several ε0 or beside other events,
+   Poisson-subsampled Gaussians): PLD on a grid that is sized before it is built and refined
+   until stable (`pld_grid`), capped by the closed-form bound of `_loose_bound` (the pure ε of
+   the Laplace, discrete Laplace and RR parts added to the exact ε of the Gaussians, subsampling ignored): both bounds are
    sound, and the cap makes a pure-DP-only tree cost exactly its pure ε. A Poisson-subsampled Gaussian is analysed under the tree's relation
    (dp_accounting's REPLACE_ONE or ADD_OR_REMOVE_ONE PLD); the Gaussians of case 1 are merged
    into one Gaussian part first.
@@ -102,10 +102,15 @@ def _leaf_part(leaf: dp_event.DpEvent, count: int, relation):
       raise _NoGuarantee()
     kind = "gaussian" if isinstance(leaf, dp_event.GaussianDpEvent) else "laplace"
     return (kind, float(leaf.noise_multiplier), count)
+  if isinstance(leaf, dp_event.DiscreteLaplaceDpEvent):
+    if leaf.noise_parameter == 0:
+      raise _NoGuarantee()
+    return ("discrete_laplace", float(leaf.noise_parameter), int(leaf.sensitivity), count)
   if isinstance(leaf, dp_event.PoissonSampledDpEvent):
     return _poisson_part(leaf, count, relation)
   raise ValueError(f"cannot account for {type(leaf).__name__}: supported are Gaussian, "
-                   "Laplace, RandomizedResponse, PoissonSampled(Gaussian or Laplace), NoOp, "
+                   "Laplace, DiscreteLaplace, RandomizedResponse, PoissonSampled(Gaussian or "
+                   "Laplace), NoOp, "
                    "NonPrivate and Composed / SelfComposed / Tagged trees of them")
 
 
@@ -152,12 +157,17 @@ def _rdp(parts: list[tuple], *, delta: float | None, target_epsilon: float | Non
         "laplace": lambda p: dp_event.SelfComposedDpEvent(dp_event.LaplaceDpEvent(p[1]), p[2]),
         "rr": lambda p: dp_event.SelfComposedDpEvent(
             dp_event.RandomizedResponseDpEvent(noise_parameter=p[1], num_buckets=p[2]), p[3]),
+        # dp-accounting 0.6.0 has no RDP of the discrete Laplace: its pure ε = a·Δ is charged
+        # as binary RR of that ε, which dominates every pure ε-DP mechanism (Kairouz et al.).
+        "discrete_laplace": lambda p: dp_event.SelfComposedDpEvent(
+            dp_event.RandomizedResponseDpEvent(
+                noise_parameter=2.0 / (1.0 + math.exp(p[1] * p[2])), num_buckets=2), p[3]),
         "poisson_gaussian": lambda p: dp_event.SelfComposedDpEvent(
             dp_event.PoissonSampledDpEvent(p[1], dp_event.GaussianDpEvent(p[2])), p[3]),
         "poisson_laplace": lambda p: dp_event.SelfComposedDpEvent(
             dp_event.PoissonSampledDpEvent(p[1], dp_event.LaplaceDpEvent(p[2])), p[3]),
     }[part[0]](part))
-  has_rr = any(part[0] == "rr" for part in parts)
+  has_rr = any(part[0] in ("rr", "discrete_laplace") for part in parts)
   acc = rdp_privacy_accountant.RdpAccountant(neighboring_relation=(
       NeighborRel.REPLACE_ONE if has_rr else NeighborRel.ADD_OR_REMOVE_ONE))
   try:
@@ -189,6 +199,8 @@ def _loose_bound(parts: list[tuple], *, delta: float | None,
       pure += part[2] / part[1]
     elif kind == "poisson_laplace":
       pure += part[3] / part[2]
+    elif kind == "discrete_laplace":
+      pure += part[3] * part[1] * part[2]  # count · a · Δ
     else:
       pure += part[3] * rr_composition.rr_epsilon0(part[1], part[2])
   z = 1.0 / math.sqrt(precision) if precision > 0 else math.inf

@@ -39,6 +39,7 @@ _RELATIVE_SLACK = 1e-9
 _LEAF_EVENTS = {
     "gaussian": (dp_event.GaussianDpEvent, ("noise_multiplier",)),
     "laplace": (dp_event.LaplaceDpEvent, ("noise_multiplier",)),
+    "discrete_laplace": (dp_event.DiscreteLaplaceDpEvent, ("noise_parameter", "sensitivity")),
     "randomized_response": (dp_event.RandomizedResponseDpEvent,
                             ("noise_parameter", "num_buckets")),
     "no_op": (dp_event.NoOpDpEvent, ()),
@@ -54,7 +55,7 @@ def event_to_dict(event: dp_event.DpEvent) -> dict[str, Any]:
   """JSON-ready dict of the event types this library builds.
 
   Args:
-    event: Gaussian, Laplace, RandomizedResponse, NoOp, NonPrivate, or a
+    event: Gaussian, Laplace, DiscreteLaplace, RandomizedResponse, NoOp, NonPrivate, or a
       PoissonSampled / SelfComposed / Tagged / Composed tree of them.
 
   Returns:

@@ -61,6 +61,8 @@ def _losses(part: tuple) -> list[loss_lib.AdditiveNoisePrivacyLoss]:
     return [loss_lib.GaussianPrivacyLoss(part[1])]
   if kind == "laplace":
     return [loss_lib.LaplacePrivacyLoss(part[1])]
+  if kind == "discrete_laplace":
+    return [loss_lib.DiscreteLaplacePrivacyLoss(part[1], sensitivity=part[2])]
   if kind == "poisson_gaussian":
     _, q, z, _, relation = part
     if relation == NeighborRel.REPLACE_ONE:
@@ -101,6 +103,9 @@ def single_pld(part: tuple, interval: float):
   if kind == "laplace":
     return pld_lib.from_laplace_mechanism(parameter=part[1],
                                           value_discretization_interval=interval)
+  if kind == "discrete_laplace":
+    return pld_lib.from_discrete_laplace_mechanism(parameter=part[1], sensitivity=part[2],
+                                                   value_discretization_interval=interval)
   if kind == "poisson_gaussian":
     _, q, z, _, relation = part
     return pld_lib.from_gaussian_mechanism(
@@ -120,6 +125,11 @@ def _widths(part: tuple) -> tuple[float, float]:
   if part[0] == "rr":
     single_range = 2.0 * math.log1p(part[2] * (1.0 - part[1]) / part[1])
     floor = 0.0  # Sparse: a few points whatever the step.
+  elif part[0] == "discrete_laplace":
+    # Losses a·(|x − Δ| − |x|) lie in [−aΔ, aΔ]; dp_accounting's tail object for it reports
+    # an empty x range, so the width is written here.
+    single_range = 2.0 * part[1] * part[2]
+    floor = single_range / MAX_POINTS
   else:
     ranges = [_loss_range(loss) for loss in _losses(part)]
     single_range = max(ranges)
@@ -161,6 +171,7 @@ def evaluate(parts: list[tuple], read: Callable[[object], float],
 
   Args:
     parts: non-empty list of ("gaussian", z) | ("laplace", b, n) | ("rr", p, k, n) |
+      ("discrete_laplace", a, Δ, n) |
       ("poisson_gaussian", q, z, n, relation) | ("poisson_laplace", q, b, n).
     read: PLD -> ε at δ, or δ at ε (smaller on a finer pessimistic grid).
     interval: an explicit grid step (used as given unless the arrays would not fit, then

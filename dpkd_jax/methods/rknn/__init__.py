@@ -9,7 +9,8 @@ One labelling round:
 2. k-means++ (`votes.kmeans`) clusters the public embeddings into s clusters whose centres
    are the queries (public: computed from public data only);
 3. every private record votes with its one-hot label for its k nearest queries; the (s, C)
-   counts are released with Laplace(2k/ε_r) noise (central) or built from per-record
+   counts are released with exact discrete Laplace noise of scale >= 2k/ε_r (central, integer
+   counts) or built from per-record
    bit-flipped reports (local) (`votes.release_counts`);
 4. each query's noisy arg-max label goes to every public sample of its cluster (Acc_pl =
    label accuracy on the public set);

@@ -17,6 +17,7 @@ from dpkd_jax import errors
 from dpkd_jax import models
 from dpkd_jax import representations
 from dpkd_jax.models import classifiers
+from dpkd_jax.privacy import discrete_laplace
 
 MODES = ("central", "local")
 # Private records per vote-counting step: memory O(chunk_size * s) (O(chunk_size * s * C) local).
@@ -73,7 +74,7 @@ class RKNNConfig:
     num_queries: s >= 2, k-means clusters (queries) per round.
     k: nearest queries each private record votes for, 1 <= k <= s.
     epsilon: total ε of the run (ε / rounds per round); per record in local mode.
-    mode: "central" (Laplace counts) or "local" (per-record bit flipping).
+    mode: "central" (discrete Laplace counts) or "local" (per-record bit flipping).
     rounds: T >= 1 labelling rounds.
     uncertain_fraction: rounds > 1: share of the public set relabelled each later round.
     kmeans_iterations, kmeans_restarts: Lloyd iterations and k-means++ restarts.
@@ -121,6 +122,8 @@ class RKNNConfig:
     if self.k > self.num_queries:
       raise ValueError(f"k={self.k} exceeds num_queries={self.num_queries}")
     checks.positive(self, "epsilon")
+    if self.mode == "central":  # the exact integer sampler's scale 2k / ε_r must fit its range
+      discrete_laplace.rational_scale(2 * self.k, self.epsilon / self.rounds)
     checks.fraction("uncertain_fraction", self.uncertain_fraction, open_high=False)
     if self.num_public is not None:
       checks.integer("num_public", self.num_public, minimum=self.num_queries)

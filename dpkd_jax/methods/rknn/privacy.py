@@ -11,8 +11,10 @@ to the count matrix, one in each of its k nearest queries (distinct), in its lab
 replacing it moves the matrix by at most Δ₁ = 2 k in L1 norm, and its local report by at most
 2 k bits (`l1_sensitivity`, the same number in both modes).
 
-* Central: Laplace(b = Δ₁ / ε_r) on every cell (`laplace_scale`): each round is pure ε_r-DP,
-  event `LaplaceDpEvent(b / Δ₁ = 1 / ε_r)` (`accounting.laplace_counts_event`).
+* Central: exact discrete Laplace DLap(t) on every integer cell, t = `laplace_scale`, the
+  rational Δ₁ / ε_r rounded up (`privacy.discrete_laplace.rational_scale`): each round is
+  pure (Δ₁ / t <= ε_r)-DP, event `DiscreteLaplaceDpEvent(a = 1/t, Δ₁)`
+  (`accounting.discrete_laplace_counts_event`). The released counts are integers.
 * Local: every record flips each bit of its own (s · C) vote vector with
   p = 1 / (e^{ε_r / (2k)} + 1) (`flip_probability`, the float32 value the mechanism draws
   with), so its report is ε_r-LDP. The released counts are the debiased sum of the reports,
@@ -31,6 +33,7 @@ keeps the PLD ε of the T events at `delta` (`sound_epsilon`, at most ε up to t
 from __future__ import annotations
 
 import dataclasses
+import fractions
 from typing import Any
 
 from dp_accounting import dp_event
@@ -39,14 +42,22 @@ from dpkd_jax import config_checks as checks
 from dpkd_jax.methods.rknn import config as config_lib
 from dpkd_jax.privacy import accounting
 from dpkd_jax.privacy import counts as counts_lib
+from dpkd_jax.privacy import discrete_laplace
 from dpkd_jax.privacy import neighbouring
 from dpkd_jax.privacy import plan as plan_lib
 
 
-def _rounds_event(mode: str, epsilon_per_round: float, rounds: int) -> dp_event.DpEvent:
+def _central_scale(k: int, epsilon_per_round: float) -> fractions.Fraction:
+  """t: Δ₁ / ε_r = 2k / ε_r rounded up to an exact rational (the scale executed)."""
+  return discrete_laplace.rational_scale(2 * k, epsilon_per_round)
+
+
+def _rounds_event(mode: str, k: int, epsilon_per_round: float,
+                  rounds: int) -> dp_event.DpEvent:
   """The replace-one event of `rounds` vote releases of ε_r each (module docstring)."""
   if mode == "central":
-    return accounting.laplace_counts_event(epsilon_per_round=epsilon_per_round, rounds=rounds)
+    return accounting.discrete_laplace_counts_event(
+        scale=_central_scale(k, epsilon_per_round), l1_sensitivity=2 * k, rounds=rounds)
   return accounting.srr_event(epsilon_per_query=epsilon_per_round, num_queries=rounds)
 
 
@@ -55,7 +66,7 @@ class RKNNPlan(plan_lib.Plan):
   """The executed noise of a reverse k-NN run; `releases` = rounds (module docstring).
 
   Attributes:
-    mode: "central" (Laplace counts) or "local" (per-record bit flipping).
+    mode: "central" (discrete Laplace counts) or "local" (per-record bit flipping).
     k: nearest queries each record votes for (the votes counted AND the sensitivity 2 k).
     epsilon_per_round: ε_r of one round's release (pure ε_r-DP).
   """
@@ -79,9 +90,9 @@ class RKNNPlan(plan_lib.Plan):
     return 2.0 * self.k
 
   @property
-  def laplace_scale(self) -> float | None:
-    """Central: the Laplace scale b = Δ₁ / ε_r of every cell; None in local mode."""
-    return self.l1_sensitivity / self.epsilon_per_round if self.mode == "central" else None
+  def laplace_scale(self) -> fractions.Fraction | None:
+    """Central: the executed discrete Laplace scale t >= Δ₁ / ε_r; None in local mode."""
+    return _central_scale(self.k, self.epsilon_per_round) if self.mode == "central" else None
 
   @property
   def flip_probability(self) -> float | None:
@@ -100,12 +111,14 @@ class RKNNPlan(plan_lib.Plan):
 
   def event(self, releases: int) -> dp_event.DpEvent:
     """The replace-one event of `releases` rounds (a NoOp for 0)."""
-    return _rounds_event(self.mode, self.epsilon_per_round, releases)
+    return _rounds_event(self.mode, self.k, self.epsilon_per_round, releases)
 
   def to_json(self) -> dict[str, Any]:
     """The fields and the derived noise parameters the mechanism executes."""
+    scale = self.laplace_scale  # its denominator divides 1024: the float is exact
     return {**super().to_json(), "l1_sensitivity": self.l1_sensitivity,
-            "laplace_scale": self.laplace_scale, "flip_probability": self.flip_probability}
+            "laplace_scale": None if scale is None else float(scale),
+            "flip_probability": self.flip_probability}
 
 
 def make_plan(config: config_lib.RKNNConfig) -> RKNNPlan:
@@ -117,7 +130,8 @@ def make_plan(config: config_lib.RKNNConfig) -> RKNNPlan:
   """
   epsilon_per_round = config.epsilon / config.rounds
   sound_epsilon = accounting.epsilon(
-      _rounds_event(config.mode, epsilon_per_round, config.rounds), delta=config.delta)
+      _rounds_event(config.mode, config.k, epsilon_per_round, config.rounds),
+      delta=config.delta)
   return RKNNPlan(
       releases=config.rounds, delta=config.delta, accounting="sound",
       budget_epsilon=plan_lib.budget(target_epsilon=None, accounting="sound",

@@ -12,9 +12,11 @@ Privacy of one labelling round (r = 1 label per record; relation: replace one pr
 * Central DP (`central_noisy_counts`). A record contributes exactly k ones, one in each of k
   distinct rows of the count matrix (its k nearest queries, in the column of its label).
   Replacing it by another record removes those k ones and adds at most k others, so the two
-  count matrices differ by at most 2 k in L1 norm: Delta_1 = 2 k r with r = 1. Laplace noise
-  of scale Delta_1 / eps on every cell (`privacy.counts.laplace_counts`) makes the released
-  matrix eps-DP, and arg-max labels and their propagation are post-processing. The queries
+  count matrices differ by at most 2 k in L1 norm: Delta_1 = 2 k r with r = 1. Exact
+  discrete Laplace noise of scale t >= Delta_1 / eps on every integer cell
+  (`privacy.counts.discrete_laplace_counts`, t = `plan.laplace_scale`) makes the released
+  integer matrix eps-DP, and arg-max labels (ties to the lowest class) and their propagation
+  are post-processing. The queries
   depend on public data only, so they cost nothing.
 * Local DP (`local_noisy_counts`). Each record computes its own (s * C) vote bit vector
   (at most k r = k ones) and flips every bit with p = 1 / (e^{eps/(2k)} + 1)
@@ -217,23 +219,23 @@ def reverse_knn_counts(embeddings: jax.Array, labels: jax.Array, queries: jax.Ar
 
 def central_noisy_counts(key: jax.Array, counts: jax.Array,
                          plan: privacy_lib.RKNNPlan) -> jax.Array:
-  """Central eps-DP release of reverse k-NN counts: Laplace(2k/eps) on every cell.
+  """Central eps-DP release of reverse k-NN counts: exact discrete Laplace on every cell.
 
   Sensitivity `plan.l1_sensitivity` = 2 k under replace-one with r = 1 label per record
-  (module docstring); eps = `plan.epsilon_per_round`.
+  (module docstring); the scale is `plan.laplace_scale` = t >= 2k / eps, eps =
+  `plan.epsilon_per_round`, drawn in integer arithmetic (`privacy.discrete_laplace`).
 
   Args:
     key: a `jax.random.key`, used once.
-    counts: (s, C) counts from `reverse_knn_counts` (with k = `plan.k`).
+    counts: (s, C) integer counts from `reverse_knn_counts` (with k = `plan.k`).
     plan: the run's `RKNNPlan` (central mode).
 
   Returns:
-    (s, C) float32 noisy counts.
+    (s, C) int32 noisy counts.
   """
   if plan.mode != "central":
     raise ValueError(f"central_noisy_counts needs a central plan, got mode {plan.mode!r}")
-  return counts_lib.laplace_counts(key, counts, l1_sensitivity=plan.l1_sensitivity,
-                                   epsilon=plan.epsilon_per_round)
+  return counts_lib.discrete_laplace_counts(key, counts, scale=plan.laplace_scale)
 
 
 @functools.partial(jax.jit, static_argnames=("k", "num_classes", "epsilon", "chunk_size"))
@@ -306,7 +308,7 @@ def release_counts(plan: privacy_lib.RKNNPlan, key: jax.Array, embeddings: jax.A
     chunk_size: private records per scan step.
 
   Returns:
-    (s, C) float32 noisy counts (central) or unbiased estimates (local).
+    (s, C) int32 noisy counts (central) or float32 unbiased estimates (local).
   """
   if plan.mode == "central":
     exact = reverse_knn_counts(embeddings, labels, queries, k=plan.k, num_classes=num_classes,
