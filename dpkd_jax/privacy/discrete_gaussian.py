@@ -147,7 +147,7 @@ def _step(lanes: _Lanes, bits: jax.Array, p: int, q: int) -> _Lanes:
        (ph == AB_REST) & result, (ph == B_SQUARED) & result],
       [KEEP_U * one, jnp.where(result, GEOMETRIC, START),
        jnp.where(v_next > MAX_GEOMETRIC, START, GEOMETRIC), after_geometric,
-       A_WHOLE * one, after_a,
+       A_WHOLE * one, A_REST * one,
        after_a,
        AB_WHOLE * one, AB_REST * one,
        B_SQUARED * one, DONE * one],
