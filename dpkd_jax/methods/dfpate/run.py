@@ -47,7 +47,9 @@ class _Setup:
 
 
 def _config_json(config: config_lib.DFPATEConfig) -> dict[str, Any]:
-  return dataclasses.asdict(config)
+  out = dataclasses.asdict(config)
+  del out["secure_noise"]  # always False (the config refuses True): the dict saved before it
+  return out
 
 
 def _prepare(config: config_lib.DFPATEConfig, plan: privacy.DFPATEPlan,
