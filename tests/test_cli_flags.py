@@ -262,7 +262,8 @@ def test_no_download_unless_asked(parse):
 
 
 def test_secure_noise_flag(capsys):
-  """--secure_noise reaches the DPDFD config; DP-SGD and DF-PATE refuse it in one line."""
+  """--secure_noise reaches the DPDFD and DF-PATE configs; DP-SGD, and DF-PATE's query model,
+  refuse it in one line."""
   config, _ = dpdfd_cli.parse_config(["--dataset=digits", "--teacher_dirs=t",
                                       "--noise_multiplier=5", "--secure_noise",
                                       "--secure_grid_bits=12"])
@@ -271,8 +272,10 @@ def test_secure_noise_flag(capsys):
                                      "--noise_multiplier=5"])[0].secure_noise
   for parse, argv in ((dpsgd_cli.parse_config, ["--dataset=digits", "--noise_multiplier=1",
                                                 "--steps=1"]),
-                      (dfpate_cli.parse_config, ["--dataset=digits"])):
+                      (dfpate_cli.parse_config, ["--dataset=digits",
+                                                 "--query_source=dp_model"])):
     with pytest.raises(SystemExit) as exit_info:
       parse([*argv, "--secure_noise"])
     err = capsys.readouterr().err
     assert exit_info.value.code == 2 and err.count("\n") == 1 and "--secure_noise" in err
+  assert dfpate_cli.parse_config(["--dataset=digits", "--secure_noise"])[0].secure_noise

@@ -254,7 +254,9 @@ def dpsgd_event(*, noise_multiplier: float, sampling_rate: float, steps: int,
       float(sampling_rate), dp_event.GaussianDpEvent(sigma)), steps, relation)
 
 
-def pate_event(*, noise_std: float, num_queries: int) -> dp_event.DpEvent:
+def pate_event(*, noise_std: float, num_queries: int, secure_noise: bool = False,
+               num_teachers: int | None = None,
+               num_classes: int | None = None) -> dp_event.DpEvent:
   """Data-free PATE: Gaussian-noised vote histograms of a disjoint-shard ensemble.
 
   Relation: replace one private record. The n teachers are trained on disjoint shards, so a
@@ -272,10 +274,25 @@ def pate_event(*, noise_std: float, num_queries: int) -> dp_event.DpEvent:
   Args:
     noise_std: σ, std of the Gaussian noise per histogram bin; 0 means no privacy.
     num_queries: Q, number of released histograms.
+    secure_noise: histograms on an integer grid plus discrete Gaussian noise
+      (`aggregation.noisy_histogram(..., secure_noise=True)`): each is ρ-zCDP with the grid
+      sensitivity √2/γ + √K + 2^-20·(√2 + 2n)/γ (`secure_gaussian`; ||h||₂ <= n).
+    num_teachers, num_classes: n and K, needed with `secure_noise`.
 
   Returns:
-    `TaggedDpEvent(GaussianDpEvent(σ/√2), Q, REPLACE_ONE)` (NoOp if Q = 0).
+    `TaggedDpEvent(GaussianDpEvent(σ/√2), Q, REPLACE_ONE)`, or `ZCDpEvent(ρ)` per histogram
+    with `secure_noise` (NoOp if Q = 0).
   """
   sigma = validation.check_float("noise_std", noise_std, positive=False)
   num_queries = validation.check_int("num_queries", num_queries, minimum=0)
-  return _repeat(dp_event.GaussianDpEvent(sigma / math.sqrt(2.0)), num_queries)
+  if not secure_noise:
+    return _repeat(dp_event.GaussianDpEvent(sigma / math.sqrt(2.0)), num_queries)
+  if num_teachers is None or num_classes is None:
+    raise ValueError("secure noise needs num_teachers and num_classes")
+  n = validation.check_int("num_teachers", num_teachers, minimum=1)
+  k = validation.check_int("num_classes", num_classes, minimum=2)
+  grid = secure_gaussian.choose_grid(noise_multiplier=sigma, bound=1.0, max_abs=float(n))
+  sensitivity = secure_gaussian.grid_l2_sensitivity(
+      l2_sensitivity=math.sqrt(2.0), l2_bound=float(n), dims=k, step=grid.step)
+  rho = secure_gaussian.zcdp_rho(grid_sensitivity=sensitivity, grid_sigma=grid.grid_sigma)
+  return _repeat(dp_event.ZCDpEvent(rho), num_queries)

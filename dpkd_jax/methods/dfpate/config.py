@@ -31,7 +31,9 @@ class DFPATEConfig:
     dataset, data_dir: the private dataset and the directory of `<dataset>.npz`.
     target_epsilon: ε budget for all Q queries; σ is calibrated to it when `noise_std` is None.
     noise_std: σ per histogram bin; None = calibrate; 0 = no noise (ε = ∞, a baseline).
-    secure_noise: refused for now: the discrete Gaussian is wired into experiments.dpdfd only.
+    secure_noise: vote histograms on an integer grid plus exact discrete Gaussian noise,
+      accounted as zCDP (docs/privacy.md); procedural queries only (the query model's
+      releases keep float noise).
     delta: δ.
     use_teachers: False replaces every vote histogram by zeros before the noise (a baseline
       that never touches the private data: ε = 0).
@@ -103,10 +105,12 @@ class DFPATEConfig:
   secure_noise: bool = False
 
   def __post_init__(self):
-    if self.secure_noise:
-      raise errors.UserError("--secure_noise is not offered for data-free PATE yet (its votes "
-                             "and query model use float noise); it is offered for "
-                             "experiments.dpdfd")
+    if self.secure_noise and self.query_source != "procedural":
+      raise errors.UserError("--secure_noise covers the vote histograms only: the query model "
+                             "(--query_source=dp_model) adds float noise; use procedural "
+                             "queries")
+    if self.secure_noise and self.noise_std == 0:
+      raise ValueError("secure_noise needs noise: noise_std must be > 0")
     self.ensemble_config()  # the dataset and teacher fields, checked where the ensemble is
     checks.one_of("student_model", self.student_model, models.CLASSIFIERS)
     checks.one_of("votes", self.votes, aggregation.VOTE_KINDS)

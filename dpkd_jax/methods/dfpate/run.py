@@ -48,7 +48,8 @@ class _Setup:
 
 def _config_json(config: config_lib.DFPATEConfig) -> dict[str, Any]:
   out = dataclasses.asdict(config)
-  del out["secure_noise"]  # always False (the config refuses True): the dict saved before it
+  if not config.secure_noise:  # at its default: the dict saved before the field existed
+    del out["secure_noise"]
   return out
 
 
