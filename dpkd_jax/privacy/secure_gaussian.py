@@ -22,7 +22,7 @@ coordinate, covered by the slack 2^-20·(Δ + 2·X)/γ (X the L2 bound of x itse
 
   Δ_grid = Δ/γ + √d + 2^-20·(Δ + 2X)/γ,
 
-and by Canonne, Kamath, Steinke 2020 (Theorem 14, multivariate discrete Gaussian: independent
+and by Canonne, Kamath, Steinke 2020 (their multivariate discrete Gaussian theorem: independent
 N_Z(0, g²) on each coordinate of an integer query of L2 sensitivity Δ_grid) one release is
 ρ-zCDP with ρ = Δ_grid² / (2g²): `dp_event.ZCDpEvent(ρ)`, priced by dp_accounting's RDP
 accountant (`evaluation.py`). With γ = C/2^k the rounding term √d is a fraction
@@ -117,7 +117,7 @@ def grid_l2_sensitivity(*, l2_sensitivity: float, l2_bound: float, dims: int,
 
 
 def zcdp_rho(*, grid_sensitivity: float, grid_sigma: int) -> float:
-  """ρ = Δ_grid² / (2g²) of one release (CKS 2020, Theorem 14)."""
+  """ρ = Δ_grid² / (2g²) of one release (CKS 2020, multivariate)."""
   return grid_sensitivity**2 / (2.0 * grid_sigma**2)
 
 
