@@ -125,3 +125,17 @@ def test_zcdp_epsilon_is_dp_accountings_rdp_of_the_composed_rho():
 def test_secure_event_needs_the_row_length():
   with pytest.raises(ValueError, match="num_outputs"):
     accounting.dpdfd_event(noise_multiplier=1.0, batch_size=8, steps=1, secure_noise=True)
+
+
+def test_multi_teacher_secure_release_is_the_grid_sum_over_n():
+  # n = 3 teachers: the summed rows (|coordinate| <= 3C) on the grid, noise std σC on the sum.
+  grads = jax.random.normal(jax.random.key(0), (3, 64, 10))
+  release = mechanisms.multi_teacher_output_gradients(
+      jax.random.key(4), grads, l2_norm_bound=1.0, noise_multiplier=4.0, secure_noise=True)
+  grid = secure_gaussian.choose_grid(noise_multiplier=4.0, bound=1.0, max_abs=3.0)
+  units = np.asarray(release.noisy, np.float64) * 3 / grid.step
+  np.testing.assert_allclose(units, np.round(units), atol=1e-3)
+  summed = np.asarray(jax.vmap(lambda g: mechanisms.normalize_rows(g, 1.0))(grads)).sum(0)
+  noise = np.asarray(release.noisy) * 3 - summed
+  assert abs(noise.std() / 4.0 - 1) < 4 * math.sqrt(2 / noise.size)
+  assert float(release.noise_stddev) == pytest.approx(4.0 / 3)
