@@ -24,9 +24,10 @@ b²/(2c²), each factor a ratio of small integers).
 Range (JAX's x64 is off): the geometric part V of the Laplace proposal is capped at
 `MAX_GEOMETRIC` (a larger V is rejected like any other proposal), so draws satisfy
 |y| < t·(MAX_GEOMETRIC + 1) = 64·P. The sampler is therefore N_Z(0, σ²) conditioned on
-|y| < 64·P (>= 64σ): the excluded mass is below 2·exp(-(63σ)²/(2σ²)) < exp(-1900), far below
-anything a float can hold, and every intermediate stays below 2^31 when 64·P·Q² + P < 2^31
-(`check_sigma` refuses larger σ).
+|y| < 64·P (>= 64σ): the excluded mass is at most 2·exp(-2048)/(1 - exp(-64/σ)) <=
+2(1 + σ/64)·exp(-2048) < exp(-1900) for every allowed σ (< 2^25), far below anything a float
+can hold, and every intermediate stays below 2^31 when 64·P·Q² + P < 2^31 (`check_sigma`
+refuses larger σ).
 """
 
 from __future__ import annotations
@@ -64,7 +65,6 @@ def max_abs_draw(sigma: fractions.Fraction | int) -> int:
   """The largest |y| the sampler can return for σ (the cap of the module docstring)."""
   sigma = check_sigma(sigma)
   return (MAX_GEOMETRIC + 1) * sigma.numerator - 1
-
 
 
 # Phases of one lane (one output coordinate). Every phase but START and DONE runs CKS
