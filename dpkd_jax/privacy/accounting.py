@@ -107,8 +107,9 @@ def dpdfd_secure_event(*, noise_multiplier: float, batch_size: int, steps: int,
   `secure_gaussian.choose_grid(σ, C, max_abs=n)`, step γ = σC/g; after rounding the grid
   sensitivity is Δ_grid = Δ/γ + √(B·K) + 2^-20·(Δ + 2n·C·√B)/γ, and discrete Gaussian noise
   N_Z(0, g²) per coordinate makes each release ρ-zCDP, ρ = Δ_grid²/(2g²) (CKS 2020,
-  multivariate discrete Gaussian). C cancels: everything is computed with C = 1. ρ >= 1/(2z²) of the continuous
-  event (z = σ/(2m·√B)), so ε is never below the default mode's.
+  multivariate discrete Gaussian). C cancels: everything is computed with C = 1.
+  ρ >= 1/(2z²) of the continuous event (z = σ/(2m·√B)), so ε is never below the default
+  mode's.
 
   Returns:
     `TaggedDpEvent(ZCDpEvent(ρ), T, REPLACE_ONE)` (NoOp if T = 0).

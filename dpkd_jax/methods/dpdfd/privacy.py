@@ -219,7 +219,8 @@ def make_plan(config: config_lib.DPDFDConfig, teachers_per_record: int | None = 
                                   steps=steps, delta=config.delta))
   sound = math.inf if sigma == 0 else accounting.epsilon(plan.event(steps), delta=config.delta)
   target = config.target_epsilon
-  if target is not None and sound > target and config.secure_noise and config.accounting == "sound":
+  if (target is not None and sound > target and config.secure_noise
+      and config.accounting == "sound"):
     raise ValueError(f"the calibrated run's epsilon {sound:.6g} exceeds target_epsilon="
                      f"{target:g}")  # grid rounding: ε(σ) is not smooth in σ
   if target is not None and sound > target:
