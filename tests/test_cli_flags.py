@@ -259,3 +259,23 @@ def test_no_download_unless_asked(parse):
   argv = argv[:2] if parse is rona_cli.parse_config else argv
   assert parse(argv)[0].download is False
   assert parse([*argv, "--download"])[0].download is True
+
+
+def test_secure_noise_flag(capsys):
+  """--secure_noise reaches the DPDFD and DF-PATE configs; DP-SGD, and DF-PATE's query model,
+  refuse it in one line."""
+  config, _ = dpdfd_cli.parse_config(["--dataset=digits", "--teacher_dirs=t",
+                                      "--noise_multiplier=5", "--secure_noise",
+                                      "--secure_grid_bits=12"])
+  assert config.secure_noise and config.secure_grid_bits == 12
+  assert not dpdfd_cli.parse_config(["--dataset=digits", "--teacher_dirs=t",
+                                     "--noise_multiplier=5"])[0].secure_noise
+  for parse, argv in ((dpsgd_cli.parse_config, ["--dataset=digits", "--noise_multiplier=1",
+                                                "--steps=1"]),
+                      (dfpate_cli.parse_config, ["--dataset=digits",
+                                                 "--query_source=dp_model"])):
+    with pytest.raises(SystemExit) as exit_info:
+      parse([*argv, "--secure_noise"])
+    err = capsys.readouterr().err
+    assert exit_info.value.code == 2 and err.count("\n") == 1 and "--secure_noise" in err
+  assert dfpate_cli.parse_config(["--dataset=digits", "--secure_noise"])[0].secure_noise

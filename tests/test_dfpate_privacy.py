@@ -14,10 +14,12 @@ from dpkd_jax import errors
 from dpkd_jax import teacher_ensemble as ensemble_lib
 from dpkd_jax.methods import dfpate
 from dpkd_jax.methods.dfpate import query_model as qm
+from dpkd_jax.methods.dfpate import step as dfpate_step
 from dpkd_jax.methods.dfpate import student as student_lib
 from dpkd_jax.privacy import accounting
 from dpkd_jax.privacy import aggregation
 from dpkd_jax.privacy import ledger as ledger_lib
+from dpkd_jax.privacy import secure_gaussian
 from dpkd_jax.train import checkpoint
 from dpkd_jax.train import ledger_file
 
@@ -136,3 +138,32 @@ def test_dfpate_with_the_query_model_charges_it_and_meets_the_target(tmp_path, m
   assert len(ledger.entries) == 3  # the query model, then one entry per round
   assert ledger.spent_epsilon() == pytest.approx(total, rel=1e-6)
   assert os.path.exists(os.path.join(workdir, "samples.png"))
+
+
+def test_secure_plan_is_zcdp_calibrated_and_never_below_the_float_epsilon():
+  base = {**_TINY, "query_source": "procedural"}
+  plan = dfpate.make_plan(dfpate.DFPATEConfig(**base, target_epsilon=5.0, secure_noise=True))
+  assert plan.secure_noise and (plan.num_teachers, plan.num_classes) == (4, 10)
+  event = plan.event(2)
+  assert isinstance(event.event, dp_event.ZCDpEvent) and event.count == 32
+  assert 4.5 < plan.sound_epsilon <= 5.0 and plan.budget_epsilon == 5.0
+  assert dfpate.DFPATEPlan.from_json(plan.to_json()) == plan
+  float_plan = dfpate.make_plan(dfpate.DFPATEConfig(
+      **base, target_epsilon=None, noise_std=plan.noise_std))
+  assert "secure_noise" not in float_plan.to_json()
+  assert plan.sound_epsilon >= float_plan.sound_epsilon
+  with pytest.raises(errors.UserError, match="query model"):
+    dfpate.DFPATEConfig(**_TINY, target_epsilon=5.0, secure_noise=True)
+
+
+def test_secure_votes_lie_on_the_grid_with_the_plans_sigma():
+  config = dfpate.DFPATEConfig(**{**_TINY, "query_source": "procedural"}, noise_std=3.0,
+                               target_epsilon=None, secure_noise=True)
+  plan = dfpate.make_plan(config)
+  histogram = jnp.tile(jnp.asarray([4.0, 0, 0, 0, 0, 0, 0, 0, 0, 0]), (400, 1))  # (Q, K)
+  votes = dfpate_step.release_votes(plan, jax.random.key(3), histogram)
+  grid = secure_gaussian.choose_grid(noise_multiplier=3.0, bound=1.0, max_abs=4.0)
+  units = np.asarray(votes.histogram, np.float64) / grid.step
+  np.testing.assert_array_equal(units, np.round(units))
+  noise = np.asarray(votes.histogram) - np.asarray(histogram)
+  assert abs(noise.std() / 3.0 - 1) < 4 * math.sqrt(2 / noise.size)

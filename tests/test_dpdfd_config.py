@@ -102,7 +102,8 @@ def test_to_json_is_the_saved_config():
                                          "generator_max_restarts", "replay_size",
                                          "replay_batch", "replay_sampling", "replay_memory",
                                          "released_balance_weight", "class_conditional_weight",
-                                         "smoothness_weight")]
+                                         "smoothness_weight", "secure_noise",
+                                         "secure_grid_bits")]
   assert dpdfd.DPDFDConfig(**{**out, "teacher_dirs": tuple(out["teacher_dirs"])}) == config
   stacked = _config(teacher_dirs=(), teacher_ensemble_dir="ens")
   assert stacked.to_json()["teacher_ensemble_dir"] == "ens"

@@ -6,6 +6,7 @@ import math
 import os
 import warnings
 
+from dp_accounting import dp_event
 import jax
 import numpy as np
 import pytest
@@ -19,8 +20,10 @@ from dpkd_jax.models import core
 from dpkd_jax.privacy import accounting
 from dpkd_jax.privacy import ledger as ledger_lib
 from dpkd_jax.privacy import paper_accounting
+from dpkd_jax.privacy import secure_gaussian
 from dpkd_jax.train import checkpoint
 from dpkd_jax.train import ledger_file
+from experiments import dpdfd as dpdfd_cli
 
 
 def _config(**kw):
@@ -193,3 +196,66 @@ def test_the_ledger_charges_the_events_of_the_saved_plan(finished_run):
   assert results["epsilon"] == pytest.approx(plan.sound_epsilon, rel=1e-9)
   assert results["paper_epsilon"] == plan.paper_epsilon and plan.budget_epsilon == 50.0
   assert json.loads(meta["ledger"])["target_epsilon"] == plan.budget_epsilon
+
+
+# ----------------------------------------------------------------------------- secure noise
+
+
+def test_secure_plan_carries_the_mode_and_its_zcdp_event():
+  plan = dpdfd.make_plan(_config(secure_noise=True))
+  assert plan.secure_noise and plan.num_outputs == 10 and plan.grid_bits is None
+  event = plan.event(3)
+  assert isinstance(event.event, dp_event.ZCDpEvent) and event.count == 3
+  assert event == accounting.dpdfd_event(noise_multiplier=10.0, batch_size=16, steps=3,
+                                         secure_noise=True, num_outputs=10)
+  float_plan = dpdfd.make_plan(_config())
+  assert plan.sound_epsilon >= float_plan.sound_epsilon
+  assert plan.sound_epsilon == accounting.epsilon(plan.event(4), delta=plan.delta)
+  # The default plan saves what it saved before the mode existed; the secure one names it.
+  assert "secure_noise" not in float_plan.to_json() and plan.to_json()["secure_noise"]
+  assert dpdfd.DPDFDPlan(**{k: v for k, v in plan.to_json().items() if k != "plan"}) == plan
+
+
+def test_secure_calibration_meets_the_target():
+  for kw in (dict(noise_multiplier=None), dict(noise_multiplier=30.0, steps=400)):
+    plan = dpdfd.make_plan(_config(secure_noise=True, target_epsilon=8.0, **kw))
+    assert plan.sound_epsilon <= 8.0 and plan.budget_epsilon == 8.0
+    assert plan.sound_epsilon > 7.0  # calibrated, not just safe
+
+
+def test_secure_noise_flags_are_checked():
+  with pytest.raises(ValueError, match="secure_noise"):
+    _config(secure_noise=True, noise_multiplier=0.0)
+  with pytest.raises(ValueError, match="secure_grid_bits"):
+    _config(secure_grid_bits=8)
+  assert _config(secure_noise=True, secure_grid_bits=8).secure_grid_bits == 8
+  assert "secure_noise" not in _config().to_json()
+
+
+def test_cli_secure_noise_run_charges_the_zcdp_events(teacher_dir, tmp_path, monkeypatch):
+  released = _spy_on_releases(monkeypatch)
+  workdir = str(tmp_path / "run")
+  dpdfd_cli.main(["--dataset=digits", f"--teacher_dirs={teacher_dir}", "--noise_multiplier=20",
+                  "--secure_noise", "--student_model=lenet5_half", "--steps=2",
+                  "--batch_size=16", "--eval_every=2", "--latent_dim=8", "--generator_channels=8",
+                  f"--workdir={workdir}", "--no_progress"])
+  jax.effects_barrier()
+  meta = checkpoint.restore_metadata(os.path.join(workdir, "checkpoints"))
+  saved = dict(meta["plan"])
+  saved.pop("plan")
+  plan = dpdfd.DPDFDPlan(**saved)
+  assert plan.secure_noise
+  with open(os.path.join(workdir, ledger_file.FILE_NAME)) as f:
+    entries = json.load(f)["entries"]
+  assert [e["event"] for e in entries] == [ledger_lib.event_to_dict(plan.event(2))]
+  assert entries[0]["event"]["event"]["type"] == "zcdp"
+  with open(os.path.join(workdir, "results.json")) as f:
+    results = json.load(f)
+  continuous = accounting.epsilon(accounting.dpdfd_event(
+      noise_multiplier=20.0, batch_size=16, steps=2), delta=1e-5)
+  assert results["epsilon"] == pytest.approx(plan.sound_epsilon) and (
+      results["epsilon"] >= continuous)
+  grid = secure_gaussian.choose_grid(noise_multiplier=20.0, bound=plan.l2_norm_bound)
+  for rows in released:  # every release lies on the grid of the plan's sigma
+    units = rows.astype(np.float64) / grid.step
+    np.testing.assert_allclose(units, np.round(units), atol=1e-3)

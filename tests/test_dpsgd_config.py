@@ -139,7 +139,7 @@ def test_saved_json_of_a_default_config_is_unchanged():
   later = ("clipping", "features", "validation_examples", "standardize_noise_multiplier",
            "standardize_mean_clip", "standardize_second_moment_clip", "lr_schedule",
            "param_averaging_decay", "param_averaging_start_step", "augmult",
-           "augmult_max_shift")
+           "augmult_max_shift", "secure_noise")
   saved_before = {k: v for k, v in dataclasses.asdict(config).items() if k not in later}
   assert config.to_json() == saved_before
   assert make_config(clipping="ghost").to_json() == {**saved_before, "clipping": "ghost"}

@@ -26,6 +26,7 @@ from dp_accounting import dp_event
 
 from dpkd_jax.privacy import discrete_laplace
 from dpkd_jax.privacy import neighbouring
+from dpkd_jax.privacy import secure_gaussian
 from dpkd_jax.privacy import validation
 from dpkd_jax.privacy.evaluation import (  # noqa: F401  (re-exported API)
     DEFAULT_VALUE_DISCRETIZATION_INTERVAL,
@@ -50,7 +51,9 @@ def _repeat(event: dp_event.DpEvent, count: int,
 
 
 def dpdfd_event(*, noise_multiplier: float, batch_size: int, steps: int,
-                num_teachers: int = 1, teachers_per_record: int = 1) -> dp_event.DpEvent:
+                num_teachers: int = 1, teachers_per_record: int = 1,
+                secure_noise: bool = False, num_outputs: int | None = None,
+                grid_bits: int | None = None) -> dp_event.DpEvent:
   """DPDFD data-free output-gradient mechanism over a whole run.
 
   Relation: replace one private record. The teacher is trained on private data and is
@@ -71,10 +74,20 @@ def dpdfd_event(*, noise_multiplier: float, batch_size: int, steps: int,
     steps: T, number of releases.
     num_teachers: n >= 1 teachers whose rows are summed.
     teachers_per_record: m in [1, n], the most teachers one private record can reach.
+    secure_noise: the release on an integer grid plus discrete Gaussian noise
+      (`mechanisms.multi_teacher_output_gradients(..., secure_noise=True)`): see
+      `dpdfd_secure_event`.
+    num_outputs: K, the row length (needed with `secure_noise`: rounding adds √(B·K)).
+    grid_bits: the secure grid's k (None: automatic, as in the mechanism).
 
   Returns:
     `TaggedDpEvent(GaussianDpEvent(σ / (2m·sqrt(B))), T, REPLACE_ONE)` (NoOp if T = 0).
   """
+  if secure_noise:
+    return dpdfd_secure_event(noise_multiplier=noise_multiplier, batch_size=batch_size,
+                              steps=steps, num_teachers=num_teachers,
+                              teachers_per_record=teachers_per_record,
+                              num_outputs=num_outputs, grid_bits=grid_bits)
   sigma = validation.check_float("noise_multiplier", noise_multiplier, positive=False)
   batch_size = validation.check_int("batch_size", batch_size, minimum=1)
   steps = validation.check_int("steps", steps, minimum=0)
@@ -84,6 +97,43 @@ def dpdfd_event(*, noise_multiplier: float, batch_size: int, steps: int,
     raise ValueError(f"teachers_per_record={m} exceeds num_teachers={num_teachers}")
   return _repeat(
       dp_event.GaussianDpEvent(sigma / (2.0 * m * math.sqrt(batch_size))), steps)
+
+
+def dpdfd_secure_event(*, noise_multiplier: float, batch_size: int, steps: int,
+                       num_teachers: int, teachers_per_record: int, num_outputs: int | None,
+                       grid_bits: int | None) -> dp_event.DpEvent:
+  """DPDFD with secure noise: T releases, each ρ-zCDP (`secure_gaussian`).
+
+  Relation: replace one private record, as `dpdfd_event`. The summed (B, K) rows (each
+  coordinate <= n·C, L2 norm <= n·C·√B, sensitivity Δ = 2C·m·√B) go to the grid of
+  `secure_gaussian.choose_grid(σ, C, max_abs=n)`, step γ = σC/g; after rounding the grid
+  sensitivity is Δ_grid = Δ/γ + √(B·K) + 2^-20·(Δ + 2n·C·√B)/γ, and discrete Gaussian noise
+  N_Z(0, g²) per coordinate makes each release ρ-zCDP, ρ = Δ_grid²/(2g²) (CKS 2020,
+  multivariate discrete Gaussian). C cancels: everything is computed with C = 1.
+  ρ >= 1/(2z²) of the continuous event (z = σ/(2m·√B)), so ε is never below the default
+  mode's.
+
+  Returns:
+    `TaggedDpEvent(ZCDpEvent(ρ), T, REPLACE_ONE)` (NoOp if T = 0).
+  """
+  sigma = validation.check_float("noise_multiplier", noise_multiplier, positive=True)
+  batch_size = validation.check_int("batch_size", batch_size, minimum=1)
+  steps = validation.check_int("steps", steps, minimum=0)
+  n = validation.check_int("num_teachers", num_teachers, minimum=1)
+  m = validation.check_int("teachers_per_record", teachers_per_record, minimum=1)
+  if num_outputs is None:
+    raise ValueError("secure noise needs num_outputs (K): rounding adds sqrt(B*K) to the "
+                     "sensitivity")
+  k = validation.check_int("num_outputs", num_outputs, minimum=1)
+  if m > n:
+    raise ValueError(f"teachers_per_record={m} exceeds num_teachers={n}")
+  grid = secure_gaussian.choose_grid(noise_multiplier=sigma, bound=1.0, max_abs=float(n),
+                                     grid_bits=grid_bits)
+  sensitivity = secure_gaussian.grid_l2_sensitivity(
+      l2_sensitivity=2.0 * m * math.sqrt(batch_size), l2_bound=n * math.sqrt(batch_size),
+      dims=batch_size * k, step=grid.step)
+  rho = secure_gaussian.zcdp_rho(grid_sensitivity=sensitivity, grid_sigma=grid.grid_sigma)
+  return _repeat(dp_event.ZCDpEvent(rho), steps)
 
 
 def srr_event(*, epsilon_per_query: float, num_queries: int,
@@ -231,7 +281,9 @@ def dpsgd_event(*, noise_multiplier: float, sampling_rate: float, steps: int,
       float(sampling_rate), dp_event.GaussianDpEvent(sigma)), steps, relation)
 
 
-def pate_event(*, noise_std: float, num_queries: int) -> dp_event.DpEvent:
+def pate_event(*, noise_std: float, num_queries: int, secure_noise: bool = False,
+               num_teachers: int | None = None,
+               num_classes: int | None = None) -> dp_event.DpEvent:
   """Data-free PATE: Gaussian-noised vote histograms of a disjoint-shard ensemble.
 
   Relation: replace one private record. The n teachers are trained on disjoint shards, so a
@@ -249,10 +301,25 @@ def pate_event(*, noise_std: float, num_queries: int) -> dp_event.DpEvent:
   Args:
     noise_std: σ, std of the Gaussian noise per histogram bin; 0 means no privacy.
     num_queries: Q, number of released histograms.
+    secure_noise: histograms on an integer grid plus discrete Gaussian noise
+      (`aggregation.noisy_histogram(..., secure_noise=True)`): each is ρ-zCDP with the grid
+      sensitivity √2/γ + √K + 2^-20·(√2 + 2n)/γ (`secure_gaussian`; ||h||₂ <= n).
+    num_teachers, num_classes: n and K, needed with `secure_noise`.
 
   Returns:
-    `TaggedDpEvent(GaussianDpEvent(σ/√2), Q, REPLACE_ONE)` (NoOp if Q = 0).
+    `TaggedDpEvent(GaussianDpEvent(σ/√2), Q, REPLACE_ONE)`, or `ZCDpEvent(ρ)` per histogram
+    with `secure_noise` (NoOp if Q = 0).
   """
   sigma = validation.check_float("noise_std", noise_std, positive=False)
   num_queries = validation.check_int("num_queries", num_queries, minimum=0)
-  return _repeat(dp_event.GaussianDpEvent(sigma / math.sqrt(2.0)), num_queries)
+  if not secure_noise:
+    return _repeat(dp_event.GaussianDpEvent(sigma / math.sqrt(2.0)), num_queries)
+  if num_teachers is None or num_classes is None:
+    raise ValueError("secure noise needs num_teachers and num_classes")
+  n = validation.check_int("num_teachers", num_teachers, minimum=1)
+  k = validation.check_int("num_classes", num_classes, minimum=2)
+  grid = secure_gaussian.choose_grid(noise_multiplier=sigma, bound=1.0, max_abs=float(n))
+  sensitivity = secure_gaussian.grid_l2_sensitivity(
+      l2_sensitivity=math.sqrt(2.0), l2_bound=float(n), dims=k, step=grid.step)
+  rho = secure_gaussian.zcdp_rho(grid_sensitivity=sensitivity, grid_sigma=grid.grid_sigma)
+  return _repeat(dp_event.ZCDpEvent(rho), num_queries)

@@ -27,6 +27,7 @@ import jax.numpy as jnp
 
 from dpkd_jax.privacy import accounting
 from dpkd_jax.privacy import calibration
+from dpkd_jax.privacy import secure_gaussian
 from dpkd_jax.privacy import validation
 
 VoteKind = Literal["hard", "soft"]
@@ -84,8 +85,8 @@ def _top2_margin(histogram: jax.Array) -> jax.Array:
   return top2[:, 0] - top2[:, 1]
 
 
-def noisy_histogram(key: jax.Array, histogram: jax.Array, noise_std: float | jax.Array
-                    ) -> NoisyVotes:
+def noisy_histogram(key: jax.Array, histogram: jax.Array, noise_std: float | jax.Array, *,
+                    secure_noise: bool = False, max_votes: int | None = None) -> NoisyVotes:
   """Gaussian mechanism on vote histograms: h + N(0, σ² I) per query (module docstring).
 
   Accounting: `accounting.pate_event(noise_std=σ, num_queries=Q)`; σ = 0 releases the
@@ -95,6 +96,10 @@ def noisy_histogram(key: jax.Array, histogram: jax.Array, noise_std: float | jax
     key: a `jax.random.key`, used once (split it before calling again).
     histogram: (Q, K) vote histograms from `vote_histogram`.
     noise_std: σ >= 0 (a traced value is accepted unchecked).
+    secure_noise: the histogram on an integer grid plus exact discrete Gaussian noise of std
+      σ (`secure_gaussian`; σ > 0 and concrete); account with `pate_event(...,
+      secure_noise=True)`.
+    max_votes: n, the teachers (every bin <= n); required with `secure_noise`.
 
   Returns:
     `NoisyVotes` with the noisy histogram, its argmax and its top-2 margin.
@@ -104,7 +109,14 @@ def noisy_histogram(key: jax.Array, histogram: jax.Array, noise_std: float | jax
   if histogram.ndim != 2 or histogram.shape[-1] < 2:
     raise ValueError(f"histogram must be (Q, K) with K >= 2, got shape {histogram.shape}")
   histogram = histogram.astype(jnp.float32)
-  noisy = histogram + noise_std * jax.random.normal(key, histogram.shape, jnp.float32)
+  if secure_noise:
+    if max_votes is None:
+      raise ValueError("secure_noise needs max_votes (the number of teachers)")
+    grid = secure_gaussian.choose_grid(noise_multiplier=noise_std, bound=1.0,
+                                       max_abs=float(max_votes))
+    noisy = secure_gaussian.add_grid_noise(key, histogram, grid)
+  else:
+    noisy = histogram + noise_std * jax.random.normal(key, histogram.shape, jnp.float32)
   return NoisyVotes(noisy, jnp.argmax(noisy, -1).astype(jnp.int32), _top2_margin(noisy))
 
 

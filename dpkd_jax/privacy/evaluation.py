@@ -17,6 +17,9 @@ whole tree is under ONE neighbouring relation:
    (dp_accounting's REPLACE_ONE or ADD_OR_REMOVE_ONE PLD); the Gaussians of case 1 are merged
    into one Gaussian part first.
 
+A tree with a `ZCDpEvent` (secure-noise releases, `secure_gaussian`: ρ-zCDP, i.e. RDP
+ε(α) = ξ + ρα at every order) always goes to the RDP route below, whatever `accountant`.
+
 `accountant="rdp"` uses dp_accounting's RdpAccountant on the same merged parts (REPLACE_ONE
 if the tree holds RR). dp-accounting 0.6.0 has no RDP of Poisson sampling under replace-one:
 such trees raise ValueError under "rdp".
@@ -108,6 +111,14 @@ def _leaf_part(leaf: dp_event.DpEvent, count: int, relation):
     return ("discrete_laplace", float(leaf.noise_parameter), int(leaf.sensitivity), count)
   if isinstance(leaf, dp_event.PoissonSampledDpEvent):
     return _poisson_part(leaf, count, relation)
+  if isinstance(leaf, dp_event.ZCDpEvent):
+    if leaf.rho < 0 or leaf.xi < 0:
+      raise ValueError(f"a zCDP event needs rho, xi >= 0, got {leaf}")
+    if leaf.rho == leaf.xi == 0:
+      return None
+    if math.isinf(leaf.rho) or math.isinf(leaf.xi):
+      raise _NoGuarantee()
+    return ("zcdp", float(leaf.rho), float(leaf.xi), count)
   raise ValueError(f"cannot account for {type(leaf).__name__}: supported are Gaussian, "
                    "Laplace, DiscreteLaplace, RandomizedResponse, PoissonSampled(Gaussian or "
                    "Laplace), NoOp, "
@@ -166,6 +177,8 @@ def _rdp(parts: list[tuple], *, delta: float | None, target_epsilon: float | Non
             dp_event.PoissonSampledDpEvent(p[1], dp_event.GaussianDpEvent(p[2])), p[3]),
         "poisson_laplace": lambda p: dp_event.SelfComposedDpEvent(
             dp_event.PoissonSampledDpEvent(p[1], dp_event.LaplaceDpEvent(p[2])), p[3]),
+        "zcdp": lambda p: dp_event.SelfComposedDpEvent(
+            dp_event.ZCDpEvent(rho=p[1], xi=p[2]), p[3]),
     }[part[0]](part))
   has_rr = any(part[0] in ("rr", "discrete_laplace") for part in parts)
   acc = rdp_privacy_accountant.RdpAccountant(neighboring_relation=(
@@ -223,7 +236,9 @@ def _evaluate(event: dp_event.DpEvent, accountant: str, interval: float | None, 
     return math.inf if delta is not None else 1.0
   if not parts:
     return 0.0
-  if accountant == "rdp":
+  if accountant == "rdp" or any(part[0] == "zcdp" for part in parts):
+    # zCDP (the secure-noise releases) is an RDP curve ε(α) = ξ + ρα: RDP prices it, and
+    # every other part beside it, soundly (no PLD of a zCDP bound exists).
     return _rdp(parts, delta=delta, target_epsilon=target_epsilon)
   if len(parts) == 1 and parts[0][0] == "gaussian":
     z = parts[0][1]

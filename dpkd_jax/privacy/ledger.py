@@ -44,6 +44,7 @@ _LEAF_EVENTS = {
                             ("noise_parameter", "num_buckets")),
     "no_op": (dp_event.NoOpDpEvent, ()),
     "non_private": (dp_event.NonPrivateDpEvent, ()),
+    "zcdp": (dp_event.ZCDpEvent, ("rho", "xi")),  # secure-noise releases (secure_gaussian)
 }
 
 

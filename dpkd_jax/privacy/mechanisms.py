@@ -30,6 +30,7 @@ import chex
 import jax
 import jax.numpy as jnp
 
+from dpkd_jax.privacy import secure_gaussian
 from dpkd_jax.privacy import validation
 
 
@@ -156,6 +157,8 @@ def output_gradient_mechanism(
     noise_multiplier: float,
     stability: float = 1e-6,
     method: str = "normalize",
+    secure_noise: bool = False,
+    grid_bits: int | None = None,
 ) -> GaussianRelease:
   """DPDFD's output-gradient mechanism A_{C,sigma} (Algorithm 1).
 
@@ -177,6 +180,11 @@ def output_gradient_mechanism(
     noise_multiplier: sigma >= 0 (noise std in units of C).
     stability: e >= 0 of `normalize_rows` (ignored by "clip").
     method: "normalize" or "clip" (see `ROW_BOUNDERS`).
+    secure_noise: False (default): float32 Gaussian noise. True: the bounded rows on an
+      integer grid plus exact discrete Gaussian noise of the same std sigma C
+      (`secure_gaussian`; sigma > 0 and concrete); account with `dpdfd_event(...,
+      secure_noise=True)`, whose rounding-aware sensitivity is larger than 2 C sqrt(B).
+    grid_bits: k of the secure grid (step about C / 2^k); None: the largest that fits int32.
 
   Returns:
     GaussianRelease with `noisy` (B, K) (what the student fits), `noise_stddev` = sigma C and
@@ -187,7 +195,8 @@ def output_gradient_mechanism(
   chex.assert_rank(per_sample_grads, 2)
   return multi_teacher_output_gradients(
       key, per_sample_grads[None], l2_norm_bound=l2_norm_bound,
-      noise_multiplier=noise_multiplier, stability=stability, method=method)
+      noise_multiplier=noise_multiplier, stability=stability, method=method,
+      secure_noise=secure_noise, grid_bits=grid_bits)
 
 
 def multi_teacher_output_gradients(
@@ -198,6 +207,8 @@ def multi_teacher_output_gradients(
     noise_multiplier: float,
     stability: float = 1e-6,
     method: str = "normalize",
+    secure_noise: bool = False,
+    grid_bits: int | None = None,
 ) -> GaussianRelease:
   """Output-gradient mechanism for n teachers trained on disjoint shards of the private data.
 
@@ -220,6 +231,9 @@ def multi_teacher_output_gradients(
     noise_multiplier: sigma >= 0.
     stability: e >= 0 of `normalize_rows` (ignored by "clip").
     method: "normalize" or "clip".
+    secure_noise: the summed rows (|coordinate| <= n C) on an integer grid plus exact
+      discrete Gaussian noise of std sigma C (`output_gradient_mechanism`).
+    grid_bits: k of the secure grid; None: automatic.
 
   Returns:
     GaussianRelease with `noisy` (B, K) the noisy mean over teachers, `noise_stddev` =
@@ -235,8 +249,13 @@ def multi_teacher_output_gradients(
   bounded = jax.vmap(lambda g: bounder(g, l2_norm_bound, stability))(per_teacher_grads)
   summed = jnp.sum(bounded, axis=0)  # (B, K)
   noise_stddev_of_sum = noise_multiplier * l2_norm_bound
-  noise = jax.random.normal(key, summed.shape, summed.dtype)  # (B, K)
-  noisy_mean = (summed + noise_stddev_of_sum * noise) / num_teachers
+  if secure_noise:
+    grid = secure_gaussian.choose_grid(noise_multiplier=noise_multiplier, bound=l2_norm_bound,
+                                       max_abs=float(num_teachers), grid_bits=grid_bits)
+    noisy_mean = secure_gaussian.add_grid_noise(key, summed, grid) / num_teachers
+  else:
+    noise = jax.random.normal(key, summed.shape, summed.dtype)  # (B, K)
+    noisy_mean = (summed + noise_stddev_of_sum * noise) / num_teachers
   chex.assert_shape(noisy_mean, per_teacher_grads.shape[1:])
   return GaussianRelease(
       noisy=noisy_mean,

@@ -12,6 +12,7 @@ from typing import Any
 
 from dpkd_jax import config_checks as checks
 from dpkd_jax import data
+from dpkd_jax import errors
 from dpkd_jax import models
 from dpkd_jax import teacher_ensemble
 from dpkd_jax.data import procedural
@@ -30,6 +31,9 @@ class DFPATEConfig:
     dataset, data_dir: the private dataset and the directory of `<dataset>.npz`.
     target_epsilon: ε budget for all Q queries; σ is calibrated to it when `noise_std` is None.
     noise_std: σ per histogram bin; None = calibrate; 0 = no noise (ε = ∞, a baseline).
+    secure_noise: vote histograms on an integer grid plus exact discrete Gaussian noise,
+      accounted as zCDP (docs/privacy.md); procedural queries only (the query model's
+      releases keep float noise).
     delta: δ.
     use_teachers: False replaces every vote histogram by zeros before the noise (a baseline
       that never touches the private data: ε = 0).
@@ -98,8 +102,15 @@ class DFPATEConfig:
   student_pseudo_pool: int = 0
   student_pseudo_threshold: float = 0.95
   seed: int | None = None
+  secure_noise: bool = False
 
   def __post_init__(self):
+    if self.secure_noise and self.query_source != "procedural":
+      raise errors.UserError("--secure_noise covers the vote histograms only: the query model "
+                             "(--query_source=dp_model) adds float noise; use procedural "
+                             "queries")
+    if self.secure_noise and self.noise_std == 0:
+      raise ValueError("secure_noise needs noise: noise_std must be > 0")
     self.ensemble_config()  # the dataset and teacher fields, checked where the ensemble is
     checks.one_of("student_model", self.student_model, models.CLASSIFIERS)
     checks.one_of("votes", self.votes, aggregation.VOTE_KINDS)

@@ -45,12 +45,17 @@ class DFPATEPlan(plan_lib.Plan):
       when the queries are procedural.
     use_teachers: False: the histograms are zeros and the query model is fitted on zeros:
       nothing about the private data is released (every event is NoOp, ε = 0).
+    secure_noise: histograms on an integer grid plus exact discrete Gaussian noise (same σ);
+      `event` is then ρ-zCDP per histogram. num_teachers, num_classes: n and K (secure only).
   """
 
   noise_std: float
   queries_per_round: int
   query_model: query_model_lib.QueryModelConfig | None = None
   use_teachers: bool = True
+  secure_noise: bool = False
+  num_teachers: int | None = None
+  num_classes: int | None = None
 
   @property
   def noise_multiplier(self) -> float:
@@ -62,7 +67,21 @@ class DFPATEPlan(plan_lib.Plan):
     if not self.use_teachers:
       return dp_event.NoOpDpEvent()
     return accounting.pate_event(noise_std=self.noise_std,
-                                 num_queries=releases * self.queries_per_round)
+                                 num_queries=releases * self.queries_per_round,
+                                 **self.secure_args())
+
+  def secure_args(self) -> dict[str, Any]:
+    """The secure-noise keywords of `accounting.pate_event` (none in the default mode)."""
+    if not self.secure_noise:
+      return {}
+    return dict(secure_noise=True, num_teachers=self.num_teachers, num_classes=self.num_classes)
+
+  def to_json(self) -> dict[str, Any]:
+    out = super().to_json()
+    if not self.secure_noise:  # the default plan saves what it saved before the secure mode
+      for name in ("secure_noise", "num_teachers", "num_classes"):
+        del out[name]
+    return out
 
   def query_model_event(self) -> dp_event.DpEvent:
     """The query model's releases (NoOp for procedural queries or without teachers)."""
@@ -108,6 +127,13 @@ def _calibrated_noise_std(config: config_lib.DFPATEConfig,
   Without teachers σ is still calibrated as if they voted (the baseline then has the σ of
   the private run), with the query model left out (it is fitted on zeros).
   """
+  if config.secure_noise:  # procedural queries only (the config refuses the query model)
+    secure = dict(secure_noise=True, num_teachers=config.num_teachers,
+                  num_classes=config.info.num_classes)
+    return calibration.calibrate_noise_multiplier(
+        lambda std: accounting.pate_event(noise_std=std, num_queries=config.num_queries,
+                                          **secure),
+        target_epsilon=config.target_epsilon, delta=config.delta)
   if config.query_source == "procedural":
     return aggregation.calibrate_noise_std(target_epsilon=config.target_epsilon,
                                            delta=config.delta, num_queries=config.num_queries)
@@ -130,7 +156,10 @@ def make_plan(config: config_lib.DFPATEConfig) -> DFPATEPlan:
   plan = DFPATEPlan(releases=config.rounds, delta=config.delta, budget_epsilon=None,
                     sound_epsilon=0.0, noise_std=0.0 if config.noise_std is None
                     else float(config.noise_std), queries_per_round=config.queries_per_round,
-                    query_model=query_model_releases(config), use_teachers=config.use_teachers)
+                    query_model=query_model_releases(config), use_teachers=config.use_teachers,
+                    secure_noise=config.secure_noise,
+                    num_teachers=config.num_teachers if config.secure_noise else None,
+                    num_classes=config.info.num_classes if config.secure_noise else None)
   if config.noise_std is None:
     plan = dataclasses.replace(
         plan, noise_std=_calibrated_noise_std(config, plan.query_model_event()))

@@ -47,7 +47,10 @@ class _Setup:
 
 
 def _config_json(config: config_lib.DFPATEConfig) -> dict[str, Any]:
-  return dataclasses.asdict(config)
+  out = dataclasses.asdict(config)
+  if not config.secure_noise:  # at its default: the dict saved before the field existed
+    del out["secure_noise"]
+  return out
 
 
 def _prepare(config: config_lib.DFPATEConfig, plan: privacy.DFPATEPlan,

@@ -62,6 +62,9 @@ def release_votes(plan: privacy.DFPATEPlan, key: jax.Array, histogram: jax.Array
   σ >= 1 there so that they are not all class 0.
   """
   noise_std = plan.noise_std if plan.use_teachers else max(plan.noise_std, 1.0)
+  if plan.secure_noise:  # the integer grid and exact discrete Gaussian (`secure_gaussian`)
+    return aggregation.noisy_histogram(key, histogram, noise_std, secure_noise=True,
+                                       max_votes=plan.num_teachers)
   return aggregation.noisy_histogram(key, histogram, noise_std)
 
 

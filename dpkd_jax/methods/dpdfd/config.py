@@ -51,6 +51,11 @@ def check_privacy_request(config: "DPDFDConfig") -> None:
     if config.target_epsilon is not None and config.noise_multiplier == 0:
       raise ValueError(f"a target epsilon needs noise: noise_multiplier="
                        f"{config.noise_multiplier} must be > 0")
+  bits = config.secure_grid_bits
+  if (config.secure_noise and config.noise_multiplier == 0) or (bits is not None and not (
+      config.secure_noise and config_checks.integer("secure_grid_bits", bits, minimum=1) <= 30)):
+    raise ValueError("secure_noise needs noise_multiplier > 0; secure_grid_bits (1..30) needs "
+                     "secure_noise")
 
 
 def check_teacher_source(config: "DPDFDConfig") -> None:
@@ -81,6 +86,7 @@ class DPDFDConfig:
     accounting: "sound" (default) or "paper" (Theorem 3 reconstruction; warned, sound ε beside).
     l2_norm_bound, stability, bound_method: C, e and "normalize"/"clip" of A_{C,σ}
       (rows bounded to C·g/(||g|| + e) or clipped to norm C).
+    secure_noise, secure_grid_bits: grid C/2^bits (None: finest in int32) + discrete Gaussian.
     dataset: the private dataset (its test split evaluates the student).
     teacher_dirs: one workdir per teacher (`experiments.teacher`); n > 1 = an ensemble, whose
       accounting uses the most teachers one record can reach (`teacher_partition`).
@@ -185,6 +191,8 @@ class DPDFDConfig:
   l2_norm_bound: float = 1.0
   stability: float = 1e-6
   bound_method: str = "normalize"
+  secure_noise: bool = False
+  secure_grid_bits: int | None = None
   dataset: str
   teacher_dirs: tuple[str, ...] = ()
   teacher_ensemble_dir: str | None = None
@@ -322,7 +330,8 @@ class DPDFDConfig:
     out = dataclasses.asdict(self)
     out["teacher_dirs"] = list(self.teacher_dirs)
     for name in ("param_averaging_decay", "diversity_weight", "released_balance_weight",
-                 "class_conditional_weight", "smoothness_weight"):
+                 "class_conditional_weight", "smoothness_weight", "secure_noise",
+                 "secure_grid_bits"):
       if not out[name]:  # at its default: the dict saved before the field existed
         del out[name]
     if not self.generator_restart_ratio:  # restarts off: the dict saved before they existed

@@ -65,12 +65,18 @@ class DPDFDPlan(OutputGradientPlan):
       teacher query bounded to norm C.
     num_teachers: n, teachers whose rows are summed.
     teachers_per_record: m, the most teachers one record reaches (`teacher_partition`).
+    secure_noise: rows on an integer grid plus exact discrete Gaussian noise (same std σC);
+      `event` is then ρ-zCDP per step (`accounting.dpdfd_secure_event`).
+    grid_bits: the secure grid's k (None: automatic); num_outputs: K, the row length.
   """
 
   batch_size: int
   probes_per_sample: int = 0
   num_teachers: int = 1
   teachers_per_record: int = 1
+  secure_noise: bool = False
+  grid_bits: int | None = None
+  num_outputs: int | None = None
 
   @property
   def rows_per_step(self) -> int:
@@ -79,9 +85,29 @@ class DPDFDPlan(OutputGradientPlan):
 
   def event(self, releases: int) -> dp_event.DpEvent:
     """`releases` steps of the executed noise (`accounting.dpdfd_event`, replace-one)."""
-    return accounting.dpdfd_event(
-        noise_multiplier=self.noise_multiplier, batch_size=self.rows_per_step, steps=releases,
-        num_teachers=self.num_teachers, teachers_per_record=self.teachers_per_record)
+    return _event(self.noise_multiplier, releases, rows=self.rows_per_step,
+                  num_teachers=self.num_teachers, teachers_per_record=self.teachers_per_record,
+                  **self.secure_args())
+
+  def to_json(self) -> dict:
+    out = super().to_json()
+    if not self.secure_noise:  # the default plan saves what it saved before the secure mode
+      for name in ("secure_noise", "grid_bits", "num_outputs"):
+        del out[name]
+    return out
+
+  def secure_args(self) -> dict:
+    """The secure-noise keywords of `accounting.dpdfd_event` (none in the default mode)."""
+    if not self.secure_noise:
+      return {}
+    return dict(secure_noise=True, grid_bits=self.grid_bits, num_outputs=self.num_outputs)
+
+
+def _event(sigma: float, steps: int, *, rows: int, num_teachers: int, teachers_per_record: int,
+           **secure) -> dp_event.DpEvent:
+  return accounting.dpdfd_event(noise_multiplier=sigma, batch_size=rows, steps=steps,
+                                num_teachers=num_teachers,
+                                teachers_per_record=teachers_per_record, **secure)
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -113,6 +139,13 @@ def paper_rho(target_epsilon: float, delta: float) -> float:
   return paper_accounting.gaussian_rdp_rho(target_epsilon, delta)
 
 
+def _secure_args(config: config_lib.DPDFDConfig) -> dict:
+  if not config.secure_noise:
+    return {}
+  return dict(secure_noise=True, grid_bits=config.secure_grid_bits,
+              num_outputs=config.info.num_classes)
+
+
 def _resolve(config: config_lib.DPDFDConfig, *, num_teachers: int,
              teachers_per_record: int) -> tuple[float, int]:
   """(σ, steps) the run executes: the config's, or calibrated for its target ε."""
@@ -122,6 +155,15 @@ def _resolve(config: config_lib.DPDFDConfig, *, num_teachers: int,
   rows = config.batch_size * (1 + config.probes_per_sample)  # one release's rows
   shape = dict(target_epsilon=target, delta=config.delta, batch_size=rows,
                num_teachers=num_teachers, teachers_per_record=teachers_per_record)
+  if config.accounting == "sound" and config.secure_noise:
+    shape = dict(rows=rows, num_teachers=num_teachers, teachers_per_record=teachers_per_record,
+                 **_secure_args(config))
+    goal = dict(target_epsilon=target, delta=config.delta)
+    if sigma is None:
+      return calibration.calibrate_noise_multiplier(
+          lambda s: _event(s, steps, **shape), **goal), steps
+    return sigma, calibration.calibrate_steps(lambda t: _event(sigma, t, **shape), **goal,
+                                              max_steps=steps)
   if config.accounting == "sound":
     if sigma is None:
       return calibration.calibrate_dpdfd_noise_multiplier(**shape, steps=steps), steps
@@ -169,12 +211,18 @@ def make_plan(config: config_lib.DPDFDConfig, teachers_per_record: int | None = 
       stability=config.stability, bound_method=config.bound_method,
       batch_size=config.batch_size, probes_per_sample=config.probes_per_sample,
       num_teachers=num_teachers, teachers_per_record=m,
+      secure_noise=config.secure_noise, grid_bits=config.secure_grid_bits,
+      num_outputs=config.info.num_classes if config.secure_noise else None,
       releases=int(steps), delta=config.delta, accounting=config.accounting,
       budget_epsilon=None, sound_epsilon=math.inf,
       paper_epsilon=paper_epsilon(noise_multiplier=sigma, l2_norm_bound=config.l2_norm_bound,
                                   steps=steps, delta=config.delta))
   sound = math.inf if sigma == 0 else accounting.epsilon(plan.event(steps), delta=config.delta)
   target = config.target_epsilon
+  if (target is not None and sound > target and config.secure_noise
+      and config.accounting == "sound"):
+    raise ValueError(f"the calibrated run's epsilon {sound:.6g} exceeds target_epsilon="
+                     f"{target:g}")  # grid rounding: ε(σ) is not smooth in σ
   if target is not None and sound > target:
     # Only the paper mode gets here (sound calibration lands at or below the target).
     warnings.warn(f"the sound epsilon of this run is {sound:.4g} > target_epsilon="

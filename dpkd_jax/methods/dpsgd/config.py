@@ -39,7 +39,7 @@ _OMITTED_AT_DEFAULT = ("clipping", "features", "validation_examples",
                        "standardize_noise_multiplier", "standardize_mean_clip",
                        "standardize_second_moment_clip", "lr_schedule",
                        "param_averaging_decay", "param_averaging_start_step", "augmult",
-                       "augmult_max_shift")
+                       "augmult_max_shift", "secure_noise")
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -53,6 +53,8 @@ class DPSGDConfig:
     max_batch_size: padded batch M, a multiple of the device count; None: the smallest such
       multiple with overflow probability <= 1e-9 per step.
     l2_clip_norm: C. noise_multiplier: z (noise std z C).
+    secure_noise: refused: discrete Gaussian noise needs an accountant of Poisson-subsampled
+      zCDP under replace-one, which dp_accounting does not have (docs/privacy.md).
     target_epsilon: instead of z: the budget (replace-one ε); z is calibrated for the whole run.
     delta: δ of every reported ε.
     steps: T, or epochs: expected passes over the data (T = ceil(epochs / q)); give one.
@@ -125,8 +127,14 @@ class DPSGDConfig:
   param_averaging_start_step: int = 0
   augmult: int = 0
   augmult_max_shift: int = AUGMULT_MAX_SHIFT
+  secure_noise: bool = False
 
   def __post_init__(self):
+    if self.secure_noise:
+      raise errors.UserError(
+          "--secure_noise is not offered for DP-SGD: a Poisson-subsampled discrete Gaussian "
+          "has no sound replace-one accountant in dp_accounting; it is offered for "
+          "experiments.dpdfd")
     for name, table in (("dataset", data.DATASETS), ("model", models.CLASSIFIERS),
                         ("optimizer", _OPTIMIZERS), ("clipping", CLIPPINGS),
                         ("features", FEATURES), ("lr_schedule", LR_SCHEDULES)):
