@@ -110,7 +110,8 @@ class Monitor:
     diagnostics under "validation/"; None returned: nothing released)."""
     if self.validation is None:
       metrics = evaluate(self.test)
-      writer.write(step, metrics, prefix=prefix)
+      if writer is not None:  # None: the caller writes the test figures itself
+        writer.write(step, metrics, prefix=prefix)
       return metrics
     self.last = dict(evaluate(self.validation))
     self._private.write(step, self.last, prefix="validation/")
