@@ -125,3 +125,17 @@ def test_exports_and_measured_sections(tmp_path):
   assert card["exports"][0]["sha256"] == "ab" * 32 and "ab" * 32 in markdown
   assert card["measured"]["results"]["onnxruntime"][0]["min_ms_per_image"] == "inf"
   assert "1-minute load average 1.50, 1.25" in markdown and "| onnxruntime | 256 |" in markdown
+
+
+def test_the_card_names_the_selection_data(tmp_path):
+  # A run with a validation hold-out: its record says "validation" and the card names the
+  # hold-out (never its accuracy); a run without one says it selected nothing.
+  held = _run(tmp_path / "held", config={"student_model": "lenet5_half",
+                                         "student_norm": "batch", "validation_examples": 300})
+  card, markdown = _card(held)
+  assert records.read_record(os.path.join(held, "record.json"))["selection"] == "validation"
+  assert card["selection"]["kind"] == "validation"
+  assert "validation hold-out of 300 private training records" in markdown
+  card, markdown = _card(_run(tmp_path / "plain"))
+  assert card["selection"]["kind"] == "none"
+  assert "Selection: nothing selected by this run" in markdown
