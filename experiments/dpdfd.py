@@ -10,7 +10,8 @@
 
 Without --teacher_dirs the teacher is runs/teacher/<dataset>_<teacher_model>, reused when its
 card matches, else trained. Per-dataset defaults (dpdfd/quickstart.py, docs/RESULTS.md) are the
-best measured recipe: --dataset=digits fits a few CPU minutes (sound target epsilon 10 unless
+recipes of best test accuracy (selected on the test split; --validation_examples selects on a
+private hold-out): --dataset=digits fits a few CPU minutes (sound target epsilon 10 unless
 --noise_multiplier/--target_epsilon); mnist and fashion_mnist get the disagreement engine
 (--steps=8000 --batch_size=64 --generator_channels=64 --teacher_loss=logit --bound_method=clip
 --l2_norm_bound=1000 --generator_objective=disagreement; Fashion-MNIST: a small_cnn student and
