@@ -85,6 +85,15 @@ def validation_split(dataset: str, count: int, *, data_dir: str | None = None,
   return hold_out(data.load(dataset, "train", data_dir=data_dir, download=download), count)[1]
 
 
+def teachers_split_monitor(config: Any, workdir: str, test: Any, *,
+                           resume_step: int | None) -> "Monitor":
+  """The `Monitor` of a data-free run (DPDFD, SRR): its hold-out is `config.validation_examples`
+  records of the training split its teachers were trained on (`validation_split`)."""
+  return Monitor(workdir, test, validation_split(
+      config.dataset, config.validation_examples, data_dir=config.data_dir,
+      download=getattr(config, "download", False)), resume_step=resume_step)
+
+
 class Monitor:
   """What a run evaluates while it trains, and the one test evaluation at the end.
 

@@ -335,8 +335,6 @@ def train_dpdfd(config: config_lib.DPDFDConfig, workdir: str, *, progress: bool 
   if overlap.teachers_per_record > 1 and distributed.is_coordinator():
     print(f"DPDFD accounting: {overlap.reason}", flush=True)
   test = data.load(config.dataset, "test", data_dir=config.data_dir)
-  validation = selection.validation_split(config.dataset, config.validation_examples,
-                                          data_dir=config.data_dir)  # the teachers' split
   # 3. Plan: σ and the steps, the only place they are resolved.
   plan = privacy.make_plan(config, overlap.teachers_per_record, num_teachers=ensemble.size)
   teachers_sha256 = _teachers_sha256(ensemble)
@@ -363,7 +361,7 @@ def train_dpdfd(config: config_lib.DPDFDConfig, workdir: str, *, progress: bool 
     restarter = _Restarter(config, config.restart_rule,
                            restarts.RestartState.from_json(saved_rule), init_key, mesh)
   meta.update(_released_rows_meta(run, start))
-  monitor = selection.Monitor(workdir, test, validation, resume_step=start)
+  monitor = selection.teachers_split_monitor(config, workdir, test, resume_step=start)
   state, step, accuracy, released_rows = _train(
       run, plan, config, state, ensemble, monitor, sharding.replicate(train_key, mesh),
       start=start, ledger=ledger, meta=meta, progress=progress, restarter=restarter)

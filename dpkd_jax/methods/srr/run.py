@@ -133,8 +133,6 @@ def train_srr(config: config_lib.SRRConfig, workdir: str, *, resume: bool = Fals
   # 2. Data and teacher.
   teacher = _load_teacher(config)
   test = data.load(config.dataset, "test", data_dir=config.data_dir)
-  validation = selection.validation_split(config.dataset, config.validation_examples,
-                                         data_dir=config.data_dir)
   # 3. Plan and ledger: ε per query and stages resolved once; the ledger keeps the labels' ε.
   plan = privacy.make_plan(config)
   ledger = run.ledger(plan.new_ledger())
@@ -149,7 +147,7 @@ def train_srr(config: config_lib.SRRConfig, workdir: str, *, resume: bool = Fals
       plan, config, stage_lib.make_teacher_label_fn(
           sharding.replicate(teacher.parts, mesh), config.batch_size, mesh), mesh=mesh)
   meta = {"config": config.to_json(), "plan": plan.to_json(), "root_seed": list(root_seed)}
-  monitor = selection.Monitor(workdir, test, validation, resume_step=start)
+  monitor = selection.teachers_split_monitor(config, workdir, test, resume_step=start)
   state = _train_stages(config, plan, run, ledger, state, train_step, keys.stages, monitor,
                         start=start, history=history, meta=meta, progress=progress)
   # 6. Results record.
