@@ -3,6 +3,7 @@
   python -m benchmarks.rerun_headlines dpdfd__mnist__table1_disagreement_paper_eps10_c1e10_3seeds
   python -m benchmarks.rerun_headlines NAME [NAME ...] [--seeds=0,1,2]
       [--validation_examples=N] [--runs_dir=runs/rerun_validation] [--execute]
+  python -m benchmarks.rerun_headlines NAME --candidates=OTHER,... --execute
 
 For each named record of docs/results/ it prints (or, with --execute, runs one after another)
 the record's own command with `--validation_examples=N` (default by dataset: 5,000 for MNIST,
@@ -11,6 +12,14 @@ fresh `--workdir`; then `experiments.results publish` of every seed as `<name>_v
 `experiments.results combine` into `<name>_val` (mean ± std; `selection: "validation"`),
 committed beside the old record. Only the hold-out is read during training; the test split is
 read once at the end of each run (`dpkd_jax.train.selection`).
+
+The record's flags were chosen by test accuracy; re-running them with fresh seeds and a
+hold-out removes the test reads during training and the luck of a seed, not that choice, so
+those re-runs are published `--selection=test`. With --candidates, the record and the other
+named records (its competing recipes) are each run once (seed 0) with the hold-out, the one of
+best validation accuracy (its private diagnostics) is re-run over the seeds and published
+`--selection=validation`: the choice among them read only the hold-out (this needs --execute:
+the winner is known only after the first runs).
 
 It warns, before anything runs, of what would make the re-run no cleaner than the record:
 a record from uncommitted code (`-dirty`), a teacher directory with no teacher record in
@@ -75,27 +84,52 @@ def warnings_for(record: dict, teacher_records: list[dict]) -> list[str]:
   return out
 
 
-def plan(name: str, *, seeds: list[int], validation_examples: int | None,
-         runs_dir: str) -> tuple[list[str], list[str]]:
-  """(commands in order, warnings) of the validation-selected re-run of record `name`."""
+def _read(name: str) -> dict:
   with open(os.path.join(_RESULTS, f"{name}.json"), encoding="utf-8") as f:
-    record = json.load(f)
-  teachers = []
-  for path in glob.glob(os.path.join(_RESULTS, "teacher__*.json")):
-    with open(path, encoding="utf-8") as f:
-      teachers.append(json.load(f))
+    return json.load(f)
+
+
+def plan(name: str, *, seeds: list[int], validation_examples: int | None, runs_dir: str,
+         selection: str = "test", command: str | None = None) -> tuple[list[str], list[str]]:
+  """(commands in order, warnings) of the seeded re-run of record `name` (or of `command`, a
+  candidate chosen for it), published with `selection`."""
+  record = _read(name)
+  teachers = [_read(os.path.basename(p)[:-len(".json")])
+              for p in glob.glob(os.path.join(_RESULTS, "teacher__*.json"))]
   held = validation_examples or DEFAULT_VALIDATION.get(record["dataset"], 5000)
   commands, seed_names = [], []
   for seed in seeds:
     workdir = os.path.join(runs_dir, f"{name}_val_s{seed}")
     seed_names.append(f"{name}_val_s{seed}")
-    commands.append(rerun_command(record["command"], seed=seed, workdir=workdir,
+    commands.append(rerun_command(command or record["command"], seed=seed, workdir=workdir,
                                   validation_examples=held))
     commands.append(f"python -m experiments.results publish --run={workdir} "
-                    f"--name={seed_names[-1]}")
+                    f"--name={seed_names[-1]} --selection={selection}")
   commands.append(f"python -m experiments.results combine --records={','.join(seed_names)} "
                   f"--name={name}_val")
   return commands, warnings_for(record, teachers)
+
+
+def candidate_runs(name: str, candidates: list[str], *, validation_examples: int | None,
+                   runs_dir: str) -> dict[str, tuple[str, str]]:
+  """{candidate: (its hold-out run command at seed 0, its workdir)} for choosing `name`'s
+  recipe on the hold-out."""
+  held = validation_examples or DEFAULT_VALIDATION.get(_read(name)["dataset"], 5000)
+  out = {}
+  for candidate in [name, *candidates]:
+    workdir = os.path.join(runs_dir, f"select_{name}", candidate)
+    out[candidate] = (rerun_command(_read(candidate)["command"], seed=0, workdir=workdir,
+                                    validation_examples=held), workdir)
+  return out
+
+
+def best_by_validation(workdirs: dict[str, str]) -> str:
+  """The candidate whose run has the best validation accuracy (its private diagnostics)."""
+  scores = {}
+  for candidate, workdir in workdirs.items():
+    with open(os.path.join(workdir, "results.json"), encoding="utf-8") as f:
+      scores[candidate] = json.load(f)["private_diagnostics"]["validation_accuracy"]
+  return max(sorted(scores), key=scores.get)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -105,23 +139,25 @@ def main(argv: list[str] | None = None) -> int:
   p.add_argument("--seeds", default="0,1,2")
   p.add_argument("--validation_examples", type=int, default=None)
   p.add_argument("--runs_dir", default=os.path.join("runs", "rerun_validation"))
+  p.add_argument("--candidates", default="", help="competing records to choose among on the "
+                 "hold-out (one NAME only; needs --execute)")
   p.add_argument("--execute", action="store_true", help="run the commands (hours each)")
   a = p.parse_args(argv)
+  candidates = [c for c in a.candidates.split(",") if c]
   try:
     seeds = [int(s) for s in a.seeds.split(",")]
-    plans = [plan(n, seeds=seeds, validation_examples=a.validation_examples,
-                  runs_dir=a.runs_dir) for n in a.names]
+    if len(seeds) < 2 or (a.validation_examples is not None and a.validation_examples < 1):
+      raise ValueError("give at least two seeds and a positive --validation_examples")
+    if candidates and (len(a.names) != 1 or not a.execute):
+      raise ValueError("--candidates takes one NAME and --execute")
+    kw = dict(validation_examples=a.validation_examples, runs_dir=a.runs_dir)
+    runs = candidate_runs(a.names[0], candidates, **kw) if candidates else {}
+    plans = [] if candidates else [plan(n, seeds=seeds, **kw) for n in a.names]
   except (OSError, ValueError, KeyError) as e:
     print(f"rerun_headlines: {e}", file=sys.stderr)
     return 2
-  if len(seeds) < 2 or (a.validation_examples is not None and a.validation_examples < 1):
-    print("rerun_headlines: give at least two seeds and a positive --validation_examples",
-          file=sys.stderr)
-    return 2
   for commands, warnings in plans:
-    for w in warnings:
-      print(f"# WARNING: {w}")
-    print("\n".join(commands))
+    print("\n".join([f"# WARNING: {w}" for w in warnings] + commands))
   if not a.execute:
     return 0
   dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=_ROOT,
@@ -130,6 +166,13 @@ def main(argv: list[str] | None = None) -> int:
     print("rerun_headlines: the checkout has uncommitted changes; commit them first",
           file=sys.stderr)
     return 2
+  for command, _ in runs.values():
+    subprocess.run(command, shell=True, cwd=_ROOT, check=True)
+  if runs:
+    winner = best_by_validation({c: w for c, (_, w) in runs.items()})
+    print(f"# chosen on the hold-out: {winner}")
+    plans = [plan(a.names[0], seeds=seeds, selection="validation",
+                  command=_read(winner)["command"], **kw)]
   for commands, _ in plans:
     for command in commands:
       subprocess.run(command, shell=True, cwd=_ROOT, check=True)
