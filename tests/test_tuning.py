@@ -23,8 +23,9 @@ def _single_rdp(orders):
 
 
 def test_geometric_search_matches_theorem_2_by_hand():
-  # η = 1 (geometric K, E[K] = 1/γ): ε'(λ) = ε(λ) + 2 min_λ̂ [(1 − 1/λ̂) ε(λ̂) + log(1/γ)/λ̂]
-  # + log E[K] / (λ − 1), then ε at δ by the accountant's conversion at the best order.
+  # η = 1 (geometric K, E[K] = 1/γ):
+  #   ε'(λ) = ε(λ) + 2 min_λ̂ [(1 − 1/λ̂) ε(λ̂) + log(1/γ)/λ̂] + log E[K] / (λ − 1),
+  # then ε at δ by the accountant's conversion at the best order.
   orders, mean, delta = tuning.ORDERS, 10.0, 1e-5
   rdp = _single_rdp(orders)
   lam = np.asarray(orders)

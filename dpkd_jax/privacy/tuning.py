@@ -8,7 +8,8 @@ score, even one computed from the private data without noise) is released:
 
 * Theorem 2, K from the truncated negative binomial distribution D_{η,γ} (η = 1: geometric,
   η = 0: logarithmic): the search is (λ, ε')-RDP with
-      ε' = ε(λ) + (1 + η)(1 − 1/λ̂) ε(λ̂) + (1 + η) log(1/γ)/λ̂ + log E[K] / (λ − 1)
+      ε' = ε(λ) + (1 + η)(1 − 1/λ̂) ε(λ̂) + (1 + η) log(1/γ)/λ̂
+           + log E[K] / (λ − 1)
   for every λ̂ >= 1;
 * Theorem 6, K ~ Poisson(μ): ε' = ε(λ) + μ δ̂ + log μ / (λ − 1), where the run is also
   (ε̂, δ̂)-DP with e^ε̂ = 1 + 1/(λ − 1).

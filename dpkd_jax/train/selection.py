@@ -44,14 +44,14 @@ FIELD = "validation_examples"
 
 def hold_out_indices(num_examples: int, count: int) -> tuple[np.ndarray, np.ndarray]:
   """(kept indices, held-out indices), both sorted: `count` of `num_examples` records held out
-  by `np.random.default_rng(VALIDATION_SEED).permutation` (the split DP-SGD has always used)."""
-  splits._check_count(count, FIELD, 0)  # pylint: disable=protected-access
-  if count >= num_examples:
-    raise errors.UserError(f"validation_examples={count} leaves no training records out of "
-                           f"{num_examples}")
-  held = np.zeros(num_examples, bool)
-  held[np.random.default_rng(VALIDATION_SEED).permutation(num_examples)[:count]] = True
-  return np.flatnonzero(~held), np.flatnonzero(held)
+  by `np.random.default_rng(VALIDATION_SEED).permutation` (the split DP-SGD has always used);
+  a count that leaves no record is a UserError."""
+  try:
+    return splits.hold_out_indices(num_examples, count, seed=VALIDATION_SEED)
+  except ValueError as e:
+    if "leaves no training records" in str(e):
+      raise errors.UserError(str(e)) from None
+    raise
 
 
 def config_json(config: Any) -> dict[str, Any]:
