@@ -89,8 +89,10 @@ def parse_config(argv: list[str]) -> tuple[dpdfd.DPDFDConfig, argparse.Namespace
     a.teacher_dirs = ()  # the ensemble directory holds every teacher
   elif a.teacher_dirs is None:
     a.teacher_config = _cli.build(teacher.TeacherConfig, dataset=a.dataset, model=a.teacher_model,
-                                  epochs=a.teacher_epochs, data_dir=a.data_dir)
-    a.teacher_dirs = (quickstart.default_teacher_dir(a.dataset, a.teacher_model),)
+                                  epochs=a.teacher_epochs, data_dir=a.data_dir,
+                                  validation_examples=a.validation_examples)
+    held = f"_val{a.validation_examples}" if a.validation_examples else ""  # its own teacher
+    a.teacher_dirs = (quickstart.default_teacher_dir(a.dataset, a.teacher_model) + held,)
   return _flags.build_config(dpdfd.DPDFDConfig, a), a
 
 

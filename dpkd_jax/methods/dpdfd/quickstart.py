@@ -178,6 +178,11 @@ def ensure_teacher(config: teacher_lib.TeacherConfig, workdir: str, *, progress:
       raise teacher_lib.TeacherMismatchError(
           f"the default teacher {workdir!r} is a {card['model']} teacher, not {config.model}; "
           f"give --teacher_model={card['model']}, --teacher_dirs, or remove {workdir}")
+    held = card.get("split", {}).get("validation_examples", 0)
+    if held != config.validation_examples:  # it trained on the run's hold-out, or lacks one
+      raise teacher_lib.TeacherMismatchError(
+          f"the default teacher {workdir!r} left {held} records out, not the run's "
+          f"--validation_examples={config.validation_examples}; give --teacher_dirs or remove it")
     log(f"teacher: reusing {workdir} ({card['model']} on {card['dataset']}, its card.json "
         f"matches; remove the directory to retrain)")
     return card
