@@ -21,10 +21,11 @@ best validation accuracy (its private diagnostics) is re-run over the seeds and 
 `--selection=validation`: the choice among them read only the hold-out (this needs --execute:
 the winner is known only after the first runs).
 
-It warns, before anything runs, of what would make the re-run no cleaner than the record:
-a record from uncommitted code (`-dirty`), a teacher directory with no teacher record in
-docs/results/, and (DPDFD, SRR) that a teacher trained on the whole training split has seen the
-hold-out. --execute refuses a checkout with uncommitted changes (the records would say -dirty).
+It warns, before anything runs, of what would make the re-run no cleaner than the record: a
+record from uncommitted code (`-dirty`), a teacher directory with no teacher record in
+docs/results/, and (DPDFD, SRR) that a teacher not trained with the same --validation_examples
+has seen the hold-out. --execute refuses a checkout with uncommitted changes (the records would
+say -dirty).
 """
 
 from __future__ import annotations
@@ -79,8 +80,9 @@ def warnings_for(record: dict, teacher_records: list[dict]) -> list[str]:
       out.append(f"teacher {directory} has no record in docs/results/: train it with "
                  "`python -m experiments.teacher` and publish its record.json first")
     if record["method"] in ("dpdfd", "srr"):
-      out.append(f"teacher {directory} trained on the whole training split has seen the "
-                 "hold-out: the student's validation accuracy is optimistic (not the test's)")
+      out.append(f"teacher {directory}: unless trained with the same --validation_examples "
+                 "(experiments.teacher), it has seen the hold-out and the student's validation "
+                 "accuracy is optimistic (not the test's)")
   return out
 
 

@@ -41,7 +41,7 @@ def test_warnings_name_a_dirty_record_and_a_teacher_that_saw_the_hold_out():
             "command": "python -m experiments.dpdfd --teacher_dirs=runs/teacher/t1"}
   warnings = rerun_headlines.warnings_for(record, [{"command": "... --workdir=runs/teacher/t1"}])
   assert any("uncommitted" in w for w in warnings)
-  assert any("seen the hold-out" in w for w in warnings)
+  assert any("has seen the hold-out" in w for w in warnings)
   assert not any("no record" in w for w in warnings)
 
 
