@@ -145,6 +145,9 @@ def train_dfpate(config: config_lib.DFPATEConfig, workdir: str, *, resume: bool 
   run = workdir_lib.open_run(workdir, kind="DF-PATE", config=_config_json(config), resume=resume)
   root_seed = run.root_seed(config.seed)
   keys = streams.root_keys(root_seed)
+  if config.validation_examples:  # a hold-out too large fails before anything is charged
+    selection.hold_out(data.load(config.dataset, "train", data_dir=config.data_dir),
+                       config.validation_examples)
   # 2. Plan and ledger (σ resolved before any release; the query model charged before its fit)
   plan = privacy.make_plan(config)
   ledger = run.ledger(plan.new_ledger())

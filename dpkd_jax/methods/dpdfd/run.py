@@ -329,12 +329,13 @@ def train_dpdfd(config: config_lib.DPDFDConfig, workdir: str, *, progress: bool 
   run = workdir_lib.open_run(workdir, kind="DPDFD", config=config.to_json())
   mesh = sharding.data_mesh() if mesh is None else mesh
   sharding.check_divisible(config.batch_size, mesh)
-  # 2. Data and teachers (m = the most teachers one record reaches, from their cards).
+  # 2. Data, teachers (m from their cards), the hold-out (a bad count fails before a charge).
   ensemble, source = load_teachers(config)
   overlap = source.overlap
   if overlap.teachers_per_record > 1 and distributed.is_coordinator():
     print(f"DPDFD accounting: {overlap.reason}", flush=True)
   test = data.load(config.dataset, "test", data_dir=config.data_dir)
+  monitor = selection.teachers_split_monitor(config, workdir, test, resume_step=run.step)
   # 3. Plan: σ and the steps, the only place they are resolved.
   plan = privacy.make_plan(config, overlap.teachers_per_record, num_teachers=ensemble.size)
   teachers_sha256 = _teachers_sha256(ensemble)
@@ -361,7 +362,6 @@ def train_dpdfd(config: config_lib.DPDFDConfig, workdir: str, *, progress: bool 
     restarter = _Restarter(config, config.restart_rule,
                            restarts.RestartState.from_json(saved_rule), init_key, mesh)
   meta.update(_released_rows_meta(run, start))
-  monitor = selection.teachers_split_monitor(config, workdir, test, resume_step=start)
   state, step, accuracy, released_rows = _train(
       run, plan, config, state, ensemble, monitor, sharding.replicate(train_key, mesh),
       start=start, ledger=ledger, meta=meta, progress=progress, restarter=restarter)

@@ -133,6 +133,8 @@ def train_srr(config: config_lib.SRRConfig, workdir: str, *, resume: bool = Fals
   # 2. Data and teacher.
   teacher = _load_teacher(config)
   test = data.load(config.dataset, "test", data_dir=config.data_dir)
+  # The hold-out is read here: a bad count fails before anything is charged.
+  monitor = selection.teachers_split_monitor(config, workdir, test, resume_step=run.step)
   # 3. Plan and ledger: ε per query and stages resolved once; the ledger keeps the labels' ε.
   plan = privacy.make_plan(config)
   ledger = run.ledger(plan.new_ledger())
@@ -147,7 +149,6 @@ def train_srr(config: config_lib.SRRConfig, workdir: str, *, resume: bool = Fals
       plan, config, stage_lib.make_teacher_label_fn(
           sharding.replicate(teacher.parts, mesh), config.batch_size, mesh), mesh=mesh)
   meta = {"config": config.to_json(), "plan": plan.to_json(), "root_seed": list(root_seed)}
-  monitor = selection.teachers_split_monitor(config, workdir, test, resume_step=start)
   state = _train_stages(config, plan, run, ledger, state, train_step, keys.stages, monitor,
                         start=start, history=history, meta=meta, progress=progress)
   # 6. Results record.
