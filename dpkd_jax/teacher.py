@@ -32,6 +32,7 @@ from dpkd_jax.train import checkpoint
 from dpkd_jax.train import evaluate as evaluate_lib
 from dpkd_jax.train import metrics as metrics_lib
 from dpkd_jax.train import outputs
+from dpkd_jax.train import selection
 from dpkd_jax.train import sharding
 from dpkd_jax.train import supervised
 from dpkd_jax.train import workdir as workdir_lib
@@ -59,6 +60,7 @@ class TeacherConfig:
     num_shards: split the training data into this many disjoint shards (multi-teacher).
     shard: which shard to train on (0 <= shard < num_shards).
     shard_seed: seed of the shard partition (all teachers of an ensemble must share it).
+    validation_examples: records held out before any shard, as the methods' hold-out (0: none).
     seed: model init / batch order / augmentation seed.
     data_dir: directory of `<dataset>.npz` files (else $DPKD_DATA_DIR, else tfds).
     download: let tensorflow-datasets download a dataset it has not prepared (needs internet).
@@ -76,6 +78,7 @@ class TeacherConfig:
   num_shards: int = 1
   shard: int = 0
   shard_seed: int = 0
+  validation_examples: int = 0
   seed: int = 0
   data_dir: str | None = None
   download: bool = False
@@ -87,9 +90,10 @@ class TeacherConfig:
       raise ValueError(f"unknown model {self.model!r}; known: {sorted(models.CLASSIFIERS)}")
     if self.optimizer not in _OPTIMIZERS:
       raise ValueError(f"unknown optimizer {self.optimizer!r}; known: {_OPTIMIZERS}")
-    for name in ("epochs", "batch_size", "num_shards"):
-      if getattr(self, name) < 1:
-        raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
+    for name, low in (("epochs", 1), ("batch_size", 1), ("num_shards", 1),
+                      ("validation_examples", 0)):
+      if getattr(self, name) < low:
+        raise ValueError(f"{name} must be >= {low}, got {getattr(self, name)}")
     if not 0 <= self.shard < self.num_shards:
       raise ValueError(f"shard must be in [0, num_shards={self.num_shards}), got {self.shard}")
     if not self.learning_rate > 0:
@@ -226,7 +230,7 @@ def train_teacher(config: TeacherConfig, workdir: str, *, progress: bool = True,
     The card (also written to `<workdir>/card.json`).
   """
   clock = outputs.RunClock()
-  config_json = dataclasses.asdict(config)
+  config_json = selection.config_json(config)  # a run without a hold-out saves as before
   run = workdir_lib.open_run(workdir, kind="teacher", config=config_json)
   mesh = sharding.data_mesh() if mesh is None else mesh
   sharding.check_divisible(config.batch_size, mesh)

@@ -37,6 +37,7 @@ from typing import Any, NamedTuple
 import numpy as np
 
 from dpkd_jax import data
+from dpkd_jax.data import splits
 from dpkd_jax.errors import UserError
 
 # Card fields that differ between two identical trainings (wall and CPU time).
@@ -72,6 +73,9 @@ def training_split(config: Any) -> tuple[data.ArrayDataset, dict[str, Any]]:
   """
   train = data.load(config.dataset, "train", data_dir=config.data_dir, download=config.download)
   source = source_fields(train)  # lets ensembles prove disjoint shards
+  held = getattr(config, "validation_examples", 0)
+  if held:  # the methods' validation hold-out never trains the teacher (`train.selection`)
+    train = train.subset(splits.hold_out_indices(len(train), held)[0])
   if config.num_shards == 1:
     return train, source
   shards = data.shard_indices(len(train), config.num_shards, seed=config.shard_seed)
@@ -79,9 +83,12 @@ def training_split(config: Any) -> tuple[data.ArrayDataset, dict[str, Any]]:
 
 
 def split_fields(config: Any, num_train: int, source: dict[str, Any]) -> dict[str, Any]:
-  """The card's `split`: which shard of the training split the teacher saw, and its source."""
+  """The card's `split`: which shard of the training split the teacher saw, and its source
+  (and the validation hold-out left out before the shards, when there is one)."""
+  held = getattr(config, "validation_examples", 0)
   return {"num_shards": config.num_shards, "shard": config.shard,
-          "shard_seed": config.shard_seed, "num_train_examples": num_train, **source}
+          "shard_seed": config.shard_seed, "num_train_examples": num_train, **source,
+          **({"validation_examples": held} if held else {})}
 
 
 def check_distinct(teacher_dirs: Sequence[str], cards: Sequence[dict[str, Any]]) -> None:
@@ -107,14 +114,20 @@ def _partition(card: dict[str, Any]) -> tuple[Any, ...] | None:
   split = card.get("split") or {}
   if any(split.get(name) is None for name in _PARTITION_FIELDS) or "shard" not in split:
     return None
-  n, shards = split["num_source_examples"], split["num_shards"]
+  held = split.get("validation_examples", 0)
+  if not (isinstance(held, int) and not isinstance(held, bool) and held >= 0):
+    return None
+  # The shards cut the source split less its hold-out (`training_split`).
+  n, shards = split["num_source_examples"] - held, split["num_shards"]
   if not (isinstance(shards, int) and 1 <= shards <= n and 0 <= split["shard"] < shards):
     return None
   # data.shard_indices: np.array_split of a permutation of range(N), so shard i holds
   # N // n + (i < N % n) records; a card claiming another size used another partition.
   if split.get("num_train_examples") != n // shards + (split["shard"] < n % shards):
     return None
-  return (card.get("dataset"), *(split[name] for name in _PARTITION_FIELDS))
+  # Teachers that left out different hold-outs cut different sets: never one partition.
+  return (card.get("dataset"), *(split[name] for name in _PARTITION_FIELDS),
+          split.get("validation_examples", 0))
 
 
 def teachers_per_record(cards: Sequence[dict[str, Any]]) -> Overlap:

@@ -10,7 +10,8 @@
 
 Without --teacher_dirs the teacher is runs/teacher/<dataset>_<teacher_model>, reused when its
 card matches, else trained. Per-dataset defaults (dpdfd/quickstart.py, docs/RESULTS.md) are the
-best measured recipe: --dataset=digits fits a few CPU minutes (sound target epsilon 10 unless
+recipes of best test accuracy (selected on the test split; --validation_examples selects on a
+private hold-out): --dataset=digits fits a few CPU minutes (sound target epsilon 10 unless
 --noise_multiplier/--target_epsilon); mnist and fashion_mnist get the disagreement engine
 (--steps=8000 --batch_size=64 --generator_channels=64 --teacher_loss=logit --bound_method=clip
 --l2_norm_bound=1000 --generator_objective=disagreement; Fashion-MNIST: a small_cnn student and
@@ -88,8 +89,10 @@ def parse_config(argv: list[str]) -> tuple[dpdfd.DPDFDConfig, argparse.Namespace
     a.teacher_dirs = ()  # the ensemble directory holds every teacher
   elif a.teacher_dirs is None:
     a.teacher_config = _cli.build(teacher.TeacherConfig, dataset=a.dataset, model=a.teacher_model,
-                                  epochs=a.teacher_epochs, data_dir=a.data_dir)
-    a.teacher_dirs = (quickstart.default_teacher_dir(a.dataset, a.teacher_model),)
+                                  epochs=a.teacher_epochs, data_dir=a.data_dir,
+                                  validation_examples=a.validation_examples)
+    held = f"_val{a.validation_examples}" if a.validation_examples else ""  # its own teacher
+    a.teacher_dirs = (quickstart.default_teacher_dir(a.dataset, a.teacher_model) + held,)
   return _flags.build_config(dpdfd.DPDFDConfig, a), a
 
 

@@ -152,7 +152,7 @@ def _publish(a: argparse.Namespace) -> int:
   dest = _destination(a)
   source = os.path.join(a.run, "record.json")
   record = records_lib.read_record(source)
-  for field in ("paper_row", "paper_accuracy"):
+  for field in ("paper_row", "paper_accuracy", "selection"):
     if getattr(a, field) is not None:
       record[field] = getattr(a, field)
   if a.paper_epsilon is not None:
@@ -215,6 +215,8 @@ def _parser() -> argparse.ArgumentParser:
   u.add_argument("--paper_row", default=None, help='e.g. "DPDFD Table 1, MNIST, eps=10"')
   u.add_argument("--paper_accuracy", type=float, default=None)
   u.add_argument("--paper_epsilon", default=None, help="the paper's own ε for this run")
+  u.add_argument("--selection", default=None, choices=records_lib.SELECTIONS,
+                 help="how the run's flags were chosen, if not by the run itself (e.g. test)")
   u.add_argument("--table", action="append", default=[],
                  help="NAME or NAME:POSITION of a table the run is a row of (repeatable)")
   u.add_argument("--column", action="append", default=[], help="KEY=VALUE (repeatable)")

@@ -10,11 +10,11 @@ record-level ε w.r.t. the teacher's private data (the composition of every labe
 with --generator_prior=teacher, whose generator is a noiseless function of the teacher).
 `--generator_terms=ce,ie,bn` picks the pretraining terms (ablation); `--student_replay` trains the
 student on every stage's released labels so far (post-processing); `--resume` continues.
-Defaults: the best measured engine (srr/config.py CLI_DEFAULTS: 4 stages of 12,800 queries, 10
-student epochs each, --student_loss=rr_likelihood, --student_model=small_cnn, generator width
-64); where plain RR at --epsilon keeps under half of the labels, --student_lr=3e-4, 16 stages
-of 25,600 queries with 5 student epochs each and no generator fine-tuning (srr/config.py
-cli_noisy_label_defaults).
+Defaults: the engine of best test accuracy, selected on the test split (srr/config.py
+CLI_DEFAULTS: 4 stages of 12,800 queries, 10 student epochs each, --student_loss=rr_likelihood,
+--student_model=small_cnn, generator width 64); where plain RR at --epsilon keeps under half of
+the labels, --student_lr=3e-4, 16 stages of 25,600 queries with 5 student epochs each and no
+generator fine-tuning (srr/config.py cli_noisy_label_defaults).
 A flag you give wins.
 """
 

@@ -137,7 +137,7 @@ def test_a_run_that_never_resumed_has_no_new_fields(tmp_path, monkeypatch):
                         saves=[(1, 4, 31)], killed=None)
   fake.set(5, 40)
   record = _finish(tmp_path, clock, run)
-  assert set(record) == set(records.RECORD_FIELDS) | {"warnings"}
+  assert set(record) == set(records.RECORD_FIELDS) | {"warnings", "selection"}
   assert (record["cpu_seconds"], record["wall_seconds"], record["commit"]) == (2.0, 10.0, "aaaa")
 
 

@@ -33,3 +33,14 @@ _TINY = dict(dataset="digits", num_teachers=4, teacher_epochs=1, teacher_batch_s
 def test_config_errors(kwargs, match):
   with pytest.raises(ValueError, match=match):
     dfpate.DFPATEConfig(**{**_TINY, **kwargs})
+
+
+def test_validation_examples_is_checked_and_keys_the_saved_teachers():
+  # A hold-out changes what the teachers trained on: a saved ensemble is reused only by runs
+  # holding out the same records.
+  plain = dfpate.DFPATEConfig(**_TINY)
+  held = dfpate.DFPATEConfig(**{**_TINY, "validation_examples": 20})
+  assert "validation_examples" not in plain.teacher_identity()
+  assert held.teacher_identity()["validation_examples"] == 20
+  with pytest.raises(ValueError, match="validation_examples"):
+    dfpate.DFPATEConfig(**{**_TINY, "validation_examples": -1})

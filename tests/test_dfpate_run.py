@@ -12,6 +12,7 @@ from dpkd_jax.methods.dfpate import student as student_lib
 from dpkd_jax.privacy import accounting
 from dpkd_jax.privacy import ledger as ledger_lib
 from dpkd_jax.train import checkpoint
+from dpkd_jax.train import metrics as metrics_lib
 from dpkd_jax.train import outputs
 from dpkd_jax.train import records
 from experiments import dfpate as dfpate_cli
@@ -121,3 +122,17 @@ def test_student_self_training_uses_only_confident_own_labels(tmp_path):
                                student_pseudo_threshold=0.0)
   results = dfpate.train_dfpate(config, str(tmp_path / "run"), progress=False)
   assert results["num_queries"] == 32 and results["epsilon"] <= 8.0  # pool is not queried
+
+
+def test_a_validation_hold_out_keeps_the_test_split_for_the_end(tmp_path):
+  # The teachers train without the hold-out, the rounds are evaluated on it (private
+  # diagnostics only), the test split is read once at the end.
+  workdir = str(tmp_path / "run")
+  config = dfpate.DFPATEConfig(**_TINY, target_epsilon=5.0, validation_examples=100)
+  results = dfpate.train_dfpate(config, workdir, progress=False)
+  private = results[outputs.PRIVATE_KEY]
+  assert "accuracy_per_round" not in results and len(private["validation_accuracy_per_round"]) == 2
+  assert private["validation_examples"] == 100 and 0 <= results["test_accuracy"] <= 1
+  assert not any(name.startswith("test/") for name in metrics_lib.read_metrics(workdir))
+  assert "private_diagnostics/validation/accuracy" in outputs.read_private_diagnostics(workdir)
+  assert records.read_record(os.path.join(workdir, "record.json"))["selection"] == "validation"

@@ -103,7 +103,7 @@ def test_to_json_is_the_saved_config():
                                          "replay_batch", "replay_sampling", "replay_memory",
                                          "released_balance_weight", "class_conditional_weight",
                                          "smoothness_weight", "secure_noise",
-                                         "secure_grid_bits")]
+                                         "secure_grid_bits", "validation_examples")]
   assert dpdfd.DPDFDConfig(**{**out, "teacher_dirs": tuple(out["teacher_dirs"])}) == config
   stacked = _config(teacher_dirs=(), teacher_ensemble_dir="ens")
   assert stacked.to_json()["teacher_ensemble_dir"] == "ens"
@@ -120,3 +120,10 @@ def test_to_json_is_the_saved_config():
 def test_the_teachers_come_from_one_source(kwargs, error, match):
   with pytest.raises(error, match=match):
     _config(**kwargs)
+
+
+def test_validation_examples_is_checked_and_saved_only_when_set():
+  assert "validation_examples" not in _config().to_json()
+  assert _config(validation_examples=300).to_json()["validation_examples"] == 300
+  with pytest.raises(ValueError, match="validation_examples"):
+    _config(validation_examples=-1)

@@ -176,3 +176,20 @@ def test_committed_combined_records_point_at_their_seeds():
       assert names[seed]["seed_of"] == name
     if record.get("seed_of"):
       assert name in names[record["seed_of"]]["combined_from"]
+
+
+def test_selection_is_written_and_checked():
+  assert _record()["selection"] == "none"
+  assert _record(selection="validation")["selection"] == "validation"
+  with pytest.raises(ValueError, match="selection"):
+    _record(selection="best")
+
+
+@pytest.mark.parametrize("path", _COMMITTED, ids=os.path.basename)
+def test_every_committed_record_says_how_it_was_selected(path):
+  # The methods whose defaults and rows were chosen on the test split say so until their
+  # validation-selected re-runs (which say "validation") replace them.
+  record = records.read_record(path)
+  assert record.get("selection") in records.SELECTIONS
+  if record["method"] in ("dpdfd", "dpdfd_direct", "srr", "rknn", "rona", "dfpate"):
+    assert record["selection"] in ("test", "validation")

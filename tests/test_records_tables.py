@@ -104,6 +104,14 @@ def test_flags_bold_lists_labels_and_missing():
                          " | same as above | MNIST |"]
 
 
+def test_a_test_accuracy_says_how_its_row_was_selected():
+  recs = {name: _record(name, tables={"t": i}, selection=selection)
+          for i, (name, selection) in enumerate(
+              [("a", "test"), ("b", "validation"), ("c", "paper_recipe"), ("d", "none")], 1)}
+  text, _ = rt.render_markdown(_doc("| {name} | {test_accuracy} |"), recs)
+  assert _rows(text) == ["| a | 0.5ᵗ |", "| b | 0.5ᵛ |", "| c | 0.5ᵖ |", "| d | 0.5 |"]
+
+
 def test_pivot_rows_reference_and_alternatives():
   recs = {"gen": _record("gen"), "a": _record("a", tables={"t": 1}, columns={"gen": "gen"}),
           "b": _record("b", columns={"curve": [1, 2]})}

@@ -141,3 +141,17 @@ def test_an_exported_checkpoint_states_the_epsilon_covering_it(tmp_path):
   card, _ = _card(str(tmp_path / "inf"))
   assert card["privacy"]["sound_epsilon"] == "inf" and not card["privacy"]["private"]
   assert "checkpoint_step" not in _card(workdir)[0]["privacy"]  # the run's own card
+
+
+def test_the_card_names_the_selection_data(tmp_path):
+  # A run with a validation hold-out: its record says "validation" and the card names the
+  # hold-out (never its accuracy); a run without one says it selected nothing.
+  held = _run(tmp_path / "held", config={"student_model": "lenet5_half",
+                                         "student_norm": "batch", "validation_examples": 300})
+  card, markdown = _card(held)
+  assert records.read_record(os.path.join(held, "record.json"))["selection"] == "validation"
+  assert card["selection"]["kind"] == "validation"
+  assert "validation hold-out of 300 private training records" in markdown
+  card, markdown = _card(_run(tmp_path / "plain"))
+  assert card["selection"]["kind"] == "none"
+  assert "Selection: nothing selected by this run" in markdown

@@ -56,3 +56,9 @@ def test_config_defaults_and_no_derived_noise():
   # The per-round ε is the plan's (test_rknn_privacy), not the config's.
   assert not hasattr(config, "epsilon_per_round")
   assert config.uncertain_fraction == 0.2 and config.num_relabelled(177) == 36
+
+
+def test_validation_examples_is_checked():
+  assert _config(validation_examples=10).validation_examples == 10
+  with pytest.raises(ValueError, match="validation_examples"):
+    _config(validation_examples=-1)

@@ -19,6 +19,7 @@ from dpkd_jax.methods.rknn import run as rknn_run
 from dpkd_jax.methods.rknn import votes
 from dpkd_jax.privacy import ledger as ledger_lib
 from dpkd_jax.train import checkpoint
+from dpkd_jax.train import metrics as metrics_lib
 from dpkd_jax.train import outputs
 from dpkd_jax.train import records
 from experiments import rknn as rknn_cli
@@ -200,3 +201,23 @@ def test_cli_too_few_public_images_for_the_representation(tmp_path, capsys):
   err = capsys.readouterr().err
   assert "15 public images are too few" in err and "Traceback" not in err
   assert not workdir.exists()
+
+
+def test_a_validation_hold_out_keeps_the_evaluation_split_for_the_end(tmp_path):
+  # The hold-out leaves the private split (fewer voters), the rounds are evaluated on it in
+  # the private diagnostics only, and the evaluation split is read once at the end.
+  workdir = str(tmp_path / "held")
+  student = dataclasses.replace(TINY_STUDENT, self_training_rounds=1)
+  results = rknn.train_rknn(_config(validation_examples=100, student=student), workdir,
+                            progress=False)
+  plain_private = len(data.load("digits", "train"))
+  assert results["num_private"] == plain_private - 100
+  assert all("student_accuracy" not in r for r in results["per_round"])
+  assert 0 <= results["student_accuracy"] <= 1
+  private = results[outputs.PRIVATE_KEY]
+  assert private["validation_examples"] == 100 and 0 <= private["validation_accuracy"] <= 1
+  assert not any("student_accuracy" in name for name in metrics_lib.read_metrics(workdir))
+  assert set(outputs.read_private_diagnostics(workdir)) == {
+      "private_diagnostics/validation/accuracy", "private_diagnostics/validation/loss"}
+  with open(os.path.join(workdir, "record.json")) as f:
+    assert json.load(f)["selection"] == "validation"

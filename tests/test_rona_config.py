@@ -92,3 +92,9 @@ def test_cli_paper_accounting_without_target_is_one_line_exit_2(capsys):
   err = capsys.readouterr().err.strip().splitlines()
   assert err == ["error: accounting='paper' chooses sigma for target_epsilon: give "
                  "target_epsilon, not noise_multiplier"]
+
+
+def test_validation_examples_is_checked():
+  assert _config(validation_examples=10).validation_examples == 10
+  with pytest.raises(ValueError, match="validation_examples"):
+    _config(validation_examples=-1)

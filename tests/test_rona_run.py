@@ -23,6 +23,7 @@ from dpkd_jax.methods import rona
 from dpkd_jax.methods.rona import student
 from dpkd_jax.privacy import accounting
 from dpkd_jax.privacy import ledger as ledger_lib
+from dpkd_jax.train import metrics as metrics_lib
 from dpkd_jax.train import outputs
 from dpkd_jax.train import records
 from experiments import rona as rona_cli
@@ -167,3 +168,17 @@ def test_schedule_and_query_count():
       hint_epochs=2, distillation_epochs=2, rounds=2, num_query_samples=100, batch_size=32)
 
 
+
+
+def test_a_validation_hold_out_keeps_the_test_split_for_the_end(tmp_path):
+  # The hold-out comes from the sensitive part (the public split is unchanged); the units are
+  # evaluated on it (private diagnostics only), the test split is read once at the end.
+  workdir = str(tmp_path / "held")
+  results = rona.train_rona(_config(validation_examples=50), workdir, progress=False,
+                            latency_seconds=0.0)
+  private = results[outputs.PRIVATE_KEY]
+  assert private["validation_examples"] == 50 and 0 <= private["validation_accuracy"] <= 1
+  assert 0 <= results["test_accuracy"] <= 1
+  assert not any(name.startswith("test/") for name in metrics_lib.read_metrics(workdir))
+  assert "private_diagnostics/validation/accuracy" in outputs.read_private_diagnostics(workdir)
+  assert records.read_record(os.path.join(workdir, "record.json"))["selection"] == "validation"

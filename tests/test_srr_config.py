@@ -139,3 +139,10 @@ def test_recorded_commands_name_every_flag_the_cli_defaults_changed():
         raise AssertionError(f"{path}: add --generator_epochs=1, which it ran with")
     checked += 1
   assert checked >= 20
+
+
+def test_validation_examples_is_checked_and_saved_only_when_set():
+  assert "validation_examples" not in _config("t").to_json()
+  assert _config("t", validation_examples=50).to_json()["validation_examples"] == 50
+  with pytest.raises(ValueError, match="validation_examples"):
+    _config("t", validation_examples=-1)

@@ -19,6 +19,7 @@ from dpkd_jax.methods.srr import pretraining
 from dpkd_jax.methods.srr import stage as stage_lib
 from dpkd_jax.privacy import accounting
 from dpkd_jax.train import checkpoint
+from dpkd_jax.train import metrics as metrics_lib
 from dpkd_jax.train import outputs
 from dpkd_jax.train import records
 from experiments import srr as srr_cli
@@ -254,3 +255,17 @@ def test_a_target_no_stage_fits_is_one_line_and_exit_2(teacher_dir, tmp_path, ca
   err = capsys.readouterr().err
   assert "allows no stage" in err and "Traceback" not in err and len(err.splitlines()) == 1
   assert not workdir.exists()  # nothing written
+
+
+def test_a_validation_hold_out_keeps_the_test_split_for_the_end(teacher_dir, tmp_path):
+  # The stages are evaluated on the hold-out (private diagnostics only); the test split is
+  # read once, at the end; the record says how the run was selected.
+  workdir = str(tmp_path / "held")
+  results = srr.train_srr(_config(teacher_dir, validation_examples=100, seed=0), workdir,
+                          progress=False)
+  private = results[outputs.PRIVATE_KEY]
+  assert "accuracy_per_stage" not in results and len(private["validation_accuracy_per_stage"]) == 2
+  assert private["validation_examples"] == 100 and 0 <= results["test_accuracy"] <= 1
+  assert not any(name.startswith("test/") for name in metrics_lib.read_metrics(workdir))
+  assert "private_diagnostics/validation/accuracy" in outputs.read_private_diagnostics(workdir)
+  assert records.read_record(os.path.join(workdir, "record.json"))["selection"] == "validation"

@@ -84,6 +84,46 @@ def test_cards_of_one_all_shards_run_prove_disjoint_shards(tmp_path):
   assert teacher_partition.teachers_per_record(cards).teachers_per_record == 1
 
 
+def _held_card(shard, held, num_shards=3):
+  # A teacher of `experiments.teacher --validation_examples=held`: its shards cut N - held.
+  card = _card(shard, num_shards=num_shards)
+  cut = _N - held
+  card["split"].update(num_train_examples=cut // num_shards + (shard < cut % num_shards),
+                       validation_examples=held)
+  return card
+
+
+def test_teachers_that_left_out_one_hold_out_share_a_partition_and_others_do_not():
+  assert teacher_partition.teachers_per_record(
+      [_held_card(i, 100) for i in range(3)]).teachers_per_record == 1
+  # Another hold-out, or none, permutes another set: the shards may overlap.
+  for other in (_held_card(2, 101), _card(2)):
+    mixed = teacher_partition.teachers_per_record([_held_card(0, 100), _held_card(1, 100), other])
+    assert mixed.teachers_per_record == 3 and "different partitions" in mixed.reason
+  # Shard sizes that match the full split's prove nothing about a card naming a hold-out.
+  wrong = [_card(i) for i in range(3)]
+  for card in wrong:
+    card["split"]["validation_examples"] = 7
+  assert teacher_partition.teachers_per_record(wrong).teachers_per_record == 3
+
+
+def test_a_teachers_hold_out_is_left_out_of_its_training_split():
+  config = teacher.TeacherConfig(dataset="digits", model="lenet5_half", num_shards=2, shard=1,
+                                 validation_examples=100)
+  train, source = teacher_partition.training_split(config)
+  full = data.load("digits", "train")
+  assert source["num_source_examples"] == _N and len(train) == (_N - 100) // 2
+  fields = teacher_partition.split_fields(config, len(train), source)
+  assert fields["validation_examples"] == 100
+  partition = teacher_partition._partition  # pylint: disable=protected-access
+  assert partition({"dataset": "digits", "split": fields}) is not None
+  _, held = data.splits.hold_out_indices(len(full), 100)
+  held_images = {full.images[i].tobytes() for i in held}
+  assert not any(image.tobytes() in held_images for image in train.images)
+  assert "validation_examples" not in teacher_partition.split_fields(
+      teacher.TeacherConfig(dataset="digits", model="lenet5_half"), _N, source)
+
+
 # --------------------------------------------------------------- stacked ensembles (one record)
 
 

@@ -238,3 +238,22 @@ def shard_dataset(dataset: ArrayDataset, num_shards: int, *, seed: int) -> list[
   """Splits a dataset into `num_shards` disjoint near-equal shards (see `shard_indices`)."""
   return [dataset.subset(indices) for indices in shard_indices(len(dataset), num_shards,
                                                                seed=seed)]
+
+
+def hold_out_indices(num_examples: int, count: int, *, seed: int = 0
+                     ) -> tuple[np.ndarray, np.ndarray]:
+  """(kept indices, held-out indices), both sorted: `count` of `num_examples` records held out
+  by `np.random.default_rng(seed).permutation(num_examples)[:count]` (the validation hold-out
+  of every method and teacher: `dpkd_jax.train.selection`).
+
+  Raises:
+    ValueError: a bad count or seed, or a count that would leave no record.
+  """
+  _check_count(count, "validation_examples", 0)
+  _check_seed(seed)
+  if count >= num_examples:
+    raise ValueError(f"validation_examples={count} leaves no training records out of "
+                     f"{num_examples}")
+  held = np.zeros(num_examples, bool)
+  held[np.random.default_rng(seed).permutation(num_examples)[:count]] = True
+  return np.flatnonzero(~held), np.flatnonzero(held)

@@ -11,6 +11,8 @@ What a card never holds: a private diagnostic's value, the seed, the command lin
 hold the seed) or the config (it holds the seed and the private data's location). Sections:
 
   released      the student and its public-test accuracy: what (ε, δ) covers
+  selection     the record's `selection` and the data it was made on (a validation hold-out
+                of N private records, the test split, a paper's recipe, or nothing)
   privacy       sound ε ("inf" when there is no guarantee), δ, relation, accounting, accountant,
                 the paper's own figure beside, labelled as not a guarantee, warnings; on an
                 export, the checkpoint step exported and the ε covering it
@@ -177,6 +179,7 @@ def build_card(workdir: str, *, exports: list[dict[str, Any]] | None = None,
       "student": student,
       "released": {"test_accuracy": record.get("test_accuracy"),
                    "evaluated_on": f"the public test split of {record.get('dataset')}"},
+      "selection": _selection(record, results),
       "privacy": privacy, "guarantee": _guarantee(record, results, privacy, seed),
       "seed": {"kind": seed["kind"]}, "io": _io(spec),
       "provenance": {"library": "dpkd-jax", "version": dpkd_jax.__version__,
@@ -261,6 +264,25 @@ def _md_measured(card: dict[str, Any]) -> list[str]:
   return lines + [""]
 
 
+# What a record's `selection` says the run's settings / checkpoint were chosen on.
+_SELECTION_TEXT = {
+    "validation": "chosen on a validation hold-out of {n} private training records (the test "
+                  "split was read once, at the end; the selection itself is not covered by "
+                  "epsilon: docs/privacy.md, \"Selection and tuning\")",
+    "test": "chosen by test accuracy: the test figure is optimistic",
+    "paper_recipe": "a paper's fixed recipe (not tuned here)",
+    "none": "nothing selected by this run (its settings as given; if they were tuned on the "
+            "test split the figure is optimistic)",
+}
+
+
+def _selection(record: dict[str, Any], results: dict[str, Any]) -> dict[str, Any]:
+  """{kind, data}: the record's `selection` and, in words, the data it was made on."""
+  kind = record.get("selection", "none")
+  held = (results.get("config") or {}).get("validation_examples") or "N"
+  return {"kind": kind, "data": _SELECTION_TEXT.get(kind, "not stated").format(n=held)}
+
+
 def render_markdown(card: dict[str, Any]) -> str:
   """model_card.md of `card` (from `build_card`)."""
   student = card["student"]
@@ -269,7 +291,7 @@ def render_markdown(card: dict[str, Any]) -> str:
   lines = [f"# Model card: {card['method']} on {card['dataset']}", "",
            f"Student: {what}. Test accuracy: "
            f"{'n/a' if accuracy is None else f'{accuracy:.4f}'} ({card['released']['evaluated_on']}).",
-           "", *_md_privacy(card), *_md_io(card), *_md_exports(card), *_md_measured(card),
+           "", f"Selection: {card['selection']['data']}.", "", *_md_privacy(card), *_md_io(card), *_md_exports(card), *_md_measured(card),
            "## Provenance", ""]
   prov = card["provenance"]
   lines += [f"- {prov['library']} {prov['version']}; run at commit {prov['run_commit']}; card "

@@ -45,9 +45,15 @@ def _cell(point: frontier_lib.Point | None) -> str:
   seed = SINGLE_SEED_MARK if point.single_seed else ""
   # ε 0: a reference run that never queries the private data or teachers.
   none = " (no private query)" if point.epsilon == 0 else ""
-  return (f"**{records_tables.format_number(r['test_accuracy'])}**{seed} "
+  mark = records_tables.SELECTION_MARKS.get(r.get("selection"), "")
+  return (f"**{records_tables.format_number(r['test_accuracy'])}**{mark}{seed} "
           f"{frontier_lib.METHOD_LABELS[point.method]}, ε "
           f"{records_tables.format_number(r['sound_epsilon'])}{none}: `{point.name}`")
+
+
+# A record's `selection` in words (the commands table's "selected on" column).
+_SELECTED_ON = {"test": "test split", "validation": "validation hold-out",
+                "paper_recipe": "paper's recipe", "none": "nothing selected"}
 
 
 def _code(text: str) -> str:
@@ -66,8 +72,8 @@ def _best_table(rows: dict[str, tuple[frontier_lib.Point | None, ...]],
 
 
 def _commands_table(points: list[frontier_lib.Point]) -> list[str]:
-  lines = ["| record | setting | method | sound ε (δ) | test accuracy | seeds | command |",
-           "| --- | --- | --- | --- | --- | --- | --- |"]
+  lines = ["| record | setting | method | sound ε (δ) | test accuracy | selected on | seeds | "
+           "command |", "| --- | --- | --- | --- | --- | --- | --- | --- |"]
   for p in points:
     r = p.record
     seeds = "1" if p.single_seed else "several (mean)"
@@ -76,7 +82,8 @@ def _commands_table(points: list[frontier_lib.Point]) -> list[str]:
     lines.append(
         f"| `{p.name}` | {frontier_lib.setting_label(p.setting)} | "
         f"{frontier_lib.METHOD_LABELS[p.method]} | {eps} | "
-        f"{records_tables.format_number(r['test_accuracy'])} | {seeds} | {_code(r['command'])} |")
+        f"{records_tables.format_number(r['test_accuracy'])} | "
+        f"{_SELECTED_ON.get(r.get('selection'), 'not stated')} | {seeds} | {_code(r['command'])} |")
   return lines
 
 
@@ -103,7 +110,8 @@ def _dataset_section(dataset: str, rows: dict[str, tuple[frontier_lib.Point | No
   out = [f"### {name}", "", f"![{name}: sound privacy–utility frontier]({image})", "",
          f"Best sound test accuracy of a recorded run with sound ε ≤ the row's ε "
          f"(δ ≤ {delta_text(frontier_lib.DELTA)}, {frontier_lib.NEIGHBOURING}); "
-         f"{SINGLE_SEED_MARK} = single seed.", ""]
+         f"{SINGLE_SEED_MARK} = single seed; {records_tables.SELECTION_LEGEND}. A cell is "
+         "itself a best-of by test accuracy over the recorded runs.", ""]
   out += _best_table(rows, grid) + [""]
   if points:
     out += [f"Commands of the {name} runs above (as recorded):", ""]

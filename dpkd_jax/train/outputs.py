@@ -160,6 +160,7 @@ def finish_run(workdir: str, results: dict[str, Any], *, run: workdir_lib.Run | 
                test_accuracy: float | None, sound_epsilon: float, delta: float,
                accounting: str = "sound", paper_epsilon: float | None = None,
                target_epsilon: float | None = None, neighbouring: str = "replace-one",
+               selection: str | None = None,
                extra: dict[str, Any] | None = None) -> dict[str, Any]:
   """Adds the privacy warnings to `results`, writes results.json and record.json (process 0).
 
@@ -181,6 +182,8 @@ def finish_run(workdir: str, results: dict[str, Any], *, run: workdir_lib.Run | 
     dataset, test_accuracy, sound_epsilon, delta, accounting, paper_epsilon, neighbouring:
       the record's fields (`records.make_record`).
     target_epsilon: the run's target, to warn when the sound ε exceeds it.
+    selection: the record's `selection`; None: "validation" if the saved config
+      (`results["config"]`) holds out `validation_examples`, else "none".
     extra: further record fields.
 
   Returns:
@@ -197,13 +200,19 @@ def finish_run(workdir: str, results: dict[str, Any], *, run: workdir_lib.Run | 
       method=results["method"], dataset=dataset, test_accuracy=test_accuracy,
       sound_epsilon=sound_epsilon, delta=delta, neighbouring=neighbouring,
       accounting=accounting, paper_epsilon=paper_epsilon, cpu_seconds=cpu, wall_seconds=wall,
-      commit=clock.commit, extra={"warnings": results["warnings"], **(extra or {}), **cost})
+      commit=clock.commit, extra={"warnings": results["warnings"], **(extra or {}), **cost},
+      selection=selection or _selection_of(results.get("config")))
   if distributed.is_coordinator():
     _write_json(os.path.join(workdir, "results.json"), results)
     records.write_record(os.path.join(workdir, "record.json"), record)
     model_card.write_model_card(workdir)  # model_card.md + .json, from the two files above
     report.write_report(workdir)  # report.md: curves, ε spent, samples, privacy-utility
   return results
+
+
+def _selection_of(config_json: Mapping[str, Any] | None) -> str:
+  """"validation" if the run held out `validation_examples` records (`train.selection`)."""
+  return "validation" if (config_json or {}).get("validation_examples") else "none"
 
 
 def _run_cost(run: workdir_lib.Run | None, clock: RunClock) -> dict[str, Any]:

@@ -18,6 +18,11 @@ files, so that no figure is typed twice. Fields (all required; null where not ap
   cpu_seconds, wall_seconds  of the whole run (process CPU time, wall clock), summed over the
                            processes of a resumed run (`train.clock_file`: time after a killed
                            process's last checkpoint is not counted)
+  selection                how the run's settings / checkpoint were chosen (`SELECTIONS`):
+                           "validation" (a validation hold-out, `train.selection`), "test" (by
+                           test accuracy: the figure is overstated), "paper_recipe" (a paper's
+                           fixed settings), "none" (nothing selected); every run writes it,
+                           and a committed record with a table row must say it
 Optional fields (`extra`) hold anything else worth keeping (seeds are never stored when secret).
 A noiseless private statistic (`released_fields.is_private_field`: e.g. `validation_accuracy`,
 the accuracy on a private hold-out that a tuning run selects on) is never a top-level field:
@@ -54,6 +59,7 @@ RECORD_FIELDS = (
 )
 NEIGHBOURING = ("replace-one", "add-remove")
 ACCOUNTING = ("sound", "paper")
+SELECTIONS = ("validation", "test", "paper_recipe", "none")
 
 
 # Environment variables that change what a run reads (dpkd_jax.data.sources: the dataset
@@ -99,7 +105,8 @@ def make_record(*, method: str, dataset: str, test_accuracy: float | None,
                 cpu_seconds: float, wall_seconds: float, paper_epsilon: float | None = None,
                 paper_row: str | None = None, paper_accuracy: float | None = None,
                 command: str | None = None, commit: str | None = None,
-                extra: dict[str, Any] | None = None) -> dict[str, Any]:
+                selection: str = "none", extra: dict[str, Any] | None = None
+                ) -> dict[str, Any]:
   """A validated results record (see the module docstring for the fields)."""
   record = {
       "method": method, "dataset": dataset,
@@ -111,6 +118,7 @@ def make_record(*, method: str, dataset: str, test_accuracy: float | None,
       "paper_epsilon": epsilon_json(paper_epsilon), "paper_row": paper_row,
       "paper_accuracy": None if paper_accuracy is None else float(paper_accuracy),
       "cpu_seconds": float(cpu_seconds), "wall_seconds": float(wall_seconds),
+      "selection": selection,
   }
   if extra:
     clash = set(extra) & set(record)
@@ -167,6 +175,8 @@ def validate_record(record: dict[str, Any]) -> dict[str, Any]:
   eps = record["sound_epsilon"]
   if not (eps == "inf" or (_is_number(eps) and eps >= 0)):
     raise ValueError(f"sound_epsilon must be a finite number >= 0 or 'inf', got {eps!r}")
+  if "selection" in record and record["selection"] not in SELECTIONS:
+    raise ValueError(f"selection must be one of {SELECTIONS}, got {record['selection']!r}")
   _check_kinds(record)
   leaked = sorted(k for k in record if released_fields.is_private_field(k))
   if leaked:

@@ -23,7 +23,9 @@ other placeholder does.
 Flags: `,` thousands separators, `b` bold if "NAME/key" is in the record's `bold` list, `B` always
 bold, `L` bold the last element of a list, `/` `;` `p` join a list with " / ", ", " or table
 cells, `` ` `` code span, `D` dataset display name, `?` empty (not "—") when missing or null,
-`_` a leading space when not empty.
+`_` a leading space when not empty. A test accuracy is followed by the mark of its record's
+`selection` (`SELECTION_MARKS`: ᵗ chosen by test accuracy, ᵛ on a validation hold-out, ᵖ a
+paper's recipe).
 
 Numbers are read with `decimal.Decimal`, so a figure is written with exactly the digits of its
 record (0.4670 stays 0.4670); floats of a run's own record (more than 6 significant digits, as
@@ -56,6 +58,12 @@ _JOINS = {"/": " / ", ";": ", ", "p": " | "}
 # table that shows one labels its column PRIVATE. No other placeholder reads that block.
 _PRIVATE_PREFIX = released_fields.PRIVATE_KEY + "."
 DATASET_NAMES = _DATASETS  # display names, for other generated docs (train/frontier_doc)
+# After every test accuracy: how its row was selected (the record's `selection`; "none", a
+# run that selected nothing, has no mark). The legend is SELECTION_LEGEND.
+SELECTION_MARKS = {"test": "ᵗ", "validation": "ᵛ", "paper_recipe": "ᵖ"}
+SELECTION_LEGEND = ("ᵗ = settings chosen by test accuracy (the figure is optimistic), ᵛ = chosen "
+                    "on a validation hold-out, ᵖ = a paper's fixed recipe; no mark = nothing "
+                    "selected")
 
 
 def load_records(directory: str) -> dict[str, Record]:
@@ -187,6 +195,8 @@ def _placeholder(match: re.Match, table: str, record: Record | None,
   else:
     bold = "B" in flags or ("b" in flags and f"{table}/{key}" in source.get("bold", []))
     text = _format(value, flags, bold)
+    if key == "test_accuracy" and value is not None:  # how the row was chosen
+      text += SELECTION_MARKS.get(source.get("selection"), "")
   return " " + text if "_" in flags and text else text
 
 

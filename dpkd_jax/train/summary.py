@@ -91,7 +91,7 @@ def _rona(r: Results) -> list[str]:
 
 def _dfpate(r: Results) -> list[str]:
   return [f"DF-PATE {_dataset(r)}: test accuracy {r['test_accuracy']:.4f} "
-          f"(per round {[round(a, 4) for a in r['accuracy_per_round']]})",
+          f"(per round {[round(a, 4) for a in r.get('accuracy_per_round', [])]})",
           f"  sound ε = {_eps(r['epsilon'])} (δ={r['delta']:g}), σ = {r['noise_std']:.4g}, "
           f"{r['num_queries']} queries, {r['answered_queries']} used"]
 

@@ -64,6 +64,9 @@ class DFPATEConfig:
     student_pseudo_pool, student_pseudo_threshold: from round 1 on, the student also trains
       on this many fresh unanswered queries that it labels itself with confidence >= the
       threshold (self-training; post-processing, no privacy cost). 0 = off.
+    validation_examples: hold this many private training records out before the teachers'
+      shards (`train.selection`): the per-round evaluations read them (private diagnostics),
+      the test split is read once at the end; 0 (default): evaluate every round on test.
     seed: root seed; None (default) draws a secret one.
   """
 
@@ -101,6 +104,7 @@ class DFPATEConfig:
   student_lr: float = 1e-3
   student_pseudo_pool: int = 0
   student_pseudo_threshold: float = 0.95
+  validation_examples: int = 0
   seed: int | None = None
   secure_noise: bool = False
 
@@ -111,6 +115,7 @@ class DFPATEConfig:
                              "queries")
     if self.secure_noise and self.noise_std == 0:
       raise ValueError("secure_noise needs noise: noise_std must be > 0")
+    checks.integer("validation_examples", self.validation_examples, minimum=0)
     self.ensemble_config()  # the dataset and teacher fields, checked where the ensemble is
     checks.one_of("student_model", self.student_model, models.CLASSIFIERS)
     checks.one_of("votes", self.votes, aggregation.VOTE_KINDS)
@@ -157,5 +162,9 @@ class DFPATEConfig:
         **{name: getattr(self, name) for name in teacher_ensemble.IDENTITY_FIELDS})
 
   def teacher_identity(self) -> dict[str, Any]:
-    """What a saved ensemble must have been trained with to be reused."""
-    return self.ensemble_config().identity()
+    """What a saved ensemble must have been trained with to be reused (with a validation
+    hold-out: trained without it, so reused only by runs holding out the same records)."""
+    identity = self.ensemble_config().identity()
+    if self.validation_examples:
+      identity["validation_examples"] = self.validation_examples
+    return identity

@@ -31,6 +31,7 @@ from dpkd_jax.train import evaluate
 from dpkd_jax.train import metrics as metrics_lib
 from dpkd_jax.train import outputs
 from dpkd_jax.train import samples
+from dpkd_jax.train import selection
 from dpkd_jax.train import workdir as workdir_lib
 
 
@@ -39,15 +40,17 @@ class _Setup:
   """What the private data is turned into before the rounds (then the data is dropped)."""
 
   test: data.ArrayDataset
+  validation: data.ArrayDataset | None = None  # private hold-out (`train.selection`)
   query_model: query_model_lib.QueryModel | None = None
   ensemble: teacher_ensemble.Ensemble | None = None
   teacher_seconds: float = 0.0
   teacher_report: dict[str, float] = dataclasses.field(default_factory=dict)
   base_report: dict[str, float] = dataclasses.field(default_factory=dict)
+  final_test_accuracy: float = math.nan  # with a hold-out: read once after the rounds
 
 
 def _config_json(config: config_lib.DFPATEConfig) -> dict[str, Any]:
-  out = dataclasses.asdict(config)
+  out = selection.config_json(config)
   if not config.secure_noise:  # at its default: the dict saved before the field existed
     del out["secure_noise"]
   return out
@@ -56,8 +59,10 @@ def _config_json(config: config_lib.DFPATEConfig) -> dict[str, Any]:
 def _prepare(config: config_lib.DFPATEConfig, plan: privacy.DFPATEPlan,
              keys: dict[str, jax.Array]) -> _Setup:
   """Loads the data, fits the query model (charged by the caller first) and the teachers."""
-  train = data.load(config.dataset, "train", data_dir=config.data_dir)
-  setup = _Setup(test=data.load(config.dataset, "test", data_dir=config.data_dir))
+  train, validation = selection.hold_out(
+      data.load(config.dataset, "train", data_dir=config.data_dir), config.validation_examples)
+  setup = _Setup(test=data.load(config.dataset, "test", data_dir=config.data_dir),
+                 validation=validation)
   if plan.query_model is not None:
     # Refitting on resume repeats the same release (same key, same data): no new cost.
     setup.query_model = query_model_lib.fit_query_model(
@@ -101,10 +106,12 @@ def _results(config: config_lib.DFPATEConfig, plan: privacy.DFPATEPlan,
   _, weights = student.targets_from_votes(state.released, config.num_teachers,
                                           target=config.target,
                                           margin_threshold=config.margin_threshold)
+  curve = {"accuracy_per_round": history}  # of the test split, or of the private hold-out
   return {
       "method": "dfpate",
-      "test_accuracy": history[-1] if history else math.nan,
-      "accuracy_per_round": history,
+      "test_accuracy": (history[-1] if history else math.nan) if setup.validation is None
+                       else setup.final_test_accuracy,
+      **(curve if setup.validation is None else {}),
       "epsilon": spent,  # inf when σ = 0 (no noise), 0 without teachers
       "delta": config.delta,
       "noise_std": plan.noise_std,
@@ -117,7 +124,10 @@ def _results(config: config_lib.DFPATEConfig, plan: privacy.DFPATEPlan,
       "config": _config_json(config),
       outputs.PRIVATE_KEY: outputs.private_section(  # noiseless functions of the teachers
           {"teachers": setup.teacher_report,
-           "teachers_before_self_training": setup.base_report}),
+           "teachers_before_self_training": setup.base_report,
+           **({} if setup.validation is None else {"validation_accuracy_per_round": history,
+                                                   "validation_examples": len(
+                                                       setup.validation)})}),
   }
 
 
@@ -138,6 +148,9 @@ def train_dfpate(config: config_lib.DFPATEConfig, workdir: str, *, resume: bool 
   run = workdir_lib.open_run(workdir, kind="DF-PATE", config=_config_json(config), resume=resume)
   root_seed = run.root_seed(config.seed)
   keys = streams.root_keys(root_seed)
+  if config.validation_examples:  # a hold-out too large fails before anything is charged
+    selection.hold_out(data.load(config.dataset, "train", data_dir=config.data_dir),
+                       config.validation_examples)
   # 2. Plan and ledger (σ resolved before any release; the query model charged before its fit)
   plan = privacy.make_plan(config)
   ledger = run.ledger(plan.new_ledger())
@@ -152,6 +165,7 @@ def train_dfpate(config: config_lib.DFPATEConfig, workdir: str, *, resume: bool 
                                          query_model=setup.query_model, keys=keys)
   # 5. Train: charge -> release -> seal -> save, one round at a time
   writer = metrics_lib.MetricsWriter(workdir, resume_step=start)
+  monitor = selection.Monitor(workdir, setup.test, setup.validation, resume_step=start)
   bar = tqdm.tqdm(total=config.rounds, initial=start, disable=not progress,
                   desc=f"DF-PATE {config.dataset} rounds")
   for round_index in range(start, config.rounds):
@@ -161,10 +175,12 @@ def train_dfpate(config: config_lib.DFPATEConfig, workdir: str, *, resume: bool 
     state, metrics = train_step(state, round_index)
     host_arrays = run.seal({"student": state.student.arrays(), "images": state.images,
                             "released": state.released})
-    history.append(evaluate.evaluate(state.student.parts, setup.test)["accuracy"])
+    parts = state.student.parts
+    history.append(monitor.accuracy(
+        lambda split: {"accuracy": evaluate.evaluate(parts, split)["accuracy"]},
+        round_index + 1, writer))
     spent = plan.sound_epsilon if ledger is None else ledger.spent_epsilon()
     writer.write(round_index + 1, {**metrics, "epsilon": spent}, prefix="train/")
-    writer.write(round_index + 1, {"accuracy": history[-1]}, prefix="test/")
     bar.update(1)
     bar.set_postfix(acc=f"{history[-1]:.4f}", eps=f"{spent:.4g}")
     run.save(round_index + 1, host_arrays,
@@ -174,6 +190,9 @@ def train_dfpate(config: config_lib.DFPATEConfig, workdir: str, *, resume: bool 
               "root_seed": list(root_seed)})
   bar.close()
   writer.close()
+  monitor.close()
+  if setup.validation is not None:  # the rounds read the hold-out: the test split once, here
+    setup.final_test_accuracy = evaluate.evaluate(state.student.parts, setup.test)["accuracy"]
   # 6. Results record
   samples.save_sample_grid(
       np.asarray(data.normalize(state.images[-config.queries_per_round:][:64], config.info)),

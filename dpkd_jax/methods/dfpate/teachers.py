@@ -101,6 +101,7 @@ def get_teachers(config: config_lib.DFPATEConfig, train: data.ArrayDataset,
     return ensemble, float(meta["train_seconds"]), meta["report"]
   ensemble, meta = teacher_ensemble.fit(config.ensemble_config(), train, test,
                                         init_key=init_key, train_key=train_key)
+  meta["identity"] = config.teacher_identity()  # + the hold-out its shards left out
   if saved_dir:
     store.save(saved_dir, ensemble, meta)
   return ensemble, meta["train_seconds"], meta["report"]

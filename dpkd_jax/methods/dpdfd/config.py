@@ -178,6 +178,9 @@ class DPDFDConfig:
       pretrain` for the same dataset, teacher and generator: a generator pretrained against the
       teacher WITHOUT noise (its BatchNorm statistics and outputs). A labelled variant: the run's
       record-level ε is then inf; the release ε (conditional on that generator) is kept beside.
+    validation_examples: hold this many records of the teachers' private training split out
+      (`train.selection`, seed 0): the evaluations during training read them (private
+      diagnostics) and the test split is read once at the end; 0 (default): evaluate on test.
     seed: root seed of init, latents and noise; None (default) draws a secret one from OS
       entropy, stored only in the checkpoint (`privacy.seeds`); an integer makes the noise
       reproducible by anyone who knows it (research runs).
@@ -231,6 +234,7 @@ class DPDFDConfig:
   replay_sampling: str = "uniform"
   replay_memory: str = "ring"
   pretrained_generator_dir: str | None = None
+  validation_examples: int = 0
   seed: int | None = None
   eval_every: int = 200
   data_dir: str | None = None
@@ -241,6 +245,7 @@ class DPDFDConfig:
     return self.probe_directions if self.generator_objective == "disagreement" else 0
 
   def __post_init__(self):
+    config_checks.integer("validation_examples", self.validation_examples, minimum=0)
     object.__setattr__(self, "teacher_dirs", tuple(self.teacher_dirs))
     check_teacher_source(self)
     config_checks.one_of("dataset", self.dataset, data.DATASETS)
@@ -331,7 +336,7 @@ class DPDFDConfig:
     out["teacher_dirs"] = list(self.teacher_dirs)
     for name in ("param_averaging_decay", "diversity_weight", "released_balance_weight",
                  "class_conditional_weight", "smoothness_weight", "secure_noise",
-                 "secure_grid_bits"):
+                 "secure_grid_bits", "validation_examples"):
       if not out[name]:  # at its default: the dict saved before the field existed
         del out[name]
     if not self.generator_restart_ratio:  # restarts off: the dict saved before they existed

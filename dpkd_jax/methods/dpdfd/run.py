@@ -44,6 +44,7 @@ from dpkd_jax.train import metrics as metrics_lib
 from dpkd_jax.train import outputs
 from dpkd_jax.train import records
 from dpkd_jax.train import samples
+from dpkd_jax.train import selection
 from dpkd_jax.train import sharding
 
 # Checkpoint meta and results key: released targets per class (their argmax), summed over steps.
@@ -177,13 +178,15 @@ class _Restarter:
 
 
 def _train(run: workdir_lib.Run, plan: privacy.DPDFDPlan, config: config_lib.DPDFDConfig,
-           state: step_lib.DPDFDState, ensemble: step_lib.TeacherEnsemble, test: data.ArrayDataset,
+           state: step_lib.DPDFDState, ensemble: step_lib.TeacherEnsemble,
+           monitor: selection.Monitor,
            train_key: jax.Array, *, start: int, ledger: ledger_lib.PrivacyLedger | None,
            meta: dict[str, Any], progress: bool, restarter: "_Restarter | None" = None,
            ) -> tuple[step_lib.DPDFDState, int, float]:
   """Steps `start`..plan.releases in chunks up to each evaluation: charge -> release ->
-  (restart the generator?) -> seal -> evaluate -> save. Returns (state, steps done, last test
-  accuracy, released targets per class (K,) counted since `meta`'s start step, or None)."""
+  (restart the generator?) -> seal -> evaluate (test, or the private hold-out) -> save. Returns
+  (state, steps done, last test accuracy (nan with a hold-out), released targets per class
+  (K,) counted since `meta`'s start step, or None)."""
   train_step = step_lib.make_train_step(plan, config, ensemble.graphdef)
   writer = metrics_lib.MetricsWriter(run.workdir, resume_step=start)
   bar = tqdm.tqdm(total=plan.releases, initial=start, disable=not progress,
@@ -215,27 +218,29 @@ def _train(run: workdir_lib.Run, plan: privacy.DPDFDPlan, config: config_lib.DPD
         step_metrics["generator_restarts"] = restarter.state.restarts
         meta = {**meta, "generator_restarts": restarter.state.to_json()}
     host_arrays = run.seal(state.arrays())  # before any output of these releases
-    test_metrics = _evaluate(state.student, test)
-    accuracy = test_metrics["accuracy"]
+    student = state.student
+    test_metrics = monitor.during(lambda split: _evaluate(student, split), step, writer)
+    accuracy = math.nan if test_metrics is None else test_metrics["accuracy"]
     spent = math.inf if ledger is None else ledger.spent_epsilon()
     # A non-private run (σ = 0) has no finite ε to plot; results.json says inf.
     privacy_metrics = {"epsilon": spent} if math.isfinite(spent) else {}
     writer.write(step, {**step_metrics, **privacy_metrics}, prefix="train/")
-    writer.write(step, test_metrics, prefix="test/")
     bar.set_postfix(loss=f"{step_metrics['student_loss']:.3f}", acc=f"{accuracy:.4f}",
                     eps=f"{spent:.3g}")
     run.save(step, host_arrays, {**meta, "step": step,
                                  "ledger": None if ledger is None else ledger.to_json()})
   bar.close()
   writer.close()
-  if start == step and step > 0:  # resumed at the end: evaluate the restored student
-    accuracy = _evaluate(state.student, test)["accuracy"]
+  monitor.close()
+  if (start == step and step > 0) or monitor.validation is not None:  # the test split, once
+    accuracy = _evaluate(state.student, monitor.test)["accuracy"]
   return state, step, accuracy, meta.get(RELEASED_ROWS_KEY)
 
 
 def _results(config: config_lib.DPDFDConfig, plan: privacy.DPDFDPlan, *, accuracy: float,
              epsilon: float, steps: int, root_seed: seeds.ResolvedSeed, source: TeacherSource,
-             student: TrainState, test: data.ArrayDataset, workdir: str) -> dict[str, Any]:
+             student: TrainState, test: data.ArrayDataset, workdir: str,
+             private: dict[str, Any]) -> dict[str, Any]:
   """results.json: released figures at top level (the released student's test accuracy, also
   per true class), the teachers' accuracy kept apart."""
   return {
@@ -260,8 +265,8 @@ def _results(config: config_lib.DPDFDConfig, plan: privacy.DPDFDPlan, *, accurac
       "config": config.to_json(),
       # The teachers' test accuracy is a noiseless function of their private training data
       # (a teacher kept in <workdir>/teacher is listed as a private file too).
-      outputs.PRIVATE_KEY: outputs.private_section(source.diagnostics, workdir=workdir,
-                                                   files=("teacher",)),
+      outputs.PRIVATE_KEY: outputs.private_section({**source.diagnostics, **private},
+                                                   workdir=workdir, files=("teacher",)),
   }
 
 
@@ -324,12 +329,13 @@ def train_dpdfd(config: config_lib.DPDFDConfig, workdir: str, *, progress: bool 
   run = workdir_lib.open_run(workdir, kind="DPDFD", config=config.to_json())
   mesh = sharding.data_mesh() if mesh is None else mesh
   sharding.check_divisible(config.batch_size, mesh)
-  # 2. Data and teachers (m = the most teachers one record reaches, from their cards).
+  # 2. Data, teachers (m from their cards), the hold-out (a bad count fails before a charge).
   ensemble, source = load_teachers(config)
   overlap = source.overlap
   if overlap.teachers_per_record > 1 and distributed.is_coordinator():
     print(f"DPDFD accounting: {overlap.reason}", flush=True)
   test = data.load(config.dataset, "test", data_dir=config.data_dir)
+  monitor = selection.teachers_split_monitor(config, workdir, test, resume_step=run.step)
   # 3. Plan: σ and the steps, the only place they are resolved.
   plan = privacy.make_plan(config, overlap.teachers_per_record, num_teachers=ensemble.size)
   teachers_sha256 = _teachers_sha256(ensemble)
@@ -357,7 +363,7 @@ def train_dpdfd(config: config_lib.DPDFDConfig, workdir: str, *, progress: bool 
                            restarts.RestartState.from_json(saved_rule), init_key, mesh)
   meta.update(_released_rows_meta(run, start))
   state, step, accuracy, released_rows = _train(
-      run, plan, config, state, ensemble, test, sharding.replicate(train_key, mesh),
+      run, plan, config, state, ensemble, monitor, sharding.replicate(train_key, mesh),
       start=start, ledger=ledger, meta=meta, progress=progress, restarter=restarter)
   # 6. Sample grid and results record. The grid takes fold_in(init_key, 2): init_state took
   # split(init_key) = fold_in(init_key, 0 and 1); key(seed + 1) would be another run's root.
@@ -370,7 +376,7 @@ def train_dpdfd(config: config_lib.DPDFDConfig, workdir: str, *, progress: bool 
   epsilon = math.inf if prior else release_epsilon
   results = _results(config, plan, accuracy=accuracy, epsilon=epsilon, steps=step,
                      root_seed=root_seed, source=source, student=state.student, test=test,
-                     workdir=workdir)
+                     workdir=workdir, private=monitor.private_values())
   if restarter is not None:
     results["generator_restarts"] = restarter.state.to_json()
   if released_rows is not None:  # the generator's class coverage as the release shows it

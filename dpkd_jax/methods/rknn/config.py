@@ -84,6 +84,9 @@ class RKNNConfig:
     student: `StudentConfig`.
     delta: δ at which the ledger also reports its PLD ε (the run itself is pure ε-DP).
     chunk_size: private records per vote-counting step (memory O(chunk_size · s)).
+    validation_examples: hold this many private training records out (`train.selection`):
+      they are not labelled with, and the student's evaluations during training read them
+      (private diagnostics); the evaluation split is read once at the end. 0: none.
     seed: root seed of representation, k-means, noise and student; None: secret OS entropy.
     data_dir, download: as for `data.load`.
   """
@@ -104,11 +107,13 @@ class RKNNConfig:
   student: StudentConfig = StudentConfig()
   delta: float = 1e-5
   chunk_size: int = DEFAULT_CHUNK_SIZE
+  validation_examples: int = 0
   seed: int | None = None
   data_dir: str | None = None
   download: bool = False
 
   def __post_init__(self):
+    checks.integer("validation_examples", self.validation_examples, minimum=0)
     checks.one_of("dataset", self.dataset, data.DATASETS)
     default_rep = representations.default_config(self.representation)  # unknown kind raises
     if self.representation_config is None:

@@ -8,7 +8,6 @@ cannot be resumed: a workdir holding one is refused.
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import time
 from typing import Any, NamedTuple
@@ -29,6 +28,7 @@ from dpkd_jax.privacy import seeds
 from dpkd_jax.train import evaluate as evaluate_lib
 from dpkd_jax.train import metrics as metrics_lib
 from dpkd_jax.train import outputs
+from dpkd_jax.train import selection
 from dpkd_jax.train import workdir as workdir_lib
 
 
@@ -47,6 +47,7 @@ class _Data(NamedTuple):
   evaluation: data.ArrayDataset
   public_embeddings: np.ndarray  # (n_public, d)
   private_embeddings: np.ndarray  # (N, d)
+  monitor: selection.Monitor  # the evaluation split, or a private hold-out during training
 
 
 # fold_in tags of the self-training students' keys under the student stream: above every
@@ -79,12 +80,13 @@ def _cluster_purity(true_labels: np.ndarray, assignments: np.ndarray) -> float:
   return float(total / len(true_labels))
 
 
-def _load(config: config_lib.RKNNConfig, key: jax.Array,
-          progress: bool) -> tuple[_Data, representations.Representation]:
-  """Private = train split; public / evaluation = the seeded halves of the test split; the
-  representation is fitted on the public images only."""
-  private = data.load(config.dataset, "train", data_dir=config.data_dir,
-                      download=config.download)
+def _load(config: config_lib.RKNNConfig, key: jax.Array, progress: bool, workdir: str
+          ) -> tuple[_Data, representations.Representation]:
+  """Private = train split (less a validation hold-out, `train.selection`); public / evaluation
+  = the seeded halves of the test split; the representation is fitted on the public images."""
+  private, validation = selection.hold_out(data.load(
+      config.dataset, "train", data_dir=config.data_dir, download=config.download),
+      config.validation_examples)
   test = data.load(config.dataset, "test", data_dir=config.data_dir, download=config.download)
   num_public = config.num_public or len(test) // 2
   config.check_public_size(num_public)
@@ -94,7 +96,8 @@ def _load(config: config_lib.RKNNConfig, key: jax.Array,
   representation = representations.fit(config.representation, public.images, key,
                                        config.representation_config, progress=progress)
   return _Data(private, public, evaluation, representation.embed(public.images),
-               representation.embed(private.images)), representation
+               representation.embed(private.images),
+               selection.Monitor(workdir, evaluation, validation)), representation
 
 
 def _queried(config: config_lib.RKNNConfig, round_index: int, student: core.ModelParts | None,
@@ -139,9 +142,12 @@ def _label_round(run: workdir_lib.Run, plan: privacy.RKNNPlan, config: config_li
 def _results(config: config_lib.RKNNConfig, plan: privacy.RKNNPlan, ledger: Any,
              representation: representations.Representation, splits: _Data,
              per_round: list[dict[str, Any]], seed: seeds.ResolvedSeed,
-             started: tuple[float, float], workdir: str) -> dict[str, Any]:
+             started: tuple[float, float], workdir: str,
+             final: dict[str, float]) -> dict[str, Any]:
   """results.json: the last round's accuracies, the privacy figures and the run's facts."""
-  last = per_round[-1]  # the released student: the last labelling or self-training round
+  # The released student: the last labelling or self-training round, its figures from the
+  # evaluation split read once at the end with a hold-out (`final`).
+  last = {**per_round[-1], **final}
   labelled = [r for r in per_round if "self_training_round" not in r][-1]
   return {
       "method": "rknn", "dataset": config.dataset, "mode": config.mode,
@@ -160,10 +166,20 @@ def _results(config: config_lib.RKNNConfig, plan: privacy.RKNNPlan, ledger: Any,
       "train_seconds": round(time.time() - started[0], 1),
       # CPU seconds of this process, all threads: the load-independent cost figure.
       "train_cpu_seconds": round(time.process_time() - started[1], 1),
-      "config": dataclasses.asdict(config), "ledger": json.loads(ledger.to_json()),
+      "config": selection.config_json(config), "ledger": json.loads(ledger.to_json()),
       "dpkd_jax_version": dpkd_jax.__version__,
-      outputs.PRIVATE_KEY: outputs.private_section(workdir=workdir),  # none: all is released
+      outputs.PRIVATE_KEY: outputs.private_section(splits.monitor.private_values(),
+                                                   workdir=workdir),
   }
+
+
+def _student_metrics(monitor: selection.Monitor, student: core.ModelParts,
+                     step: int) -> dict[str, float]:
+  """{student_accuracy, student_loss} on the evaluation split, or {} with a hold-out (its
+  figures go to the private diagnostics)."""
+  metrics = monitor.during(lambda split: evaluate_lib.evaluate(student, split), step, None)
+  return {} if metrics is None else {"student_accuracy": metrics["accuracy"],
+                                     "student_loss": metrics["loss"]}
 
 
 def _self_training_round(run: workdir_lib.Run, config: config_lib.RKNNConfig,
@@ -182,14 +198,13 @@ def _self_training_round(run: workdir_lib.Run, config: config_lib.RKNNConfig,
       labels, info=config.info, config=config.student, progress=progress, writer=writer,
       step_offset=step_offset,
       desc=f"rknn self-training {extra_round + 1}/{config.student.self_training_rounds}")
-  test_metrics = evaluate_lib.evaluate(student, splits.evaluation)
+  student_metrics = _student_metrics(splits.monitor, student, plan.releases + extra_round + 1)
   per_round.append({"self_training_round": extra_round + 1,
                     "label_accuracy": float(np.mean(labels == splits.public.labels)),
-                    "student_accuracy": test_metrics["accuracy"],
-                    "student_loss": test_metrics["loss"],
-                    "ledger_epsilon": ledger.spent_epsilon()})
-  writer.write(plan.releases + extra_round + 1, {"student_accuracy": test_metrics["accuracy"]},
-               prefix="self_training/")
+                    **student_metrics, "ledger_epsilon": ledger.spent_epsilon()})
+  writer.write(plan.releases + extra_round + 1, {
+      k: v for k, v in student_metrics.items() if k == "student_accuracy"},
+      prefix="self_training/")
   arrays = run.seal({"student": {"params": student.params, "batch_stats": student.batch_stats},
                      "public_labels": public_labels, "rng": jax.random.key_data(root_key)})
   run.save(plan.releases + extra_round + 1, arrays, {
@@ -213,14 +228,14 @@ def train_rknn(config: config_lib.RKNNConfig, workdir: str, *,
   """
   # 1. Workdir: lock, refuse an existing run (not resumable), root seed
   clock = outputs.RunClock()
-  config_json = dataclasses.asdict(config)
+  config_json = selection.config_json(config)
   run = workdir_lib.open_run(workdir, kind="reverse k-NN", config=config_json, resumable=False)
   started = time.time(), time.process_time()
   seed = run.root_seed(config.seed)
   root_key = seeds.root_key(seed)
   keys = _Keys(*jax.random.split(root_key, 4))
   # 2. Data and representation (fitted on the public images only)
-  splits, representation = _load(config, keys.representation, progress)
+  splits, representation = _load(config, keys.representation, progress, workdir)
   # 3. Plan and ledger
   plan = privacy.make_plan(config)
   ledger = run.ledger(plan.new_ledger())
@@ -242,11 +257,11 @@ def train_rknn(config: config_lib.RKNNConfig, workdir: str, *,
         desc=f"rknn round {round_index + 1}/{config.rounds} student")
     arrays = run.seal({"student": {"params": student.params, "batch_stats": student.batch_stats},
                        "public_labels": public_labels, "rng": jax.random.key_data(root_key)})
-    test_metrics = evaluate_lib.evaluate(student, splits.evaluation)
-    per_round.append({**record, "student_accuracy": test_metrics["accuracy"],
-                      "student_loss": test_metrics["loss"], "ledger_epsilon": spent})
+    student_metrics = _student_metrics(splits.monitor, student, round_index + 1)
+    per_round.append({**record, **student_metrics, "ledger_epsilon": spent})
     writer.write(round_index + 1, {"label_accuracy": record["label_accuracy"],
-                                   "student_accuracy": test_metrics["accuracy"],
+                                   **{k: v for k, v in student_metrics.items()
+                                      if k == "student_accuracy"},
                                    "epsilon": spent}, prefix="round/")
     run.save(round_index + 1, arrays, {"config": config_json, "round": round_index + 1,
                                        "plan": plan.to_json(), "ledger": ledger.to_json()})
@@ -258,9 +273,12 @@ def train_rknn(config: config_lib.RKNNConfig, workdir: str, *,
                                    arrays_meta=(public_labels, root_key, config_json, ledger),
                                    step_offset=(plan.releases + extra_round) * steps_per_round)
   writer.close()
+  splits.monitor.close()
+  final = {} if splits.monitor.validation is None else {  # the evaluation split, once
+      f"student_{k}": v for k, v in evaluate_lib.evaluate(student, splits.evaluation).items()}
   # 7. Results record: the ledger's ε (dp_accounting, at δ), the paper's pure ε (δ = 0) beside
   results = _results(config, plan, ledger, representation, splits, per_round, seed, started,
-                     workdir)
+                     workdir, final)
   return outputs.finish_run(
       workdir, results, run=run, clock=clock, dataset=config.dataset,
       test_accuracy=results["student_accuracy"], sound_epsilon=results["ledger_epsilon"],

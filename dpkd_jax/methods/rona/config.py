@@ -44,6 +44,9 @@ class RONAConfig:
       over that stage's steps in the whole run (hint, self learning, distillation each).
     self_learning_augment: random shifts (pad 2 black pixels, crop) of the public images in
       self learning (public data only: no privacy cost; never of the queries).
+    validation_examples: hold this many records of the training split out before the public
+      / private split (`train.selection`): the per-unit evaluations read them (private
+      diagnostics), the test split is read once at the end; 0 (default): evaluate on test.
     seed: root of student init, batch order, selection and noise; None draws a secret one.
     data_dir, download: as for `data.load`.
   """
@@ -78,11 +81,13 @@ class RONAConfig:
   learning_rate: float = 1e-3
   learning_rate_schedule: str = "constant"
   self_learning_augment: bool = False
+  validation_examples: int = 0
   seed: int | None = None
   data_dir: str | None = None
   download: bool = False
 
   def __post_init__(self):
+    checks.integer("validation_examples", self.validation_examples, minimum=0)
     if (self.noise_multiplier is None) == (self.target_epsilon is None):
       raise ValueError(f"give exactly one of noise_multiplier and target_epsilon, got "
                        f"noise_multiplier={self.noise_multiplier!r}, "

@@ -10,16 +10,15 @@ state, steps and ledger, train, results); each unit of the schedule is one of
                    optionally of randomly shifted public images);
   select           the query selection of the round (reads only the student: post-processing);
 
-and is followed by a seal of the state, the evaluation and a checkpoint (config, plan, ledger
-and root seed as metadata). Key streams: the root key's fold_in(0) initialises the student,
-fold_in(1) orders the public samples, fold_in(2) draws the noise, fold_in(3) seeds the
-selection and fold_in(4) the self-learning shifts, each then folded with the unit and the
-batch: no key is reused. Each training stage has its own Adam (`student.phase_optimizers`).
+and is followed by a seal of the state, the evaluation (`train.selection.Monitor`) and a
+checkpoint (config, plan, ledger and root seed as metadata). Key streams: the root key's
+fold_in(0) initialises the student, fold_in(1) orders the public samples, fold_in(2) draws the
+noise, fold_in(3) seeds the selection and fold_in(4) the self-learning shifts, each then folded
+with the unit and the batch: no key is reused. Each stage has its own Adam (`student`).
 """
 
 from __future__ import annotations
 
-import dataclasses
 import itertools
 import json
 import math
@@ -48,6 +47,7 @@ from dpkd_jax.privacy import seeds
 from dpkd_jax.train import evaluate as evaluate_lib
 from dpkd_jax.train import metrics as metrics_lib
 from dpkd_jax.train import outputs
+from dpkd_jax.train import selection
 from dpkd_jax.train import sharding
 from dpkd_jax.train import workdir as workdir_lib
 from dpkd_jax.train.state import TrainState
@@ -92,9 +92,8 @@ class _Carry(NamedTuple):
 
   def arrays(self) -> dict[str, Any]:
     return {"state": self.state.arrays(), "rng": jax.random.key_data(self.root_key),
-            "selected": self.selected,
-            "bounds": {k: b._asdict() for k, b in self.bounds.items()},
-            "opt_states": self.opt_states}
+            "selected": self.selected, "opt_states": self.opt_states,
+            "bounds": {k: b._asdict() for k, b in self.bounds.items()}}
 
 
 class _Context(NamedTuple):
@@ -114,17 +113,19 @@ class _Context(NamedTuple):
   frozen: tuple[step_lib.FrozenModel, step_lib.FrozenModel | None]  # teacher, aux (replicated)
   optimizers: dict[str, Any]  # per training phase: its Adam (`student.phase_optimizers`)
   keys: dict[str, jax.Array]  # named streams: "order", "noise", "select", "augment"
+  monitor: selection.Monitor  # evaluates on the test split, or on the private hold-out
 
 
-def _data(config: RONAConfig) -> tuple[int, data.ArrayDataset, data.ArrayDataset]:
-  """(size of the training split, its seeded public part, the test split)."""
+def _data(config: RONAConfig) -> tuple[int, data.ArrayDataset, data.ArrayDataset, Any]:
+  """(training split size, its seeded public part, the test split, the hold-out or None)."""
   train = data.load(config.dataset, "train", data_dir=config.data_dir, download=config.download)
   test = data.load(config.dataset, "test", data_dir=config.data_dir, download=config.download)
-  _, public = data.private_public_split(train, config.public_fraction, seed=config.split_seed)
+  sensitive, public = data.private_public_split(train, config.public_fraction,
+                                                seed=config.split_seed)
   if config.num_query_samples > len(public):
     raise errors.UserError(f"num_query_samples={config.num_query_samples} exceeds the "
                            f"{len(public)} public samples")
-  return len(train), public, test
+  return len(train), public, test, selection.hold_out(sensitive, config.validation_examples)[1]
 
 
 def _initial_carry(config: RONAConfig, run: workdir_lib.Run, teacher: teacher_lib.Teacher,
@@ -138,9 +139,8 @@ def _initial_carry(config: RONAConfig, run: workdir_lib.Run, teacher: teacher_li
       learning_rate=config.learning_rate,
       teacher_hint_shape=teachers_lib.hint_shape(teacher.parts, config.info),
       key=jax.random.fold_in(root_key, 0))
-  # Each stage keeps its own Adam moments: the second moments of a noisy stage are orders of
-  # magnitude above those of self learning and would otherwise freeze its updates for
-  # ~1/(1 - b2) = 1000 steps.
+  # Each stage keeps its own Adam moments: a noisy stage's second moments are orders of
+  # magnitude above self learning's and would freeze its updates for ~1/(1 - b2) = 1000 steps.
   opt_states = {phase: optimizers[phase].init(state.params) for phase in _TRAINING_PHASES}
   # Between units the state holds the self-learning optimizer (one checkpoint tree).
   state = state.replace(tx=optimizers["self"], opt_state=opt_states["self"])
@@ -159,8 +159,7 @@ def _initial_carry(config: RONAConfig, run: workdir_lib.Run, teacher: teacher_li
 
 def _steps(config: RONAConfig, plan: rona_plan.RONAPlan, teacher: teacher_lib.Teacher,
            aux: teacher_lib.Teacher | None, mesh: Mesh) -> dict[str, Any]:
-  """The jitted steps (private ones from `plan`) and the frozen teachers, as `_Context`
-  fields."""
+  """The jitted steps (private ones from `plan`) and frozen teachers: `_Context` fields."""
   frozen = sharding.replicate(tuple(
       None if t is None else step_lib.FrozenModel(t.parts.params, t.parts.batch_stats)
       for t in (teacher, aux)), mesh)
@@ -181,10 +180,10 @@ def train_rona(config: RONAConfig, workdir: str, *, resume: bool = False,
                mesh: Mesh | None = None, latency_seconds: float = 1.0) -> dict[str, Any]:
   """Runs RONA, keeps the privacy ledger, writes the compression report.
 
-  The ledger checks and records each epoch's queries before they are released (a crash never
-  under-counts; privacy_ledger.json is written first); a resumed run continues the most-spent
-  ledger on disk and replays the same keys, so replayed releases equal the lost ones and reuse
-  their charges (`train.ledger_file`). The workdir is locked for the whole run.
+  The ledger records each epoch's queries before their release (a crash never under-counts); a
+  resumed run continues the most-spent ledger on disk and replays the same keys, so replayed
+  releases equal the lost ones and reuse their charges (`train.ledger_file`). The workdir is
+  locked for the whole run; a validation hold-out is evaluated instead of the test split.
 
   Args:
     config: the validated configuration.
@@ -202,14 +201,14 @@ def train_rona(config: RONAConfig, workdir: str, *, resume: bool = False,
   """
   # 1. Workdir: lock, resume or refuse, root seed
   started, clock = (time.time(), time.process_time()), outputs.RunClock()
-  run = workdir_lib.open_run(workdir, kind="RONA", config=dataclasses.asdict(config),
+  run = workdir_lib.open_run(workdir, kind="RONA", config=selection.config_json(config),
                              resume=resume)
   mesh = sharding.data_mesh() if mesh is None else mesh
   for size in (config.batch_size, config.self_learning_batch_size):
     sharding.check_divisible(size, mesh)
   root_seed = run.root_seed(config.seed)
   # 2. Data and plan (σ and T resolved once; the steps and the ledger read them from `plan`)
-  num_train, public, test = _data(config)
+  num_train, public, test, validation = _data(config)
   plan = rona_plan.make_plan(config)
   # 3. Teachers (the auxiliary one saw the public split only) and the student's state
   teacher, aux = teachers_lib.teachers(
@@ -224,6 +223,7 @@ def train_rona(config: RONAConfig, workdir: str, *, resume: bool = False,
           for i, name in enumerate(("order", "noise", "select", "augment"), start=1)}
   ctx = _Context(config=config, plan=plan, run=run, ledger=ledger, public=public, test=test,
                  mesh=mesh, student_graphdef=student_graphdef, keys=keys, optimizers=optimizers,
+                 monitor=selection.Monitor(workdir, test, validation, resume_step=carry.unit),
                  **_steps(config, plan, teacher, aux, mesh))
   # 5. Train: charge -> release -> seal -> save, one unit of the schedule at a time
   carry, test_metrics = _train_units(ctx, carry, root_seed, workdir=workdir,
@@ -254,12 +254,13 @@ def _train_units(ctx: _Context, carry: _Carry, root_seed: seeds.ResolvedSeed, *,
     if phase != "select":
       test_metrics = _log_unit(ctx, carry, phase, step_metrics, writer, bar)
     ctx.run.save(carry.unit, host_arrays,
-                 {"config": dataclasses.asdict(config), "unit": carry.unit,
+                 {"config": selection.config_json(config), "unit": carry.unit,
                   "executed": carry.executed, "plan": ctx.plan.to_json(),
                   "ledger": None if ctx.ledger is None else ctx.ledger.to_json(),
                   "root_seed": list(root_seed)})
   bar.close()
   writer.close()
+  ctx.monitor.close()
   return carry, test_metrics
 
 
@@ -294,8 +295,7 @@ def _run_unit(ctx: _Context, carry: _Carry, phase: str, round_index: int,
 
 
 def _select_queries(ctx: _Context, carry: _Carry) -> np.ndarray:
-  """The round's |x_q| distillation queries, chosen from the student's outputs on the public
-  split (post-processing: no privacy cost)."""
+  """The round's |x_q| distillation queries from the student's public outputs (post-processing)."""
   log_probs = query_selection.student_log_probs(
       student.student_parts(carry.state, ctx.student_graphdef), ctx.public.images,
       ctx.config.info)
@@ -333,17 +333,19 @@ def _private_epoch(ctx: _Context, carry: _Carry, phase: str, note: str,
 
 
 def _log_unit(ctx: _Context, carry: _Carry, phase: str, step_metrics: Any,
-              writer: metrics_lib.MetricsWriter, bar: tqdm.tqdm) -> dict[str, float]:
-  """Evaluates the deployed student, writes the unit's scalars; returns the test metrics."""
-  test_metrics = evaluate_lib.evaluate(student.student_parts(carry.state, ctx.student_graphdef),
-                                       ctx.test)
+              writer: metrics_lib.MetricsWriter, bar: tqdm.tqdm) -> dict[str, float] | None:
+  """Evaluates the student (`ctx.monitor`), writes the unit's scalars; returns the test metrics
+  (None with a hold-out: its figures go to the private diagnostics)."""
+  parts = student.student_parts(carry.state, ctx.student_graphdef)
   epsilon = ctx.ledger.spent_epsilon() if ctx.ledger is not None else ctx.plan.sound_epsilon
   scalars = {f"{phase}_{k}": float(v) for k, v in jax.device_get(step_metrics or {}).items()}
   # Non-private runs have B = ε = inf: nothing finite to plot (results.json says inf).
   scalars = {k: v for k, v in {**scalars, "epsilon": epsilon}.items() if math.isfinite(v)}
   writer.write(carry.unit, scalars, prefix="train/")
-  writer.write(carry.unit, test_metrics, prefix="test/")
-  bar.set_postfix(phase=phase, acc=f"{test_metrics['accuracy']:.4f}", eps=f"{epsilon:.3g}")
+  test_metrics = ctx.monitor.during(lambda split: evaluate_lib.evaluate(parts, split),
+                                    carry.unit, writer)
+  bar.set_postfix(phase=phase, acc=f"{(test_metrics or ctx.monitor.last)['accuracy']:.4f}",
+                  eps=f"{epsilon:.3g}")
   return test_metrics
 
 
@@ -383,12 +385,12 @@ def _finish(ctx: _Context, carry: _Carry, test_metrics: dict[str, float] | None,
       # This invocation, teachers trained here included; CPU: all threads of the process.
       "wall_seconds_this_run": round(time.time() - started[0], 1),
       "cpu_seconds_this_run": round(time.process_time() - started[1], 1),
-      "config": dataclasses.asdict(config),
+      "config": selection.config_json(config),
       "ledger": None if ledger is None else json.loads(ledger.to_json()),
       "dpkd_jax_version": dpkd_jax.__version__,
       outputs.PRIVATE_KEY: outputs.private_section(  # the teacher saw the sensitive data
-          {"teacher_test_accuracy": teacher.card["test_accuracy"]}, workdir=workdir,
-          files=("teacher",)),
+          {"teacher_test_accuracy": teacher.card["test_accuracy"],
+           **ctx.monitor.private_values()}, workdir=workdir, files=("teacher",)),
   }
   return outputs.finish_run(
       workdir, results, run=ctx.run, clock=clock, dataset=config.dataset,

@@ -23,7 +23,8 @@ FIRST_PRIORS = ("uniform", "student")
 GENERATOR_PRIORS = ("teacher", "none")
 STUDENT_LOSSES = ("kl", "rr_likelihood")
 STUDENT_SCHEDULES = ("cosine", "constant")
-# The defaults of `python -m experiments.srr`: the best measured engine (docs/RESULTS.md#srr-
+# The defaults of `python -m experiments.srr`: the engine of best test accuracy, selected on
+# the test split (optimistic; docs/privacy.md "Selection and tuning") (docs/RESULTS.md#srr-
 # with-a-better-engine-issue-22-item-4-session-12 and #srr-replaying-earlier-stages-and-a-
 # larger-student-issue-22-item-4-session-20; MNIST and Fashion-MNIST at ε = 10 and 1 per
 # query): 4 stages of 12,800 queries, 10 student epochs on each, the RR-likelihood student loss
@@ -71,7 +72,8 @@ def cli_noisy_label_defaults(epsilon: float | None, num_classes: int) -> dict[st
 
 
 # Fields added after workdirs were first saved: left out of `to_json` at their default.
-_OMITTED_AT_DEFAULT = ("student_replay", "query_pool", "student_schedule")
+_OMITTED_AT_DEFAULT = ("student_replay", "query_pool", "student_schedule",
+                       "validation_examples")
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -110,6 +112,9 @@ class SRRConfig:
       teacher about the N of them that are balanced over the student's predicted classes
       (`selection`; post-processing of public quantities: same queries per stage, same ε);
       1 (default): the N drawn, the paper's.
+    validation_examples: hold this many records of the teacher's private training split out
+      (`train.selection`): the per-stage evaluations read them (private diagnostics), the test
+      split is read once at the end; 0 (default): evaluate every stage on test.
     seed: root seed; None (default) draws a secret one (`privacy.seeds`).
     data_dir: directory of `<dataset>.npz`.
   """
@@ -146,10 +151,12 @@ class SRRConfig:
   student_replay: bool = False
   query_pool: int = 1
   generator_lr: float = 1e-4
+  validation_examples: int = 0
   seed: int | None = None
   data_dir: str | None = None
 
   def __post_init__(self):
+    config_checks.integer("validation_examples", self.validation_examples, minimum=0)
     object.__setattr__(self, "generator_terms", tuple(self.generator_terms))
     config_checks.one_of("dataset", self.dataset, data.DATASETS)
     config_checks.one_of("student_model", self.student_model, models.CLASSIFIERS)

@@ -41,6 +41,7 @@ from dpkd_jax.train import evaluate
 from dpkd_jax.train import metrics as metrics_lib
 from dpkd_jax.train import outputs
 from dpkd_jax.train import samples
+from dpkd_jax.train import selection
 from dpkd_jax.train import sharding
 from dpkd_jax.train import workdir as workdir_lib
 
@@ -132,6 +133,8 @@ def train_srr(config: config_lib.SRRConfig, workdir: str, *, resume: bool = Fals
   # 2. Data and teacher.
   teacher = _load_teacher(config)
   test = data.load(config.dataset, "test", data_dir=config.data_dir)
+  # The hold-out is read here: a bad count fails before anything is charged.
+  monitor = selection.teachers_split_monitor(config, workdir, test, resume_step=run.step)
   # 3. Plan and ledger: ε per query and stages resolved once; the ledger keeps the labels' ε.
   plan = privacy.make_plan(config)
   ledger = run.ledger(plan.new_ledger())
@@ -146,12 +149,17 @@ def train_srr(config: config_lib.SRRConfig, workdir: str, *, resume: bool = Fals
       plan, config, stage_lib.make_teacher_label_fn(
           sharding.replicate(teacher.parts, mesh), config.batch_size, mesh), mesh=mesh)
   meta = {"config": config.to_json(), "plan": plan.to_json(), "root_seed": list(root_seed)}
-  state = _train_stages(config, plan, run, ledger, state, train_step, keys.stages, test,
+  state = _train_stages(config, plan, run, ledger, state, train_step, keys.stages, monitor,
                         start=start, history=history, meta=meta, progress=progress)
   # 6. Results record.
   _save_grid(config, state.generator.parts, jax.random.fold_in(keys.init, _GRID_TAG), mesh,
              os.path.join(workdir, "samples.png"))
   results = _results(config, plan, ledger, history, root_seed, teacher.card, state, workdir)
+  if monitor.validation is not None:  # the curve read the private hold-out: test once here
+    results[outputs.PRIVATE_KEY].update(monitor.private_values(),
+                                        validation_accuracy_per_stage=results.pop(
+                                            "accuracy_per_stage"))
+    results["test_accuracy"] = evaluate.evaluate(state.student.parts, test)["accuracy"]
   results[evaluate.PER_CLASS_KEY] = evaluate.accuracy_per_class(state.student.parts, test)
   return outputs.finish_run(
       workdir, results, run=run, clock=clock, dataset=config.dataset,
@@ -178,10 +186,12 @@ def _initial_state(config: config_lib.SRRConfig, plan: privacy.SRRPlan,
 
 def _train_stages(config: config_lib.SRRConfig, plan: privacy.SRRPlan, run: workdir_lib.Run,
                   ledger: ledger_lib.PrivacyLedger | None, state: stage_lib.SRRState,
-                  train_step: step_lib.StageStep, stage_key: jax.Array, test, *, start: int,
+                  train_step: step_lib.StageStep, stage_key: jax.Array,
+                  monitor: selection.Monitor, *, start: int,
                   history: list[float], meta: dict[str, Any],
                   progress: bool) -> stage_lib.SRRState:
-  """Stages `start`..plan.stages-1; appends each stage's test accuracy to `history`."""
+  """Stages `start`..plan.stages-1; appends each stage's accuracy to `history` (of the test
+  split, or of the private validation hold-out: `selection.Monitor`)."""
   writer = metrics_lib.MetricsWriter(run.workdir, resume_step=start)
   bar = tqdm.tqdm(total=plan.stages, initial=start, disable=not progress,
                   desc=f"SRR {config.dataset} stages")
@@ -192,11 +202,13 @@ def _train_stages(config: config_lib.SRRConfig, plan: privacy.SRRPlan, run: work
     result = train_step(state, jax.random.fold_in(stage_key, stage), stage)
     state = result.state
     host_arrays = run.seal(state.arrays())  # before any output of this stage's release
-    history.append(evaluate.evaluate(state.student.parts, test)["accuracy"])
+    parts = state.student.parts
+    history.append(monitor.accuracy(
+        lambda split: {"accuracy": evaluate.evaluate(parts, split)["accuracy"]}, stage + 1,
+        writer))
     spent = math.inf if ledger is None else ledger.spent_epsilon()
     writer.write(stage + 1, {**result.metrics, **({"labels_epsilon": spent} if plan.private
                                                   else {})}, prefix="train/")
-    writer.write(stage + 1, {"accuracy": history[-1]}, prefix="test/")
     bar.update(1)
     bar.set_postfix(acc=f"{history[-1]:.4f}", eps=f"{spent:.4g}")
     run.save(stage + 1, host_arrays,
@@ -204,6 +216,7 @@ def _train_stages(config: config_lib.SRRConfig, plan: privacy.SRRPlan, run: work
               "ledger": None if ledger is None else ledger.to_json()})
   bar.close()
   writer.close()
+  monitor.close()
   return state
 
 
