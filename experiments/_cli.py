@@ -23,6 +23,7 @@ from typing import Any, Callable, NoReturn, TypeVar
 
 from dpkd_jax import errors
 from dpkd_jax.models import conv_routes
+from dpkd_jax.privacy import calibration
 from dpkd_jax.train import checkpoint
 
 EXIT_USER_ERROR = 2  # argparse's own status for bad flags
@@ -122,7 +123,8 @@ def user_errors():
   sys.unraisablehook = _quiet_closed_loop
   try:
     yield
-  except (errors.UserError, checkpoint.CheckpointMismatchError) as error:
+  except (errors.UserError, checkpoint.CheckpointMismatchError,
+          calibration.CalibrationError) as error:
     fail(str(error))
   except OSError as error:
     if error.errno not in _ENVIRONMENT_ERRNOS:

@@ -24,6 +24,7 @@ import types
 import typing
 from typing import Any, Callable, Iterable, Union
 
+from dpkd_jax import config_checks
 from experiments import _cli
 
 _TRUE, _FALSE = ("true", "1", "yes"), ("false", "0", "no")
@@ -44,6 +45,16 @@ def _named(kind: Callable[[str], Any], name: str) -> Callable[[str], Any]:
     return kind(text)
   convert.__name__ = name
   return convert
+
+
+def _float(text: str) -> float:
+  """A float flag: finite magnitudes beyond `config_checks.representable` are refused here,
+  in one line, before their squares or inverses overflow inside accounting."""
+  value = float(text)
+  try:
+    return config_checks.representable("value", value)
+  except ValueError as error:
+    raise argparse.ArgumentTypeError(str(error).replace("value=", "", 1)) from None
 
 
 def _optional(kind: Callable[[str], Any]) -> Callable[[str], Any]:
@@ -70,7 +81,7 @@ def _converter(annotation: Any) -> Callable[[str], Any] | None:
   """str -> value for a field annotation, or None if the type is not a flag type."""
   kind, optional = _unwrap_optional(annotation)
   if kind in (int, float, str):
-    convert = _named(kind, kind.__name__)
+    convert = _named(_float if kind is float else kind, kind.__name__)
   elif typing.get_origin(kind) is tuple and typing.get_args(kind) == (str, ...):
     convert = _named(_comma_tuple, "comma-separated list")
   else:
