@@ -198,7 +198,7 @@ def user_errors():
           calibration.CalibrationError) as error:
     held.held.clear()  # said in the line below
     fail(str(error))
-  except (OSError, ValueError) as error:  # a disk that is full, read-only or size-limited
+  except Exception as error:  # pylint: disable=broad-except  (a refused write, else re-raised)
     line = _write_error(error)
     if line is None:
       raise

@@ -3,18 +3,24 @@ nothing written (issue 17, point 12): missing, empty, mismatching or corrupt tea
 that are files or read-only, batches larger than the data, `dpdfd sample` on a wrong workdir,
 `plot --out` into a missing folder, data not found. A bug keeps its traceback."""
 
+import errno
 import glob
+import logging
 import os
 from pathlib import Path
+import resource
 import shutil
+import signal
 import subprocess
 import sys
 
+import numpy as np
 import pytest
 
 from dpkd_jax import teacher
 from dpkd_jax.data import sources
 from dpkd_jax.methods import dpsgd
+from experiments import _cli
 from experiments import dfpate as dfpate_cli
 from experiments import dpdfd as dpdfd_cli
 from experiments import dpsgd as dpsgd_cli
@@ -252,3 +258,143 @@ def test_bad_conv_routes_mode_is_one_line_and_creates_nothing(tmp_path, monkeypa
   err = capsys.readouterr().err
   assert err.startswith("error: DPKD_CONV_ROUTES='fast'") and len(err.strip().splitlines()) == 1
   assert os.listdir(tmp_path) == []
+
+
+# ------------------------------------------------------------- faults and out-of-range input
+
+
+def _one_line_exit_2(main, argv, capsys) -> str:
+  """Runs `main(argv)`: exit 2, one `error:` line, no traceback (files may be written)."""
+  capsys.readouterr()
+  with pytest.raises(SystemExit) as exit_info:
+    main(argv)
+  err = capsys.readouterr().err
+  lines = err.strip().splitlines()
+  assert exit_info.value.code == 2 and len(lines) == 1 and lines[0].startswith("error: "), err
+  return lines[0]
+
+
+def _uncharged(root) -> None:
+  assert not list(Path(root).rglob("privacy_ledger.json")), "a ledger was charged"
+
+
+@pytest.mark.parametrize("main,argv,fragment", [
+    (dpsgd_cli.main, ["--noise_multiplier=1e300", "--steps=1"], "--noise_multiplier: 1e+300"),
+    (dpsgd_cli.main, ["--target_epsilon=1e300", "--steps=1"], "--target_epsilon: 1e+300"),
+    (dpsgd_cli.main, ["--noise_multiplier=1e-300", "--steps=1"], "out of range"),
+    (dpdfd_cli.main, DPDFD + ["--bound_method=clip", "--l2_norm_bound=1e300"],
+     "--l2_norm_bound: 1e+300"),
+], ids=["dpsgd_noise", "dpsgd_target", "dpsgd_tiny_noise", "dpdfd_clip"])
+def test_unrepresentable_float_flag_is_one_line(main, argv, fragment, sandbox, capsys):
+  line = _user_error(main, argv, capsys, sandbox)
+  assert fragment in line and "out of range" in line
+
+
+def test_target_met_by_any_noise_is_one_line_and_uncharged(sandbox, capsys):
+  line = _one_line_exit_2(dpsgd_cli.main, ["--target_epsilon=1e30", "--steps=1",
+                                           "--workdir=run", "--no_progress"], capsys)
+  assert "target_epsilon=1e+30" in line and "met by any noise" in line
+  _uncharged(sandbox)
+
+
+def _npz_with_empty_test(directory: Path) -> None:
+  directory.mkdir()
+  np.savez(directory / "mnist.npz", x_train=np.zeros((16, 28, 28, 1), np.uint8),
+           y_train=np.arange(16) % 10, x_test=np.zeros((0, 28, 28, 1), np.uint8),
+           y_test=np.zeros((0,), np.int64))
+
+
+@pytest.mark.parametrize("main,argv", [
+    (dpsgd_cli.main, ["--noise_multiplier=1", "--steps=1", "--expected_batch_size=4"]),
+    (teacher_cli.main, ["--batch_size=8"]),
+], ids=["dpsgd", "teacher"])
+def test_empty_test_split_is_refused_before_any_charge(main, argv, sandbox, capsys):
+  _npz_with_empty_test(sandbox / "emptytest")
+  args = ["--dataset=mnist", "--data_dir=emptytest", "--workdir=run", "--no_progress", *argv]
+  line = _one_line_exit_2(main, args, capsys)
+  assert "x_test" in line and "holds no examples" in line
+  _uncharged(sandbox)
+  # The workdir is not blocked: the same command fails the same way, not "in use".
+  assert _one_line_exit_2(main, args, capsys) == line
+
+
+def test_dpdfd_batch_beyond_memory_is_refused_before_any_charge(teachers, sandbox, capsys):
+  line = _user_error(dpdfd_cli.main, DPDFD[:-2] + [f"--teacher_dirs={teachers['good']}",
+                                                  "--batch_size=1000000000", "--workdir=run"],
+                     capsys, sandbox)
+  assert "--batch_size=1000000000: one step needs at least" in line
+
+
+def test_teacher_ensemble_larger_than_the_data_is_refused(sandbox, capsys):
+  from experiments import teacher_ensemble as ensemble_cli  # pylint: disable=import-outside-toplevel
+  line = _user_error(ensemble_cli.main, ["--dataset=digits", "--num_teachers=100000",
+                                         "--workdir=run"], capsys, sandbox)
+  assert "--num_teachers=100000 exceeds the" in line
+
+
+def test_results_report_of_garbage_is_one_line(sandbox, capsys):
+  from experiments import results as results_cli  # pylint: disable=import-outside-toplevel
+  (sandbox / "garbage").mkdir()
+  (sandbox / "garbage" / "results.json").write_bytes(bytes(range(128, 256)))
+  capsys.readouterr()
+  assert results_cli.main(["report", "--run=garbage"]) == 2
+  lines = capsys.readouterr().err.strip().splitlines()
+  assert len(lines) == 1 and "results.json is not readable JSON" in lines[0], lines
+
+
+@pytest.mark.parametrize("code", [errno.EFBIG, errno.ENOSPC, errno.EROFS, errno.EACCES])
+def test_refused_write_without_a_file_name_names_the_last_file_written(tmp_path, capsys, code):
+  target = tmp_path / "metrics.csv"
+
+  def write_then_fail():
+    with _cli.user_errors():
+      with open(target, "w", encoding="utf-8"):
+        raise OSError(code, os.strerror(code))  # as a write() past a limit: no file name
+
+  with pytest.raises(SystemExit) as exit_info:
+    write_then_fail()
+  err = capsys.readouterr().err
+  assert exit_info.value.code == 2 and err.count("\n") == 1, err
+  assert f"cannot write {str(target)!r}: {os.strerror(code)}" in err
+
+
+def test_tensorstore_write_failure_and_its_background_logs_are_one_line(capsys, caplog):
+  message = ('OUT_OF_RANGE: Error writing "x" in OCDBT database: Failed writing: '
+             '"/w/checkpoints/6/d/ab12": Failed to write 18 bytes to file 15: File too large '
+             "[os_error_code='27']")
+  with pytest.raises(SystemExit) as exit_info:
+    with _cli.user_errors():
+      try:
+        raise ValueError(message)
+      except ValueError:
+        logging.getLogger("absl").exception("background save thread failed")
+      raise RuntimeError("save failed") from ValueError(message)
+  assert exit_info.value.code == 2
+  assert capsys.readouterr().err == (
+      "error: cannot write '/w/checkpoints/6/d/ab12': File too large; check its permissions, "
+      "free space and file size limit\n")
+  assert not caplog.records  # held back: said in the line
+
+
+def test_other_errors_keep_their_traceback_and_logs(caplog):
+  with pytest.raises(ValueError, match="a bug"):
+    with _cli.user_errors():
+      logging.getLogger("absl").error("unrelated [os_error_code='27'] noise")
+      raise ValueError("a bug")
+  assert caplog.records  # a failure that is not said in one line keeps its log
+
+
+def test_file_size_limit_in_a_process_is_one_line_naming_the_file(tmp_path):
+  """ulimit -f 40: the first checkpoint exceeds it (SIGXFSZ ignored, so writes fail EFBIG)."""
+  def limit():
+    signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
+    resource.setrlimit(resource.RLIMIT_FSIZE, (40 * 1024, 40 * 1024))
+  env = {**{k: v for k, v in os.environ.items() if not k.startswith("JAX_")},
+         "PYTHONPATH": str(Path(__file__).resolve().parents[1]), "JAX_PLATFORMS": "cpu"}
+  result = subprocess.run(
+      [sys.executable, "-m", "experiments.dpsgd", "--steps=12", "--noise_multiplier=1",
+       "--model=lenet5_half", "--expected_batch_size=256", "--workdir=run", "--no_progress"],
+      cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300, preexec_fn=limit)
+  lines = result.stderr.strip().splitlines()
+  assert result.returncode == 2 and len(lines) == 1, result.stderr[-2000:]
+  assert lines[0].startswith(f"error: cannot write '{tmp_path}") and "File too large" in lines[0]
