@@ -54,5 +54,10 @@ def check_fits(flag: str, value: int, step_bytes: int) -> None:
         f"{_gib(limit)}; give a smaller {flag}")
 
 
+def check_batch(flag: str, batch: int, image_shape: tuple[int, ...]) -> None:
+  """`check_fits` of a step on `batch` examples of `image_shape` (`per_example_bytes`)."""
+  check_fits(flag, batch, batch * per_example_bytes(image_shape))
+
+
 def _gib(count: int) -> str:
   return f"{count / 2**30:.3g} GiB"

@@ -320,10 +320,8 @@ def train_dpdfd(config: config_lib.DPDFDConfig, workdir: str, *, progress: bool 
     ValueError / CheckpointMismatchError: bad config or teachers, before any training.
     BudgetExceededError: the ledger restored from `workdir` has no budget left for a step.
   """
-  # 1. Workdir: lock, resume or refuse (for the whole run); the device mesh. A batch that
-  #    cannot fit in memory is refused first (it would fail after the first charge).
-  memory.check_fits("--batch_size", config.batch_size,
-                    config.batch_size * memory.per_example_bytes(config.info.image_shape))
+  # 1. Workdir: lock, resume or refuse (for the whole run); the device mesh.
+  memory.check_batch("--batch_size", config.batch_size, config.info.image_shape)  # fits?
   clock = outputs.RunClock()
   run = workdir_lib.open_run(workdir, kind="DPDFD", config=config.to_json())
   mesh = sharding.data_mesh() if mesh is None else mesh
