@@ -2,8 +2,9 @@
 
 kill -9 at a random release then resume, overwritten checkpoint bytes, a concurrent start, a
 dataset missing offline, and bad input or refused writes (one line, nothing charged), each on
-tiny digits runs compared with an uninterrupted run. The kill points come from a random seed (set DPKD_FAULT_SEED to replay one); the report of what was
-tried is printed in the pytest summary (single-process runs only) and in every failure message.
+tiny digits runs compared with an uninterrupted run. The kill points come from a random seed
+(set DPKD_FAULT_SEED to replay one); the report of what was tried is printed in the pytest
+summary (single-process runs only) and in every failure message.
 """
 
 import importlib.util
