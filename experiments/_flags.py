@@ -57,6 +57,25 @@ def _float(text: str) -> float:
     raise argparse.ArgumentTypeError(str(error).replace("value=", "", 1)) from None
 
 
+# The most steps (or epochs) a flag may ask for: at a millisecond a step, over a day. More is a
+# typo (`--steps=1e12` would run for decades) and is refused in one line; a longer run is a
+# resumed one (`--resume`, `--stop_at_step`).
+MAX_STEPS = 10**8
+_COUNT_FLAG = re.compile(r"^(?:\w+_)?(?:steps|epochs)$")
+
+
+def _bounded_count(convert: Callable[[str], Any]) -> Callable[[str], Any]:
+  """`convert` of a step or epoch count, refusing counts above `MAX_STEPS`."""
+  def count(text: str) -> Any:
+    value = convert(text)
+    if isinstance(value, int) and value > MAX_STEPS:
+      raise argparse.ArgumentTypeError(f"{value} exceeds {MAX_STEPS:.0e}, the most a run may "
+                                       "take (more would not finish); give fewer")
+    return value
+  count.__name__ = getattr(convert, "__name__", "value")
+  return count
+
+
 def _optional(kind: Callable[[str], Any]) -> Callable[[str], Any]:
   def convert(text: str) -> Any:
     return None if text.lower() == "none" else kind(text)
@@ -173,6 +192,9 @@ def add_config_flags(parser: argparse.ArgumentParser, cls: type, *,
     if convert is None:
       raise TypeError(f"{cls.__name__}.{field.name}: no flag type for {hints[field.name]!r}; "
                       "pass it in skip= and handle it in the CLI")
+    if _COUNT_FLAG.match(field.name) and kind is int:
+      convert = _bounded_count(convert)
+      text = f"{text or ''} (at most {MAX_STEPS:.0e})".strip()
     shown = ",".join(default) if isinstance(default, tuple) else default
     parser.add_argument(f"--{flag}", type=convert, default=default, required=required,
                         choices=choices.get(field.name),

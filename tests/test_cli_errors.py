@@ -284,10 +284,14 @@ def _uncharged(root) -> None:
     (dpsgd_cli.main, ["--noise_multiplier=1e-300", "--steps=1"], "out of range"),
     (dpdfd_cli.main, DPDFD + ["--bound_method=clip", "--l2_norm_bound=1e300"],
      "--l2_norm_bound: 1e+300"),
-], ids=["dpsgd_noise", "dpsgd_target", "dpsgd_tiny_noise", "dpdfd_clip"])
-def test_unrepresentable_float_flag_is_one_line(main, argv, fragment, sandbox, capsys):
+    (dpsgd_cli.main, ["--noise_multiplier=1", "--steps=1000000000000"],
+     "--steps: 1000000000000 exceeds 1e+08"),
+    (dpdfd_cli.main, DPDFD[:2] + ["--steps=1000000000000"], "--steps: 1000000000000 exceeds"),
+], ids=["dpsgd_noise", "dpsgd_target", "dpsgd_tiny_noise", "dpdfd_clip", "dpsgd_steps",
+        "dpdfd_steps"])
+def test_out_of_range_number_flag_is_one_line(main, argv, fragment, sandbox, capsys):
   line = _user_error(main, argv, capsys, sandbox)
-  assert fragment in line and "out of range" in line
+  assert fragment in line and ("out of range" in line or "would not finish" in line)
 
 
 def test_target_met_by_any_noise_is_one_line_and_uncharged(sandbox, capsys):
