@@ -5,6 +5,7 @@ that are files or read-only, batches larger than the data, `dpdfd sample` on a w
 
 import errno
 import glob
+import json
 import logging
 import os
 from pathlib import Path
@@ -402,3 +403,17 @@ def test_file_size_limit_in_a_process_is_one_line_naming_the_file(tmp_path):
   lines = result.stderr.strip().splitlines()
   assert result.returncode == 2 and len(lines) == 1, result.stderr[-2000:]
   assert lines[0].startswith(f"error: cannot write '{tmp_path}") and "File too large" in lines[0]
+
+
+def test_tampered_checkpoint_ledger_without_its_file_is_a_one_line_refusal(sandbox, capsys):
+  flags = ["--noise_multiplier=1", "--steps=2", "--model=lenet5_half", "--workdir=run",
+           "--no_progress"]
+  dpsgd_cli.main(flags)
+  os.remove(sandbox / "run" / "privacy_ledger.json")
+  for path in (sandbox / "run" / "checkpoints").glob("*/meta/metadata"):
+    meta = json.loads(path.read_text())
+    meta["ledger"] = meta["ledger"].replace('"entries"', '"entrees"')
+    path.write_text(json.dumps(meta))
+  line = _one_line_exit_2(dpsgd_cli.main, [*flags, "--resume"], capsys)
+  assert "ledger" in line or "damaged" in line
+  assert not (sandbox / "run" / "privacy_ledger.json").exists()
