@@ -4,10 +4,12 @@
     def main(argv=None): ...
 
 turns an expected mistake of the person running the command (any `dpkd_jax.errors.UserError`,
-a checkpoint that does not fit, a flag argparse or a config rejects, a directory that cannot be
-written) into one line `error: <message>` on stderr and exit status 2, before anything is
-written when the mistake can be seen up front (`check_output_dir`, `check_output_file`). Every
-other exception is a bug and keeps its traceback.
+a checkpoint that does not fit, a flag argparse or a config rejects, a target ε no noise meets,
+a directory that cannot be written) into one line `error: <message>` on stderr and exit status
+2, before anything is written when the mistake can be seen up front (`check_output_dir`,
+`check_output_file`). A write the machine refuses later (full disk, file size limit, read-only;
+an OSError, or TensorStore's ValueError carrying the OS error code) is one line naming the file
+and the cause. Every other exception is a bug and keeps its traceback.
 """
 
 from __future__ import annotations

@@ -417,3 +417,21 @@ def test_tampered_checkpoint_ledger_without_its_file_is_a_one_line_refusal(sandb
   line = _one_line_exit_2(dpsgd_cli.main, [*flags, "--resume"], capsys)
   assert "ledger" in line or "damaged" in line
   assert not (sandbox / "run" / "privacy_ledger.json").exists()
+
+
+def test_results_publish_into_a_read_only_directory_is_one_line(sandbox, capsys, monkeypatch):
+  """Read-only simulated (tests may run as root): the record's write fails with EROFS."""
+  from experiments import results as results_cli  # pylint: disable=import-outside-toplevel
+  from dpkd_jax.train import records as records_lib  # pylint: disable=import-outside-toplevel
+
+  def read_only(path, record):
+    raise OSError(errno.EROFS, os.strerror(errno.EROFS), path)
+  monkeypatch.setattr(records_lib, "write_record", read_only)
+  monkeypatch.setattr(records_lib, "read_record", lambda path, **_: {})
+  monkeypatch.setattr(records_lib, "combine_seeds", lambda seeds, name: {"test_accuracy": 0.5,
+                                                                          "columns": {}})
+  capsys.readouterr()
+  assert results_cli.main(["--results_dir=ro", "combine", "--records=a_s0,a_s1",
+                           "--name=dpsgd__digits__a"]) == 2
+  lines = capsys.readouterr().err.strip().splitlines()
+  assert len(lines) == 1 and "cannot write" in lines[0] and "Read-only file system" in lines[0]
