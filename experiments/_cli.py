@@ -28,6 +28,7 @@ from typing import Any, Callable, NoReturn, TypeVar
 from dpkd_jax import errors
 from dpkd_jax.models import conv_routes
 from dpkd_jax.privacy import calibration
+from dpkd_jax.privacy import ledger as ledger_lib
 from dpkd_jax.train import checkpoint
 
 EXIT_USER_ERROR = 2  # argparse's own status for bad flags
@@ -200,6 +201,10 @@ def user_errors():
           calibration.CalibrationError) as error:
     held.held.clear()  # said in the line below
     fail(str(error))
+  except ledger_lib.BudgetExceededError as error:  # refused before the release: nothing spent
+    held.held.clear()
+    fail(f"{str(error).split('; requested event')[0]}; nothing was released; the budget of "
+         "this workdir is spent: start a new --workdir")
   except Exception as error:  # pylint: disable=broad-except  (a refused write, else re-raised)
     line = _write_error(error)
     if line is None:

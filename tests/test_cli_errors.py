@@ -435,3 +435,15 @@ def test_results_publish_into_a_read_only_directory_is_one_line(sandbox, capsys,
                            "--name=dpsgd__digits__a"]) == 2
   lines = capsys.readouterr().err.strip().splitlines()
   assert len(lines) == 1 and "cannot write" in lines[0] and "Read-only file system" in lines[0]
+
+
+def test_release_over_budget_is_one_line(capsys):
+  from dpkd_jax.privacy import ledger as ledger_lib  # pylint: disable=import-outside-toplevel
+  with pytest.raises(SystemExit) as exit_info:
+    with _cli.user_errors():
+      raise ledger_lib.BudgetExceededError("release refused: spent ε=10.09, ε after this "
+                                           "release would be 11.16 > target ε=10.09; "
+                                           "requested event: TaggedDpEvent(...)")
+  err = capsys.readouterr().err
+  assert exit_info.value.code == 2 and err.count("\n") == 1
+  assert "release refused: spent ε=10.09" in err and "start a new --workdir" in err
