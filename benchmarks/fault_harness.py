@@ -8,6 +8,7 @@ import json
 import os
 import pathlib
 import random
+import resource
 import signal
 import subprocess
 import sys
@@ -43,13 +44,24 @@ CACHE_ENV = {"JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS": "0",
 _cache_dir: list[str] = []  # set by `run_all`: runs after the first of a kind skip compiling
 
 
-def start(module: str, flags: list[str], workdir: str) -> subprocess.Popen:
+def start(module: str, flags: list[str], workdir: str, *,
+          file_size_limit: int | None = None) -> subprocess.Popen:
+  """`python -m experiments.<module> <flags> --workdir=<workdir>`; `file_size_limit` (bytes):
+  as `ulimit -f`, with SIGXFSZ ignored so that a write past it fails (EFBIG)."""
   env = {**os.environ, "PYTHONPATH": str(REPO), "JAX_PLATFORMS": "cpu"}
-  if _cache_dir:
+  if _cache_dir and file_size_limit is None:  # a limited run must not fail on the cache
     env.update(CACHE_ENV, JAX_COMPILATION_CACHE_DIR=_cache_dir[0])
+  elif file_size_limit is not None:
+    env = {k: v for k, v in env.items() if not k.startswith("JAX_COMPILATION_CACHE")}
+
+  def limit() -> None:
+    signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
+    resource.setrlimit(resource.RLIMIT_FSIZE, (file_size_limit, file_size_limit))
+
   return subprocess.Popen([sys.executable, "-m", f"experiments.{module}", *flags,
                            f"--workdir={workdir}"], cwd=str(REPO), env=env,
-                          stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+                          stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                          preexec_fn=None if file_size_limit is None else limit)
 
 
 def finish(proc: subprocess.Popen, timeout: float = TIMEOUT_S) -> tuple[int, str, str]:

@@ -16,7 +16,12 @@ with an uninterrupted run of the same flags and `--seed`:
   * a second identical run while the first holds the workdir (the first is paused with SIGSTOP
     so that the overlap is certain): one line naming the first's pid, exit 2; the first ends
     as if alone (it is the reference of the kill -9 comparison);
-  * a dataset missing offline (`--dataset=mnist --data_dir=<empty>`): one line, exit 2, fast.
+  * a dataset missing offline (`--dataset=mnist --data_dir=<empty>`): one line, exit 2, fast;
+  * bad input and a refusing machine, each one line, exit 2 and no ledger charged: a float
+    flag beyond representable magnitudes (`--noise_multiplier=1e300`), an npz whose test split
+    is empty, a DPDFD batch that cannot fit in memory (`--batch_size=1000000000`), and a file
+    size limit (`ulimit -f 40`) the first checkpoint exceeds (the line names the file; the
+    ledger then holds only what was released).
 `tests/test_fault_injection.py` runs these scenarios in CI.
 """
 
@@ -32,6 +37,8 @@ import signal
 import sys
 import tempfile
 import time
+
+import numpy as np
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
 # pylint: disable=g-import-not-at-top,wrong-import-position
@@ -150,6 +157,40 @@ def offline_missing_data(tmp: str, timeout: float = 90.0) -> Outcome:
   return outcome
 
 
+def refused(name: str, module: str, flags: list[str], workdir: str, expect: str, *,
+            charged_ok: bool = False, file_size_limit: int | None = None) -> Outcome:
+  """One bad-input or refused-write run: one line containing `expect`, exit 2, and no ledger
+  charged (`charged_ok`: a run refused mid-way may hold the charges of its releases)."""
+  outcome = Outcome(name, f"{module} {' '.join(flags[-2:])}")
+  code, _, err = finish(start(module, flags, workdir, file_size_limit=file_size_limit))
+  outcome.seen = f"exit {code}, {err.strip().splitlines()[-1:]}"
+  outcome.problems += one_line_error(code, err, expect)
+  if not charged_ok and ledger_entries(workdir) is not None:
+    outcome.problems.append("the ledger was charged")
+  return outcome
+
+
+def bad_input(tmp: str) -> dict[str, Outcome]:
+  """The bad-input and refused-write scenarios that need no teacher (sequential, small)."""
+  data_dir = os.path.join(tmp, "empty_test_data")
+  os.makedirs(data_dir, exist_ok=True)
+  np.savez(os.path.join(data_dir, "mnist.npz"), x_train=np.zeros((16, 28, 28, 1), np.uint8),
+           y_train=np.arange(16) % 10, x_test=np.zeros((0, 28, 28, 1), np.uint8),
+           y_test=np.zeros((0,), np.int64))
+  return {
+      "overflow_flag": refused("overflow flag", "dpsgd", [
+          "--steps=1", "--no_progress", "--noise_multiplier=1e300"],
+          os.path.join(tmp, "overflow_run"), "out of range"),
+      "empty_test": refused("empty test split", "dpsgd", [
+          "--steps=1", "--no_progress", "--expected_batch_size=8", "--noise_multiplier=1",
+          "--dataset=mnist", f"--data_dir={data_dir}"],
+          os.path.join(tmp, "empty_test_run"), "holds no examples"),
+      "file_size_limit": refused("ulimit -f 40", "dpsgd", [*DPSGD_FLAGS[:4], "--steps=12", "--no_progress"],
+                                 os.path.join(tmp, "fsize_run"), "File too large",
+                                 charged_ok=True, file_size_limit=40 * 1024),
+  }
+
+
 TEACHER_METHODS = {  # method -> (flags given the teacher's dir, charges in a run, result keys)
     "dpdfd": (dpdfd_flags, DPDFD_RELEASES,
               ("test_accuracy", "epsilon", "steps", "released_rows_per_class",
@@ -163,7 +204,8 @@ TEACHER_METHODS = {  # method -> (flags given the teacher's dir, charges in a ru
 
 def run_all(tmp: str, seed: int) -> dict[str, Outcome]:
   """Every scenario; returns their outcomes by key (concurrent, kill_dpsgd, corrupt,
-  all_corrupt, offline, and <method>_ref, kill_<method> for dpdfd, rona, srr).
+  all_corrupt, offline, overflow_flag, empty_test, file_size_limit, dpdfd_batch, and
+  <method>_ref, kill_<method> for dpdfd, rona, srr).
 
   Streams run in parallel (DP-SGD; a teacher, then one stream per method that reads it), each
   in sequence so that its first run fills a shared JAX compilation cache the others read (same
@@ -203,9 +245,14 @@ def run_all(tmp: str, seed: int) -> dict[str, Outcome]:
                                              problems=[f"teacher failed: {err[-300:]}"])
       return
     parallel(*(lambda m=m: reference_then_kill(m) for m in TEACHER_METHODS))
+    outcomes["dpdfd_batch"] = refused(
+        "dpdfd batch beyond memory", "dpdfd",
+        [*dpdfd_flags(d["teacher"])[:-3], "--batch_size=1000000000"],  # no replay flags
+        os.path.join(tmp, "dpdfd_batch_run"), "--batch_size=1000000000")
 
   def offline():
     outcomes["offline"] = offline_missing_data(tmp)
+    outcomes.update(bad_input(tmp))
 
   parallel(dpsgd, with_teacher, offline)
   kills = {"dpsgd": ("test_accuracy", "test_loss", "epsilon"),

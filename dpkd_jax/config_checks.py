@@ -32,6 +32,25 @@ def number(name: str, value: Any, *, positive: bool, allow_inf: bool = False) ->
   return validation.check_float(name, value, positive=positive, allow_inf=allow_inf)
 
 
+# The magnitudes a float setting may take: its square, its inverse square and their products
+# with a step count (noise variances, sensitivities, RDP sums) stay finite in float64, and the
+# value itself in float32 (what the steps compute in). Beyond them a value is a typo, not a
+# setting (a clip norm of 1e10 emulating "no clipping" is inside).
+MAX_MAGNITUDE = 1e30
+MIN_MAGNITUDE = 1e-30
+
+
+def representable(name: str, value: float) -> float:
+  """`value` if it is 0, ±inf (each config decides on those), nan (left to the config) or
+  of magnitude in [MIN_MAGNITUDE, MAX_MAGNITUDE]; else a ValueError naming `name`."""
+  magnitude = abs(value)
+  if magnitude == 0 or math.isinf(magnitude) or math.isnan(magnitude) or (
+      MIN_MAGNITUDE <= magnitude <= MAX_MAGNITUDE):
+    return value
+  raise ValueError(f"{name}={value!r} is out of range: a number's magnitude must be 0 or in "
+                   f"[{MIN_MAGNITUDE:g}, {MAX_MAGNITUDE:g}]")
+
+
 def delta(value: Any) -> float:
   """δ as a float in the open interval (0, 1)."""
   return validation.check_delta(value)

@@ -4,10 +4,12 @@
     def main(argv=None): ...
 
 turns an expected mistake of the person running the command (any `dpkd_jax.errors.UserError`,
-a checkpoint that does not fit, a flag argparse or a config rejects, a directory that cannot be
-written) into one line `error: <message>` on stderr and exit status 2, before anything is
-written when the mistake can be seen up front (`check_output_dir`, `check_output_file`). Every
-other exception is a bug and keeps its traceback.
+a checkpoint that does not fit, a flag argparse or a config rejects, a target ε no noise meets,
+a directory that cannot be written) into one line `error: <message>` on stderr and exit status
+2, before anything is written when the mistake can be seen up front (`check_output_dir`,
+`check_output_file`). A write the machine refuses later (full disk, file size limit, read-only;
+an OSError, or TensorStore's ValueError carrying the OS error code) is one line naming the file
+and the cause. Every other exception is a bug and keeps its traceback.
 """
 
 from __future__ import annotations
@@ -16,18 +18,29 @@ import argparse
 import contextlib
 import errno
 import functools
+import logging
 import os
+import re
 import sys
 import tempfile
 from typing import Any, Callable, NoReturn, TypeVar
 
 from dpkd_jax import errors
 from dpkd_jax.models import conv_routes
+from dpkd_jax.privacy import calibration
+from dpkd_jax.privacy import ledger as ledger_lib
 from dpkd_jax.train import checkpoint
 
 EXIT_USER_ERROR = 2  # argparse's own status for bad flags
 # OSErrors that say the machine refused a write the user asked for: not bugs.
-_ENVIRONMENT_ERRNOS = {errno.EACCES, errno.EPERM, errno.EROFS, errno.ENOSPC, errno.EDQUOT}
+_ENVIRONMENT_ERRNOS = {errno.EACCES, errno.EPERM, errno.EROFS, errno.ENOSPC, errno.EDQUOT,
+                       errno.EFBIG}
+# TensorStore (Orbax's checkpoint writer) reports a failed write as a ValueError whose message
+# names the file and carries the OS error code: `Failed writing: "<path>": ... [os_error_code='28']`.
+_TENSORSTORE_WRITE = re.compile(r"Failed (?:writing|to write)[^\"]*\"(?P<path>[^\"]+)\"(?:.|\n)*?"
+                                r"\[os_error_code='(?P<code>\d+)'\]")
+_written: list[str] = []  # the file most recently opened for writing (`_note_writes`)
+_hooked: list[bool] = []  # the audit hook is installed (once per process: it stays)
 _T = TypeVar("_T")
 
 
@@ -116,19 +129,90 @@ def _quiet_closed_loop(unraisable) -> None:
   sys.__unraisablehook__(unraisable)
 
 
+def _note_writes(event: str, args: tuple[Any, ...]) -> None:
+  """Audit hook: remembers the last file opened for writing, so that an OSError without a
+  file name (a write() past a file size limit or a full disk) can still name it."""
+  if event != "open" or len(args) < 3:
+    return
+  path, mode, flags = args[:3]
+  writing = (isinstance(mode, str) and any(c in mode for c in "wax+")) or (
+      isinstance(flags, int) and flags & (os.O_WRONLY | os.O_RDWR))
+  if writing and isinstance(path, (str, bytes, os.PathLike)):
+    _written[:] = [os.fsdecode(path)]
+
+
+def _environment_error(path: str | None, code: int) -> str:
+  """One line: the file and the cause (strerror of `code`), and what to do."""
+  where = f"cannot write {os.path.abspath(path)!r}" if path else "cannot write"
+  return f"{where}: {os.strerror(code)}; check its permissions, free space and file size limit"
+
+
+def _write_error(error: Exception) -> str | None:
+  """The one line of an environment write failure (`_ENVIRONMENT_ERRNOS`) in `error` or its
+  causes, else None (a bug: the traceback stays)."""
+  while error is not None:
+    if isinstance(error, OSError) and error.errno in _ENVIRONMENT_ERRNOS:
+      path = error.filename if error.filename is not None else (_written or [None])[-1]
+      return _environment_error(path, error.errno)
+    match = _TENSORSTORE_WRITE.search(str(error)) if isinstance(error, ValueError) else None
+    if match and int(match["code"]) in _ENVIRONMENT_ERRNOS:
+      return _environment_error(match["path"], int(match["code"]))
+    error = error.__cause__ or error.__context__
+  return None
+
+
+class _HeldWriteFailures(logging.Filter):
+  """Holds back the log records (with tracebacks) that Orbax's background threads emit about
+  a write the machine refused (`_write_error`): the CLI says it in one line instead. Records
+  are released to their handlers if the command then fails otherwise (a bug) or goes on."""
+
+  def __init__(self):
+    super().__init__()
+    self.held: list[logging.LogRecord] = []
+
+  def filter(self, record: logging.LogRecord) -> bool:
+    failure = record.exc_info[1] if record.exc_info else None
+    if record.levelno >= logging.ERROR and (
+        (failure is not None and _write_error(failure) is not None)
+        or _write_error(ValueError(record.getMessage())) is not None):
+      self.held.append(record)
+      return False
+    return True
+
+  def release(self, logger: logging.Logger) -> None:
+    logger.removeFilter(self)
+    for record in self.held:
+      logger.handle(record)
+    self.held.clear()
+
+
 @contextlib.contextmanager
 def user_errors():
   """Turns the user errors raised inside into `fail(...)` (one line, exit 2)."""
   sys.unraisablehook = _quiet_closed_loop
+  if not _hooked:
+    sys.addaudithook(_note_writes)
+    _hooked.append(True)
+  absl_logger, held = logging.getLogger("absl"), _HeldWriteFailures()
+  absl_logger.addFilter(held)
   try:
     yield
-  except (errors.UserError, checkpoint.CheckpointMismatchError) as error:
+  except (errors.UserError, checkpoint.CheckpointMismatchError,
+          calibration.CalibrationError) as error:
+    held.held.clear()  # said in the line below
     fail(str(error))
-  except OSError as error:
-    if error.errno not in _ENVIRONMENT_ERRNOS:
+  except ledger_lib.BudgetExceededError as error:  # refused before the release: nothing spent
+    held.held.clear()
+    fail(f"{str(error).split('; requested event')[0]}; nothing was released; the budget of "
+         "this workdir is spent: start a new --workdir")
+  except Exception as error:  # pylint: disable=broad-except  (a refused write, else re-raised)
+    line = _write_error(error)
+    if line is None:
       raise
-    where = f"{error.filename!r}: " if error.filename is not None else ""
-    fail(f"cannot access {where}{error.strerror or error}; check its permissions and free space")
+    held.held.clear()
+    fail(line)
+  finally:
+    held.release(absl_logger)  # what was not said in one line above
 
 
 def entry_point(main: Callable[..., Any]) -> Callable[..., Any]:

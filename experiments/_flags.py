@@ -24,6 +24,7 @@ import types
 import typing
 from typing import Any, Callable, Iterable, Union
 
+from dpkd_jax import config_checks
 from experiments import _cli
 
 _TRUE, _FALSE = ("true", "1", "yes"), ("false", "0", "no")
@@ -44,6 +45,35 @@ def _named(kind: Callable[[str], Any], name: str) -> Callable[[str], Any]:
     return kind(text)
   convert.__name__ = name
   return convert
+
+
+def _float(text: str) -> float:
+  """A float flag: finite magnitudes beyond `config_checks.representable` are refused here,
+  in one line, before their squares or inverses overflow inside accounting."""
+  value = float(text)
+  try:
+    return config_checks.representable("value", value)
+  except ValueError as error:
+    raise argparse.ArgumentTypeError(str(error).replace("value=", "", 1)) from None
+
+
+# The most steps (or epochs) a flag may ask for: at a millisecond a step, over a day. More is a
+# typo (`--steps=1e12` would run for decades) and is refused in one line; a longer run is a
+# resumed one (`--resume`, `--stop_at_step`).
+MAX_STEPS = 10**8
+_COUNT_FLAG = re.compile(r"^(?:\w+_)?(?:steps|epochs)$")
+
+
+def _bounded_count(convert: Callable[[str], Any]) -> Callable[[str], Any]:
+  """`convert` of a step or epoch count, refusing counts above `MAX_STEPS`."""
+  def count(text: str) -> Any:
+    value = convert(text)
+    if isinstance(value, int) and value > MAX_STEPS:
+      raise argparse.ArgumentTypeError(f"{value} exceeds {MAX_STEPS:.0e}, the most a run may "
+                                       "take (more would not finish); give fewer")
+    return value
+  count.__name__ = getattr(convert, "__name__", "value")
+  return count
 
 
 def _optional(kind: Callable[[str], Any]) -> Callable[[str], Any]:
@@ -70,7 +100,7 @@ def _converter(annotation: Any) -> Callable[[str], Any] | None:
   """str -> value for a field annotation, or None if the type is not a flag type."""
   kind, optional = _unwrap_optional(annotation)
   if kind in (int, float, str):
-    convert = _named(kind, kind.__name__)
+    convert = _named(_float if kind is float else kind, kind.__name__)
   elif typing.get_origin(kind) is tuple and typing.get_args(kind) == (str, ...):
     convert = _named(_comma_tuple, "comma-separated list")
   else:
@@ -162,6 +192,9 @@ def add_config_flags(parser: argparse.ArgumentParser, cls: type, *,
     if convert is None:
       raise TypeError(f"{cls.__name__}.{field.name}: no flag type for {hints[field.name]!r}; "
                       "pass it in skip= and handle it in the CLI")
+    if _COUNT_FLAG.match(field.name) and kind is int:
+      convert = _bounded_count(convert)
+      text = f"{text or ''} (at most {MAX_STEPS:.0e})".strip()
     shown = ",".join(default) if isinstance(default, tuple) else default
     parser.add_argument(f"--{flag}", type=convert, default=default, required=required,
                         choices=choices.get(field.name),

@@ -242,13 +242,16 @@ def _parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
+  """The subcommand's exit status: 0, 1 (`render --check` found a stale file), or 2 for a
+  user error, printed in one line by the CLIs' handler (`_cli.user_errors`: a bad record, an
+  unreadable results.json, a destination that cannot be written)."""
   a = _parser().parse_args(sys.argv[1:] if argv is None else argv)
   try:
-    return {"render": _render, "publish": _publish, "combine": _combine, "attach": _attach,
-            "report": _report}[a.command](a)
-  except UserError as e:
-    print(f"error: {e}", file=sys.stderr)
-    return 2
+    with _cli.user_errors():
+      return {"render": _render, "publish": _publish, "combine": _combine, "attach": _attach,
+              "report": _report}[a.command](a)
+  except SystemExit as done:  # `_cli.fail`: the line is printed, the status returned
+    return done.code
 
 
 if __name__ == "__main__":

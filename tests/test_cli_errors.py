@@ -3,18 +3,25 @@ nothing written (issue 17, point 12): missing, empty, mismatching or corrupt tea
 that are files or read-only, batches larger than the data, `dpdfd sample` on a wrong workdir,
 `plot --out` into a missing folder, data not found. A bug keeps its traceback."""
 
+import errno
 import glob
+import json
+import logging
 import os
 from pathlib import Path
+import resource
 import shutil
+import signal
 import subprocess
 import sys
 
+import numpy as np
 import pytest
 
 from dpkd_jax import teacher
 from dpkd_jax.data import sources
 from dpkd_jax.methods import dpsgd
+from experiments import _cli
 from experiments import dfpate as dfpate_cli
 from experiments import dpdfd as dpdfd_cli
 from experiments import dpsgd as dpsgd_cli
@@ -252,3 +259,185 @@ def test_bad_conv_routes_mode_is_one_line_and_creates_nothing(tmp_path, monkeypa
   err = capsys.readouterr().err
   assert err.startswith("error: DPKD_CONV_ROUTES='fast'") and len(err.strip().splitlines()) == 1
   assert os.listdir(tmp_path) == []
+
+
+# ------------------------------------------------------------- faults and out-of-range input
+
+
+def _one_line_exit_2(main, argv, capsys) -> str:
+  """Runs `main(argv)`: exit 2, one `error:` line, no traceback (files may be written)."""
+  capsys.readouterr()
+  with pytest.raises(SystemExit) as exit_info:
+    main(argv)
+  err = capsys.readouterr().err
+  lines = err.strip().splitlines()
+  assert exit_info.value.code == 2 and len(lines) == 1 and lines[0].startswith("error: "), err
+  return lines[0]
+
+
+@pytest.mark.parametrize("main,argv,fragment", [
+    (dpsgd_cli.main, ["--noise_multiplier=1e300", "--steps=1"], "--noise_multiplier: 1e+300"),
+    (dpsgd_cli.main, ["--target_epsilon=1e300", "--steps=1"], "--target_epsilon: 1e+300"),
+    (dpsgd_cli.main, ["--noise_multiplier=1e-300", "--steps=1"], "out of range"),
+    (dpdfd_cli.main, DPDFD + ["--bound_method=clip", "--l2_norm_bound=1e300"],
+     "--l2_norm_bound: 1e+300"),
+    (dpsgd_cli.main, ["--noise_multiplier=1", "--steps=1000000000000"],
+     "--steps: 1000000000000 exceeds 1e+08"),
+    (dpdfd_cli.main, DPDFD[:2] + ["--steps=1000000000000"], "--steps: 1000000000000 exceeds"),
+], ids=["dpsgd_noise", "dpsgd_target", "dpsgd_tiny_noise", "dpdfd_clip", "dpsgd_steps",
+        "dpdfd_steps"])
+def test_out_of_range_number_flag_is_one_line(main, argv, fragment, sandbox, capsys):
+  line = _user_error(main, argv, capsys, sandbox)
+  assert fragment in line and ("out of range" in line or "would not finish" in line)
+
+
+def test_target_met_by_any_noise_is_one_line_and_writes_nothing(sandbox, capsys):
+  line = _user_error(dpsgd_cli.main, ["--target_epsilon=1e30", "--steps=1", "--workdir=run",
+                                      "--no_progress"], capsys, sandbox)
+  assert "target_epsilon=1e+30" in line and "met by any noise" in line
+
+
+def _npz_with_empty_test(directory: Path) -> None:
+  directory.mkdir()
+  np.savez(directory / "mnist.npz", x_train=np.zeros((16, 28, 28, 1), np.uint8),
+           y_train=np.arange(16) % 10, x_test=np.zeros((0, 28, 28, 1), np.uint8),
+           y_test=np.zeros((0,), np.int64))
+
+
+@pytest.mark.parametrize("main,argv", [
+    (dpsgd_cli.main, ["--noise_multiplier=1", "--steps=1", "--expected_batch_size=4"]),
+    (teacher_cli.main, ["--batch_size=8"]),
+], ids=["dpsgd", "teacher"])
+def test_empty_test_split_is_refused_before_any_charge(main, argv, sandbox, capsys):
+  _npz_with_empty_test(sandbox / "emptytest")
+  args = ["--dataset=mnist", "--data_dir=emptytest", "--workdir=run", "--no_progress", *argv]
+  line = _user_error(main, args, capsys, sandbox)  # nothing written, nothing charged
+  assert "x_test" in line and "holds no examples" in line
+  # The workdir is not blocked: the same command fails the same way, not "in use".
+  assert _one_line_exit_2(main, args, capsys) == line
+
+
+def test_dpdfd_batch_beyond_memory_is_refused_before_any_charge(teachers, sandbox, capsys):
+  line = _user_error(dpdfd_cli.main, DPDFD[:-2] + [f"--teacher_dirs={teachers['good']}",
+                                                  "--batch_size=1000000000", "--workdir=run"],
+                     capsys, sandbox)
+  assert "--batch_size=1000000000: one step needs at least" in line
+
+
+def test_teacher_ensemble_larger_than_the_data_is_refused(sandbox, capsys):
+  from experiments import teacher_ensemble as ensemble_cli  # pylint: disable=import-outside-toplevel
+  line = _user_error(ensemble_cli.main, ["--dataset=digits", "--num_teachers=100000",
+                                         "--workdir=run"], capsys, sandbox)
+  assert "--num_teachers=100000 exceeds the" in line
+
+
+def test_results_report_of_garbage_is_one_line(sandbox, capsys):
+  from experiments import results as results_cli  # pylint: disable=import-outside-toplevel
+  (sandbox / "garbage").mkdir()
+  (sandbox / "garbage" / "results.json").write_bytes(bytes(range(128, 256)))
+  capsys.readouterr()
+  assert results_cli.main(["report", "--run=garbage"]) == 2
+  lines = capsys.readouterr().err.strip().splitlines()
+  assert len(lines) == 1 and "results.json is not readable JSON" in lines[0], lines
+
+
+@pytest.mark.parametrize("code", [errno.EFBIG, errno.ENOSPC, errno.EROFS, errno.EACCES])
+def test_refused_write_without_a_file_name_names_the_last_file_written(tmp_path, capsys, code):
+  target = tmp_path / "metrics.csv"
+
+  def write_then_fail():
+    with _cli.user_errors():
+      with open(target, "w", encoding="utf-8"):
+        raise OSError(code, os.strerror(code))  # as a write() past a limit: no file name
+
+  with pytest.raises(SystemExit) as exit_info:
+    write_then_fail()
+  err = capsys.readouterr().err
+  assert exit_info.value.code == 2 and err.count("\n") == 1, err
+  assert f"cannot write {str(target)!r}: {os.strerror(code)}" in err
+
+
+def test_tensorstore_write_failure_and_its_background_logs_are_one_line(capsys, caplog):
+  message = ('OUT_OF_RANGE: Error writing "x" in OCDBT database: Failed writing: '
+             '"/w/checkpoints/6/d/ab12": Failed to write 18 bytes to file 15: File too large '
+             "[os_error_code='27']")
+  with pytest.raises(SystemExit) as exit_info:
+    with _cli.user_errors():
+      try:
+        raise ValueError(message)
+      except ValueError:
+        logging.getLogger("absl").exception("background save thread failed")
+      raise RuntimeError("save failed") from ValueError(message)
+  assert exit_info.value.code == 2
+  assert capsys.readouterr().err == (
+      "error: cannot write '/w/checkpoints/6/d/ab12': File too large; check its permissions, "
+      "free space and file size limit\n")
+  assert not caplog.records  # held back: said in the line
+
+
+def test_other_errors_keep_their_traceback_and_logs(caplog):
+  with pytest.raises(ValueError, match="a bug"):
+    with _cli.user_errors():
+      logging.getLogger("absl").error("unrelated [os_error_code='27'] noise")
+      raise ValueError("a bug")
+  assert caplog.records  # a failure that is not said in one line keeps its log
+
+
+def test_file_size_limit_in_a_process_is_one_line_naming_the_file(tmp_path):
+  """ulimit -f 40: the first checkpoint exceeds it (SIGXFSZ ignored, so writes fail EFBIG)."""
+  def limit():
+    signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
+    resource.setrlimit(resource.RLIMIT_FSIZE, (40 * 1024, 40 * 1024))
+  env = {**{k: v for k, v in os.environ.items() if not k.startswith("JAX_")},
+         "PYTHONPATH": str(Path(__file__).resolve().parents[1]), "JAX_PLATFORMS": "cpu"}
+  result = subprocess.run(
+      [sys.executable, "-m", "experiments.dpsgd", "--steps=12", "--noise_multiplier=1",
+       "--model=lenet5_half", "--expected_batch_size=256", "--workdir=run", "--no_progress"],
+      cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300, preexec_fn=limit)
+  lines = result.stderr.strip().splitlines()
+  assert result.returncode == 2 and len(lines) == 1, result.stderr[-2000:]
+  assert lines[0].startswith(f"error: cannot write '{tmp_path}") and "File too large" in lines[0]
+
+
+def test_tampered_checkpoint_ledger_without_its_file_is_a_one_line_refusal(sandbox, capsys):
+  flags = ["--noise_multiplier=1", "--steps=2", "--model=lenet5_half", "--workdir=run",
+           "--no_progress"]
+  dpsgd_cli.main(flags)
+  os.remove(sandbox / "run" / "privacy_ledger.json")
+  for path in (sandbox / "run" / "checkpoints").glob("*/meta/metadata"):
+    meta = json.loads(path.read_text())
+    meta["ledger"] = meta["ledger"].replace('"entries"', '"entrees"')
+    path.write_text(json.dumps(meta))
+  line = _one_line_exit_2(dpsgd_cli.main, [*flags, "--resume"], capsys)
+  assert "ledger" in line or "damaged" in line
+  assert not (sandbox / "run" / "privacy_ledger.json").exists()
+
+
+def test_results_publish_into_a_read_only_directory_is_one_line(sandbox, capsys, monkeypatch):
+  """Read-only simulated (tests may run as root): the record's write fails with EROFS."""
+  from experiments import results as results_cli  # pylint: disable=import-outside-toplevel
+  from dpkd_jax.train import records as records_lib  # pylint: disable=import-outside-toplevel
+
+  def read_only(path, record):
+    raise OSError(errno.EROFS, os.strerror(errno.EROFS), path)
+  monkeypatch.setattr(records_lib, "write_record", read_only)
+  monkeypatch.setattr(records_lib, "read_record", lambda path, **_: {})
+  monkeypatch.setattr(records_lib, "combine_seeds", lambda seeds, name: {"test_accuracy": 0.5,
+                                                                          "columns": {}})
+  capsys.readouterr()
+  assert results_cli.main(["--results_dir=ro", "combine", "--records=a_s0,a_s1",
+                           "--name=dpsgd__digits__a"]) == 2
+  lines = capsys.readouterr().err.strip().splitlines()
+  assert len(lines) == 1 and "cannot write" in lines[0] and "Read-only file system" in lines[0]
+
+
+def test_release_over_budget_is_one_line(capsys):
+  from dpkd_jax.privacy import ledger as ledger_lib  # pylint: disable=import-outside-toplevel
+  with pytest.raises(SystemExit) as exit_info:
+    with _cli.user_errors():
+      raise ledger_lib.BudgetExceededError("release refused: spent ε=10.09, ε after this "
+                                           "release would be 11.16 > target ε=10.09; "
+                                           "requested event: TaggedDpEvent(...)")
+  err = capsys.readouterr().err
+  assert exit_info.value.code == 2 and err.count("\n") == 1
+  assert "release refused: spent ε=10.09" in err and "start a new --workdir" in err

@@ -1,9 +1,10 @@
 """Fault injection on the CLIs (issue 17, "Done when"): `benchmarks/fault_injection.py`.
 
-kill -9 at a random release then resume, overwritten checkpoint bytes, a concurrent start and a
-dataset missing offline, each on tiny digits runs compared with an uninterrupted run. The kill
-points come from a random seed (set DPKD_FAULT_SEED to replay one); the report of what was
-tried is printed in the pytest summary (single-process runs only) and in every failure message.
+kill -9 at a random release then resume, overwritten checkpoint bytes, a concurrent start, a
+dataset missing offline, and bad input or refused writes (one line, nothing charged), each on
+tiny digits runs compared with an uninterrupted run. The kill points come from a random seed
+(set DPKD_FAULT_SEED to replay one); the report of what was tried is printed in the pytest
+summary (single-process runs only) and in every failure message.
 """
 
 import importlib.util
@@ -62,3 +63,9 @@ def test_second_run_in_a_busy_workdir_is_refused_and_the_first_unharmed(injected
 
 def test_missing_data_offline_fails_fast_in_one_line(injected):
   _check(injected, "offline")
+
+
+@pytest.mark.parametrize("key", ["overflow_flag", "empty_test", "file_size_limit",
+                                 "dpdfd_batch"])
+def test_bad_input_and_refused_writes_are_one_line_and_charge_nothing_unreleased(injected, key):
+  _check(injected, key)

@@ -175,3 +175,10 @@ def test_a_ledger_of_another_budget_is_refused(tmp_path):
   with workdir.open_run(str(tmp_path), kind="test", config=CONFIG, resume=True) as run:
     with pytest.raises(errors.UserError, match="belongs to another run"):
       run.ledger(ledger_lib.PrivacyLedger(target_epsilon=49.0, delta=1e-5))
+
+
+def test_damaged_ledger_in_checkpoint_metadata_is_a_one_line_refusal():
+  assert ledger_file.ledger_of({}) is None
+  for damaged in ("{not json", '{"format": "dpkd_jax.privacy_ledger", "entries": 3}'):
+    with pytest.raises(ledger_file.CorruptLedgerError, match="checkpoint's metadata is damaged"):
+      ledger_file.ledger_of({"ledger": damaged})

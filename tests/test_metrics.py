@@ -4,6 +4,9 @@ import csv
 import glob
 import os
 import struct
+import warnings
+
+import pytest
 
 from dpkd_jax.train import metrics
 
@@ -78,3 +81,25 @@ def test_resumed_tensorboard_file_purges_replayed_steps(tmp_path):
   starts = [e.step for path in files for e in _events(path) if e.HasField("session_log")
             and e.session_log.status == e.session_log.START]
   assert starts == [8]  # TensorBoard hides earlier events with step >= 8
+
+
+def test_rows_are_on_disk_before_write_returns(tmp_path, monkeypatch):
+  synced = []
+  real_fsync = os.fsync
+  monkeypatch.setattr(os, "fsync", lambda fd: synced.append(fd) or real_fsync(fd))
+  metrics.MetricsWriter(str(tmp_path), tensorboard=False).write(1, {"a": 1.0})
+  assert synced  # a checkpoint saved after this write cannot outlive the row
+
+
+def test_torn_row_at_or_before_the_checkpoint_is_warned_after_it_is_not(tmp_path):
+  path = str(tmp_path / "metrics.csv")
+  metrics.MetricsWriter(str(tmp_path), tensorboard=False).write(1, {"a": 1.0})
+  with open(path, "a") as f:
+    f.write("3,a,0.12")
+  with warnings.catch_warnings():
+    warnings.simplefilter("error")
+    assert metrics.drop_rows_after(path, 2) == 1  # step 3 is replayed: nothing lost
+  with open(path, "a") as f:
+    f.write("2,a,0.12")
+  with pytest.warns(UserWarning, match="1 torn row.* step 2 .*cannot be rebuilt"):
+    assert metrics.drop_rows_after(path, 2) == 1

@@ -85,3 +85,13 @@ def test_record_names_the_commit_that_started_the_run(tmp_path, monkeypatch):
   outputs.finish_run(str(tmp_path), {"method": "dpsgd", "test_accuracy": 0.5}, run=None,
                      clock=clock, dataset="digits", test_accuracy=0.5, sound_epsilon=1.0, delta=1e-5)
   assert records.read_record(str(tmp_path / "record.json"))["commit"] == "aaaa"
+
+
+def test_nan_is_written_as_null_and_named():
+  clean, paths = outputs.without_nan({"test_loss": float("nan"), "epsilon": float("inf"),
+                                      "curve": [1.0, float("nan")], "config": {"lr": 1e30}})
+  assert clean == {"test_loss": None, "epsilon": float("inf"), "curve": [1.0, None],
+                   "config": {"lr": 1e30}}
+  assert paths == ["test_loss", "curve[1]"]
+  assert "training diverged: test_loss, curve[1] is not a number" in (
+      outputs._diverged_warning(paths))  # pylint: disable=protected-access

@@ -158,7 +158,16 @@ def _read_npz(path: Path, split: str, info: DatasetInfo) -> tuple[np.ndarray, np
     check_arrays(images, labels, info, where=f"{path} [{image_key}, {label_key}]")
   except ValueError as error:
     raise errors.UserError(str(error)) from error
+  _check_not_empty(len(labels), where=f"{path} [{image_key}, {label_key}]")
   return images, labels.astype(np.int32)
+
+
+def _check_not_empty(count: int, *, where: str) -> None:
+  """An empty split cannot be trained on or evaluated: refused when loaded, before any run
+  charges its ledger (every CLI loads its splits first)."""
+  if count == 0:
+    raise errors.UserError(f"{where}: the split holds no examples; give a dataset with at "
+                           "least one training and one test example")
 
 
 _CACHE: dict[tuple, ArrayDataset] = {}
@@ -250,5 +259,6 @@ def load(
           "experiments.teacher/dpsgd/rknn/rona)") from error
     # Validated outside the try: a malformed tfds record is a ValueError, not "not found".
     check_arrays(images, labels, info, where=f"tensorflow-datasets {name}[{split}]")
+    _check_not_empty(len(labels), where=f"tensorflow-datasets {name}[{split}]")
     _CACHE[key] = _read_only(images, labels.astype(np.int32), info)
   return _CACHE[key]

@@ -54,6 +54,11 @@ class _EventTreeAccountant(privacy_accountant.PrivacyAccountant):
                               value_discretization_interval=self._interval)
 
 
+class CalibrationError(ValueError):
+  """A target ε no noise (or no step count) meets: a setting to change, not a bug (the CLIs
+  print it as one line)."""
+
+
 def _bracket_noise(eps_of: Callable[[float], float], target: float,
                    start: float) -> tuple[float, float]:
   """Geometric search for lo < hi with eps_of(lo) > target >= eps_of(hi)."""
@@ -64,14 +69,15 @@ def _bracket_noise(eps_of: Callable[[float], float], target: float,
       if not eps_of(lo) <= target:  # `not <=` also treats NaN as too large.
         return lo, hi
       hi, lo = lo, lo / 2
-    raise ValueError(f"ε stays <= target_epsilon={target} down to noise "
-                     f"{hi}: the event does not depend on the noise parameter")
+    raise CalibrationError(f"ε stays <= target_epsilon={target} down to noise {hi}: the "
+                           "target is met by any noise (or the event does not depend on it); "
+                           "give a smaller target_epsilon or the noise itself")
   for _ in range(_MAX_DOUBLINGS):
     lo, hi = hi, hi * 2
     if eps_of(hi) <= target:
       return lo, hi
-  raise ValueError(f"target_epsilon={target} is unreachable: even noise "
-                   f"{hi} gives ε={eps_of(hi)}")
+  raise CalibrationError(f"target_epsilon={target} is unreachable: even noise {hi} gives "
+                         f"ε={eps_of(hi)}; give a larger target_epsilon")
 
 
 def calibrate_noise_multiplier(
@@ -144,8 +150,8 @@ def calibrate_steps(
                        value_discretization_interval)) <= target
 
   if not fits(1):
-    raise ValueError(f"target_epsilon={target} is unreachable: one step "
-                     "already exceeds it")
+    raise CalibrationError(f"target_epsilon={target} is unreachable: one step already "
+                           "exceeds it; give a larger target_epsilon")
   # Double with cheap RDP first where it exists; ε_PLD <= ε_RDP, so the RDP
   # answer is a lower end for PLD.
   lo = 1

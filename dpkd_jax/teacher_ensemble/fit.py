@@ -7,6 +7,7 @@ calls it with its run's keys); `train_and_save(config, directory)` is the comman
 
 from __future__ import annotations
 
+import math
 import time
 from typing import Any, Callable
 
@@ -19,6 +20,7 @@ from dpkd_jax.teacher_ensemble import config as config_lib
 from dpkd_jax.teacher_ensemble import ensemble as ensemble_lib
 from dpkd_jax.teacher_ensemble import store
 from dpkd_jax.train import checkpoint
+from dpkd_jax.train import memory
 
 # fold_in tags of the ensemble's root key (`train_and_save`), one per use.
 _INIT_FOLD, _TRAIN_FOLD = 0, 1
@@ -38,6 +40,7 @@ def fit(config: config_lib.TeacherEnsembleConfig, train: data.ArrayDataset,
     (ensemble, meta): the meta as `store` describes it (identity, partition, report, ...).
   """
   info = train.info
+  _check_size(config, train)
   ensemble = ensemble_lib.init_ensemble(config.teacher_model, config.num_teachers, info,
                                         init_key)
   images, labels = ensemble_lib.equal_shards(train, config.num_teachers, seed=config.shard_seed)
@@ -55,6 +58,21 @@ def fit(config: config_lib.TeacherEnsembleConfig, train: data.ArrayDataset,
           "train_seconds": seconds,
           "report": ensemble_lib.ensemble_accuracy(ensemble, test)}
   return ensemble, meta
+
+
+def _check_size(config: config_lib.TeacherEnsembleConfig, train: data.ArrayDataset) -> None:
+  """Refuses (one line) an ensemble with an empty shard, or one whose parameters, gradients
+  and Adam moments (4 float32 copies) and one batch per teacher cannot fit in memory, before
+  anything is allocated."""
+  if config.num_teachers > len(train):
+    raise errors.UserError(f"--num_teachers={config.num_teachers} exceeds the {len(train)} "
+                           "training records: some teacher would get none; give fewer teachers")
+  one = jax.eval_shape(lambda: ensemble_lib.init_ensemble(
+      config.teacher_model, 1, train.info, jax.random.key(0)).params)
+  params = sum(math.prod(leaf.shape) for leaf in jax.tree.leaves(one))
+  batch = min(config.teacher_batch_size, len(train) // config.num_teachers)
+  memory.check_fits("--num_teachers", config.num_teachers, config.num_teachers * (
+      4 * 4 * params + batch * memory.per_example_bytes(train.info.image_shape)))
 
 
 def train_and_save(config: config_lib.TeacherEnsembleConfig, directory: str, *,

@@ -199,6 +199,17 @@ class LedgerFile:
 
 
 def ledger_of(meta: dict[str, Any]) -> ledger_lib.PrivacyLedger | None:
-  """The ledger a checkpoint's metadata carries (None if it has none)."""
+  """The ledger a checkpoint's metadata carries (None if it has none).
+
+  Raises:
+    CorruptLedgerError: the metadata's ledger does not read as one (edited or damaged): the
+      charges it stood for are unknown, so the run is refused rather than continued.
+  """
   text = meta.get("ledger")
-  return None if text is None else ledger_lib.PrivacyLedger.from_json(text)
+  try:
+    return None if text is None else ledger_lib.PrivacyLedger.from_json(text)
+  except (ValueError, KeyError, TypeError, AttributeError) as error:
+    raise CorruptLedgerError(
+        f"the privacy ledger in the checkpoint's metadata is damaged ({type(error).__name__}: "
+        f"{str(error)[:160]}); restore {FILE_NAME} or the checkpoint, or start a new "
+        "--workdir") from error

@@ -7,6 +7,11 @@ A resumed run replays the steps after its checkpoint, so it passes `resume_step`
 step, 0 for a fresh run): rows with a larger step are dropped from the CSV before anything is
 appended, and TensorBoard is told to purge events after that step (the `purge_step` of the new
 event file; TensorBoard hides older events at or beyond it). The log then holds each step once.
+
+Every append is flushed and fsynced before `write` returns, so the rows of a step are on disk
+before the checkpoint of that step is saved: a crash (or a power loss) can then tear only rows
+after the last checkpoint, which the resumed run writes again. A torn or unreadable row at or
+before the checkpoint (the file damaged otherwise) cannot be rebuilt; dropping it is warned.
 """
 
 from __future__ import annotations
@@ -15,6 +20,7 @@ import csv
 import glob
 import os
 import tempfile
+import warnings
 from typing import Mapping
 
 import jax
@@ -33,6 +39,14 @@ def _is_whole(row: list[str]) -> bool:
     return False
 
 
+def _step_after(row: list[str], step: int) -> bool:
+  """True if `row` (whole or torn) names a step after `step`: the resumed run rewrites it."""
+  try:
+    return int(row[0]) > step
+  except (ValueError, IndexError):
+    return False
+
+
 def drop_rows_after(path: str, step: int) -> int:
   """Rewrites the long-format CSV `path` without rows whose step exceeds `step` (atomically).
 
@@ -46,11 +60,17 @@ def drop_rows_after(path: str, step: int) -> int:
   with open(path, newline="") as f:
     text = f.read()
   torn = bool(text) and not text.endswith("\n")  # the last row was cut short, even if it parses
-  rows = list(csv.reader(text.splitlines()))[:-1 if torn else None]
+  rows = list(csv.reader(text.splitlines()))
+  rows, cut = (rows[:-1], rows[-1:]) if torn else (rows, [])
   if rows and rows[0] != _HEADER:
     raise ValueError(f"{path!r} is not a metrics CSV (header {rows[0]}, expected {_HEADER})")
   kept = [row for row in rows[1:] if _is_whole(row) and int(row[0]) <= step]
   dropped = max(len(rows) - 1, 0) - len(kept) + torn
+  lost = [row for row in [*rows[1:], *cut]
+          if (not _is_whole(row) or row in cut) and not _step_after(row, step)]
+  if lost:  # rows of steps the resumed run does not write again
+    warnings.warn(f"{path}: dropped {len(lost)} torn row(s) of step {step} (the checkpoint) "
+                  "or before, which cannot be rebuilt", stacklevel=2)
   if dropped:
     with tempfile.NamedTemporaryFile("w", dir=os.path.dirname(os.path.abspath(path)),
                                      delete=False, suffix=".tmp", newline="") as f:
@@ -122,6 +142,8 @@ class MetricsWriter:
         rows = [row for row in rows if not released_fields.is_private_metric(row[1])]
     with open(self._csv_path, "a", newline="") as f:
       csv.writer(f).writerows(rows)
+      f.flush()
+      os.fsync(f.fileno())  # on disk before the step's checkpoint (module docstring)
     if self._tb is not None:
       for step_, name, value in rows:
         self._tb.add_scalar(name, value, step_)

@@ -146,6 +146,32 @@ def privacy_warnings(*, sound_epsilon: float, target_epsilon: float | None = Non
   return out
 
 
+def without_nan(value: Any, path: str = "") -> tuple[Any, list[str]]:
+  """(`value` with every float NaN replaced by None, the dotted paths replaced).
+
+  JSON has no NaN: a bare `NaN` makes results.json unreadable to strict parsers, so a
+  diverged run's NaN loss is written as null and named in a warning. inf stays (ε = ∞ is
+  written as Infinity, which every reader of these files accepts)."""
+  if isinstance(value, float) and math.isnan(value):
+    return None, [path]
+  if isinstance(value, Mapping):
+    out, paths = {}, []
+    for key, item in value.items():
+      out[key], found = without_nan(item, f"{path}.{key}" if path else str(key))
+      paths += found
+    return out, paths
+  if isinstance(value, (list, tuple)):
+    pairs = [without_nan(item, f"{path}[{i}]") for i, item in enumerate(value)]
+    return type(value)(item for item, _ in pairs), [p for _, found in pairs for p in found]
+  return value, []
+
+
+def _diverged_warning(paths: list[str]) -> str:
+  shown = ", ".join(paths[:3]) + (f" and {len(paths) - 3} more" if len(paths) > 3 else "")
+  return (f"training diverged: {shown} is not a number (written as null); lower the learning "
+          "rate or check the inputs")
+
+
 def _write_json(path: str, payload: Mapping[str, Any]) -> None:
   """Atomically (a crash leaves the old file or the new one); inf is written as Infinity."""
   directory = os.path.dirname(os.path.abspath(path))
@@ -192,6 +218,14 @@ def finish_run(workdir: str, results: dict[str, Any], *, run: workdir_lib.Run | 
   released_fields.move_private_fields(results)  # a declared private field never at top level
   results["warnings"] = privacy_warnings(sound_epsilon=sound_epsilon,
                                          target_epsilon=target_epsilon, accounting=accounting)
+  clean, nan_paths = without_nan(results)
+  if nan_paths:
+    results.clear()
+    results.update(clean)
+    results["warnings"].append(_diverged_warning(nan_paths))
+  extra, _ = without_nan(extra or {})
+  if test_accuracy is not None and math.isnan(test_accuracy):
+    test_accuracy = None
   if run is not None and os.path.abspath(run.workdir) != os.path.abspath(workdir):
     raise ValueError(f"finish_run of {workdir!r} was handed the run of {run.workdir!r}")
   cost = _run_cost(run, clock)

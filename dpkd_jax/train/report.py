@@ -66,8 +66,16 @@ def _fmt(value: Any) -> str:
 def _read_json(path: str) -> dict[str, Any] | None:
   if not os.path.isfile(path):
     return None
-  with open(path, encoding="utf-8") as f:
-    return json.load(f)  # reads the Infinity that runs write for ε = ∞
+  try:
+    with open(path, encoding="utf-8") as f:
+      payload = json.load(f)  # reads the Infinity that runs write for ε = ∞
+  except ValueError as error:  # not UTF-8 (UnicodeDecodeError) or not JSON
+    raise errors.UserError(f"{path} is not readable JSON ({type(error).__name__}: "
+                           f"{str(error)[:120]}); rerun or restore the run") from error
+  if not isinstance(payload, dict):
+    raise errors.UserError(f"{path} holds {type(payload).__name__}, not a JSON object; rerun "
+                           "or restore the run")
+  return payload
 
 
 def summary_rows(results: dict[str, Any], record: dict[str, Any] | None) -> list[str]:

@@ -40,6 +40,7 @@ from dpkd_jax.train import averaging
 from dpkd_jax.train import checkpoint
 from dpkd_jax.train import distributed
 from dpkd_jax.train import evaluate
+from dpkd_jax.train import memory
 from dpkd_jax.train import metrics as metrics_lib
 from dpkd_jax.train import outputs
 from dpkd_jax.train import records
@@ -325,6 +326,7 @@ def train_dpdfd(config: config_lib.DPDFDConfig, workdir: str, *, progress: bool 
     BudgetExceededError: the ledger restored from `workdir` has no budget left for a step.
   """
   # 1. Workdir: lock, resume or refuse (for the whole run); the device mesh.
+  memory.check_batch("--batch_size", config.batch_size, config.info.image_shape)  # fits?
   clock = outputs.RunClock()
   run = workdir_lib.open_run(workdir, kind="DPDFD", config=config.to_json())
   mesh = sharding.data_mesh() if mesh is None else mesh
