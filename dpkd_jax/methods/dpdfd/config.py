@@ -90,13 +90,11 @@ class DPDFDConfig:
     dataset: the private dataset (its test split evaluates the student).
     teacher_dirs: one workdir per teacher (`experiments.teacher`); n > 1 = an ensemble, whose
       accounting uses the most teachers one record can reach (`teacher_partition`).
-    teacher_ensemble_dir: instead of teacher_dirs, one directory holding n stacked teachers
-      trained on disjoint equal shards (`experiments.teacher_ensemble`, or a data-free PATE
-      `teachers_dir`); its saved partition record gives one teacher per record (m = 1).
+    teacher_ensemble_dir: instead, one directory of n stacked teachers on disjoint equal shards
+      (`experiments.teacher_ensemble` or DF-PATE `teachers_dir`): one teacher per record (m = 1).
     student_model, student_norm, generator_model, generator_channels, latent_dim: networks
       (`generator_channels` is DAFL's width, 128 in the paper; 64 quarters the CPU cost).
-    steps, batch_size: DPDFD iterations (upper bound when a target ε is given) and B, the
-      synthetic samples (released rows) per step.
+    steps, batch_size: DPDFD iterations (a bound with a target ε); B, rows released per step.
     gamma: step size of the noisy target y_s = s - γ g~.
     student_loss: "mse" (default: 0.5||s - y_s||², whose gradient w.r.t. s is exactly γ g~)
       or "ce" (the paper's: cross-entropy against softmax(y_s)). Measured on MNIST
@@ -173,17 +171,14 @@ class DPDFDConfig:
       replay_size) or "per_class" (the newest replay_size // K of each class, as the stored
       target's argmax names it, so a class the generator left is not forgotten; needs
       replay_size >= K · batch_size).
-    pretrained_generator_dir: None (default, the paper: the generator starts from random
-      weights and sees only the student), or the workdir of `python -m experiments.srr
-      pretrain` for the same dataset, teacher and generator: a generator pretrained against the
-      teacher WITHOUT noise (its BatchNorm statistics and outputs). A labelled variant: the run's
+    pretrained_generator_dir: None (default, the paper: a random generator that sees only the
+      student), or the workdir of `python -m experiments.srr pretrain` (same dataset, teacher,
+      generator): pretrained against the teacher WITHOUT noise. A labelled variant: the run's
       record-level ε is then inf; the release ε (conditional on that generator) is kept beside.
-    validation_examples: hold this many records of the teachers' private training split out
-      (`train.selection`, seed 0): the evaluations during training read them (private
-      diagnostics) and the test split is read once at the end; 0 (default): evaluate on test.
-    seed: root seed of init, latents and noise; None (default) draws a secret one from OS
-      entropy, stored only in the checkpoint (`privacy.seeds`); an integer makes the noise
-      reproducible by anyone who knows it (research runs).
+    validation_examples: private hold-out of the teachers' training split (`train.selection`)
+      read during training (private diagnostics), test read once at the end; 0: test.
+    seed: root seed of init, latents and noise; None (default): a secret one from OS entropy,
+      kept only in the checkpoint (`privacy.seeds`); an integer: noise anyone can regenerate.
     eval_every, data_dir: bookkeeping.
   """
 
