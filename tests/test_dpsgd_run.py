@@ -167,7 +167,7 @@ def test_saved_config_of_a_default_run_has_no_clipping_field(runs):
   later = ("clipping", "features", "validation_examples", "standardize_noise_multiplier",
            "standardize_mean_clip", "standardize_second_moment_clip", "lr_schedule",
            "param_averaging_decay", "param_averaging_start_step", "augmult",
-           "augmult_max_shift")
+           "augmult_max_shift", "secure_noise")
   before = {k: v for k, v in dataclasses.asdict(config).items() if k not in later}
   assert meta["config"] == before and one_go["config"] == before
   with pytest.raises(ValueError, match="another config"):  # the clipping path is in the config

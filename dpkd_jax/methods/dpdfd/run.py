@@ -333,13 +333,12 @@ def train_dpdfd(config: config_lib.DPDFDConfig, workdir: str, *, progress: bool 
   sharding.check_divisible(config.batch_size, mesh)
   # 2. Data, teachers (m from their cards), the hold-out (a bad count fails before a charge).
   ensemble, source = load_teachers(config)
-  overlap = source.overlap
-  if overlap.teachers_per_record > 1 and distributed.is_coordinator():
-    print(f"DPDFD accounting: {overlap.reason}", flush=True)
+  if source.overlap.teachers_per_record > 1 and distributed.is_coordinator():
+    print(f"DPDFD accounting: {source.overlap.reason}", flush=True)
   test = data.load(config.dataset, "test", data_dir=config.data_dir)
   monitor = selection.teachers_split_monitor(config, workdir, test, resume_step=run.step)
   # 3. Plan: σ and the steps, the only place they are resolved.
-  plan = privacy.make_plan(config, overlap.teachers_per_record, num_teachers=ensemble.size)
+  plan = privacy.make_plan(config, source.overlap.teachers_per_record, num_teachers=ensemble.size)
   teachers_sha256 = _teachers_sha256(ensemble)
   _check_same_teachers(run, plan, teachers_sha256)
   # 4. Root seed (secret unless chosen; a resumed run continues with its own), state, ledger.
