@@ -244,11 +244,13 @@ def run_all(tmp: str, seed: int) -> dict[str, Outcome]:
         outcomes[f"kill_{method}"] = Outcome(f"kill -9 {method}", "train a teacher",
                                              problems=[f"teacher failed: {err[-300:]}"])
       return
-    parallel(*(lambda m=m: reference_then_kill(m) for m in TEACHER_METHODS))
-    outcomes["dpdfd_batch"] = refused(
-        "dpdfd batch beyond memory", "dpdfd",
-        [*dpdfd_flags(d["teacher"])[:-3], "--batch_size=1000000000"],  # no replay flags
-        os.path.join(tmp, "dpdfd_batch_run"), "--batch_size=1000000000")
+    def dpdfd_batch():  # a short refusal, beside the method streams rather than after them
+      outcomes["dpdfd_batch"] = refused(
+          "dpdfd batch beyond memory", "dpdfd",
+          [*dpdfd_flags(d["teacher"])[:-3], "--batch_size=1000000000"],  # no replay flags
+          os.path.join(tmp, "dpdfd_batch_run"), "--batch_size=1000000000")
+
+    parallel(dpdfd_batch, *(lambda m=m: reference_then_kill(m) for m in TEACHER_METHODS))
 
   def offline():
     outcomes["offline"] = offline_missing_data(tmp)
