@@ -28,7 +28,7 @@ def _chi_square_p_value(draws, scale):
 
 @pytest.mark.parametrize("scale", [F(2), F(5, 3), F(1, 4), F(40)])
 def test_sample_matches_the_exact_pmf(scale):
-  draws = np.asarray(jax.jit(lambda key: dl.sample(key, scale, (50_000,)))(jax.random.key(0)))
+  draws = np.asarray(jax.jit(lambda key: dl.sample(key, (50_000,), scale))(jax.random.key(0)))
   assert draws.dtype == np.int32
   assert _chi_square_p_value(draws, scale) > 1e-4
   q = math.exp(-1 / float(scale))
@@ -44,7 +44,7 @@ def test_sample_matches_the_exact_pmf(scale):
 
 
 def test_a_wrong_scale_is_rejected_by_the_same_test():
-  draws = np.asarray(dl.sample(jax.random.key(1), F(2), (100_000,)))
+  draws = np.asarray(dl.sample(jax.random.key(1), (100_000,), F(2)))
   assert _chi_square_p_value(draws, F(21, 10)) < 1e-6
 
 
@@ -72,17 +72,17 @@ def test_uniform_below_is_uniform(bound):
 
 def test_keys_cells_and_transforms():
   key = jax.random.key(4)
-  a = dl.sample(key, F(3), (4, 5))
-  np.testing.assert_array_equal(a, dl.sample(key, F(3), (4, 5)))  # same key, same draws
-  assert not np.array_equal(a, dl.sample(jax.random.key(5), F(3), (4, 5)))
+  a = dl.sample(key, (4, 5), F(3))
+  np.testing.assert_array_equal(a, dl.sample(key, (4, 5), F(3)))  # same key, same draws
+  assert not np.array_equal(a, dl.sample(jax.random.key(5), (4, 5), F(3)))
   # Cell j draws from fold_in(key, j): the shape only arranges the cells.
-  np.testing.assert_array_equal(a.reshape(-1), dl.sample(key, F(3), (20,)))
+  np.testing.assert_array_equal(a.reshape(-1), dl.sample(key, (20,), F(3)))
   # Neighbouring cells are independent: no lag-1 correlation over many cells.
-  many = np.asarray(dl.sample(key, F(3), (20_000,)), np.float64)
+  many = np.asarray(dl.sample(key, (20_000,), F(3)), np.float64)
   assert abs(np.corrcoef(many[:-1], many[1:])[0, 1]) < 5 / math.sqrt(many.size)
   keys = jax.random.split(key, 3)
-  batched = jax.jit(jax.vmap(lambda k: dl.sample(k, F(3), (5,))))(keys)
-  np.testing.assert_array_equal(batched[1], dl.sample(keys[1], F(3), (5,)))
+  batched = jax.jit(jax.vmap(lambda k: dl.sample(k, (5,), F(3))))(keys)
+  np.testing.assert_array_equal(batched[1], dl.sample(keys[1], (5,), F(3)))
   assert batched.dtype == jnp.int32
 
 
@@ -104,8 +104,8 @@ def test_rational_scale_rounds_up_and_the_charge_covers_the_executed_epsilon(l1_
     (lambda: dl.rational_scale(0, 1.0), "l1_sensitivity"),
     (lambda: dl.rational_scale(1, 0.0), "epsilon"),
     (lambda: dl.rational_scale(2, 1e-7), "outside the exact sampler's range"),
-    (lambda: dl.sample(jax.random.key(0), 2.0, (3,)), "Fraction"),
-    (lambda: dl.sample(jax.random.key(0), F(1, 2048), (3,)), "denominator"),
+    (lambda: dl.sample(jax.random.key(0), (3,), 2.0), "Fraction"),
+    (lambda: dl.sample(jax.random.key(0), (3,), F(1, 2048)), "denominator"),
 ])
 def test_bad_parameters_raise(call, match):
   with pytest.raises(ValueError, match=match):

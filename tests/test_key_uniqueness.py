@@ -151,7 +151,7 @@ def test_recorder_sees_jit_vmap_and_loops_and_catches_split_beside_fold_in(recor
 def test_discrete_laplace_draws_have_their_own_keys(recorder):
   # Every word of every step of every cell (rejected, discarded or used) has its own key.
   with recorder.collect() as uses:
-    jax.jit(lambda k: discrete_laplace.sample(k, fractions.Fraction(5, 3), (40,)))(
+    jax.jit(lambda k: discrete_laplace.sample(k, (40,), fractions.Fraction(5, 3)))(
         jax.random.key(9))
   _assert_distinct(uses, minimum=2 * 40)
 

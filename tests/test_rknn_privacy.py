@@ -103,7 +103,7 @@ def test_release_and_event_take_their_noise_from_the_same_plan(mode):
   if mode == "central":  # the plan's exact scale drives the draws and the event
     assert stronger.laplace_scale == 2 * plan.laplace_scale
     for p in (plan, stronger):
-      noise = discrete_laplace.sample(jax.random.key(0), p.laplace_scale, exact.shape)
+      noise = discrete_laplace.sample(jax.random.key(0), exact.shape, p.laplace_scale)
       np.testing.assert_array_equal(release(p), exact + np.asarray(noise))
       assert p.event(1).event.noise_parameter == discrete_laplace.noise_parameter(
           p.laplace_scale)

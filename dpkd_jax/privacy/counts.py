@@ -94,7 +94,7 @@ def discrete_laplace_counts(key: jax.Array, counts: jax.Array, *,
   if not jnp.issubdtype(counts.dtype, jnp.integer):
     raise ValueError(f"counts must have an integer dtype (exact integer noise), got "
                      f"{counts.dtype}")
-  noisy = counts.astype(jnp.int32) + discrete_laplace.sample(key, scale, counts.shape)
+  noisy = counts.astype(jnp.int32) + discrete_laplace.sample(key, counts.shape, scale)
   chex.assert_equal_shape((noisy, counts))
   return noisy
 

@@ -263,13 +263,13 @@ def _sample_cells(cell_keys, num: int, den: int):
   return lax.while_loop(go_on, step, state)[-1]
 
 
-def sample(key: jax.Array, scale: fractions.Fraction, shape: tuple[int, ...]) -> jax.Array:
+def sample(key: jax.Array, shape: tuple[int, ...], scale: fractions.Fraction) -> jax.Array:
   """i.i.d. DLap(scale) integers, P(x) ∝ exp(−|x| / scale); cell j uses `fold_in(key, j)`.
 
   Args:
     key: a `jax.random.key`, used once (split by cell index).
+    shape: output shape (the argument order of `jax.random` and `discrete_gaussian.sample`).
     scale: t, an exact rational (`rational_scale`); static.
-    shape: output shape.
 
   Returns:
     int32 array of `shape`.
