@@ -29,13 +29,14 @@ def per_example_bytes(image_shape: tuple[int, ...]) -> int:
 
 
 def available_bytes() -> int:
-  """The memory one step may use: the accelerator's limit, else the host's physical memory."""
+  """The memory one step may use: the accelerators' limits summed over the local devices (a
+  sharded batch splits over them), else the host's physical memory."""
   try:
     stats = jax.local_devices()[0].memory_stats() or {}
   except (RuntimeError, NotImplementedError):  # CPU backends may have no statistics
     stats = {}
   if stats.get("bytes_limit"):
-    return int(stats["bytes_limit"])
+    return int(stats["bytes_limit"]) * jax.local_device_count()
   return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
 
 
