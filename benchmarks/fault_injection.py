@@ -185,9 +185,10 @@ def bad_input(tmp: str) -> dict[str, Outcome]:
           "--steps=1", "--no_progress", "--expected_batch_size=8", "--noise_multiplier=1",
           "--dataset=mnist", f"--data_dir={data_dir}"],
           os.path.join(tmp, "empty_test_run"), "holds no examples"),
-      "file_size_limit": refused("ulimit -f 40", "dpsgd", [*DPSGD_FLAGS[:4], "--steps=12", "--no_progress"],
-                                 os.path.join(tmp, "fsize_run"), "File too large",
-                                 charged_ok=True, file_size_limit=40 * 1024),
+      "file_size_limit": refused(
+          "ulimit -f 40", "dpsgd", [*DPSGD_FLAGS[:4], "--steps=12", "--no_progress"],
+          os.path.join(tmp, "fsize_run"), "File too large", charged_ok=True,
+          file_size_limit=40 * 1024),
   }
 
 

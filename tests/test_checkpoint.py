@@ -167,7 +167,8 @@ def test_checkpoints_holding_the_seed_are_owner_only(tmp_path):
     modes = _modes(where)
     assert len(modes) > 5  # the step's arrays and metadata files were walked
     for path, mode in modes.items():
-      expected = checkpoint.DIR_MODE if os.path.isdir(os.path.join(where, path)) else checkpoint.FILE_MODE
+      is_dir = os.path.isdir(os.path.join(where, path))
+      expected = checkpoint.DIR_MODE if is_dir else checkpoint.FILE_MODE
       assert mode == expected, (path, oct(mode))
 
 

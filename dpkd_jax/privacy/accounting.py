@@ -127,12 +127,9 @@ def dpdfd_secure_event(*, noise_multiplier: float, batch_size: int, steps: int,
   k = validation.check_int("num_outputs", num_outputs, minimum=1)
   if m > n:
     raise ValueError(f"teachers_per_record={m} exceeds num_teachers={n}")
-  grid = secure_gaussian.choose_grid(noise_multiplier=sigma, bound=1.0, max_abs=float(n),
-                                     grid_bits=grid_bits)
-  sensitivity = secure_gaussian.grid_l2_sensitivity(
-      l2_sensitivity=2.0 * m * math.sqrt(batch_size), l2_bound=n * math.sqrt(batch_size),
-      dims=batch_size * k, step=grid.step)
-  rho = secure_gaussian.zcdp_rho(grid_sensitivity=sensitivity, grid_sigma=grid.grid_sigma)
+  rho = secure_gaussian.release_rho(
+      noise_multiplier=sigma, max_abs=float(n), l2_sensitivity=2.0 * m * math.sqrt(batch_size),
+      l2_bound=n * math.sqrt(batch_size), dims=batch_size * k, grid_bits=grid_bits)
   return _repeat(dp_event.ZCDpEvent(rho), steps)
 
 
@@ -318,8 +315,6 @@ def pate_event(*, noise_std: float, num_queries: int, secure_noise: bool = False
     raise ValueError("secure noise needs num_teachers and num_classes")
   n = validation.check_int("num_teachers", num_teachers, minimum=1)
   k = validation.check_int("num_classes", num_classes, minimum=2)
-  grid = secure_gaussian.choose_grid(noise_multiplier=sigma, bound=1.0, max_abs=float(n))
-  sensitivity = secure_gaussian.grid_l2_sensitivity(
-      l2_sensitivity=math.sqrt(2.0), l2_bound=float(n), dims=k, step=grid.step)
-  rho = secure_gaussian.zcdp_rho(grid_sensitivity=sensitivity, grid_sigma=grid.grid_sigma)
+  rho = secure_gaussian.release_rho(noise_multiplier=sigma, max_abs=float(n),
+                                    l2_sensitivity=math.sqrt(2.0), l2_bound=float(n), dims=k)
   return _repeat(dp_event.ZCDpEvent(rho), num_queries)

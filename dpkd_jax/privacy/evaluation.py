@@ -12,8 +12,9 @@ whole tree is under ONE neighbouring relation:
 3. Anything else (Laplace, discrete Laplace, RR of several ε0 or beside other events,
    Poisson-subsampled Gaussians): PLD on a grid that is sized before it is built and refined
    until stable (`pld_grid`), capped by the closed-form bound of `_loose_bound` (the pure ε of
-   the Laplace, discrete Laplace and RR parts added to the exact ε of the Gaussians, subsampling ignored): both bounds are
-   sound, and the cap makes a pure-DP-only tree cost exactly its pure ε. A Poisson-subsampled Gaussian is analysed under the tree's relation
+   the Laplace, discrete Laplace and RR parts added to the exact ε of the Gaussians,
+   subsampling ignored): both bounds are sound, and the cap makes a pure-DP-only tree cost
+   exactly its pure ε. A Poisson-subsampled Gaussian is analysed under the tree's relation
    (dp_accounting's REPLACE_ONE or ADD_OR_REMOVE_ONE PLD); the Gaussians of case 1 are merged
    into one Gaussian part first.
 

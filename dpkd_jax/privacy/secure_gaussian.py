@@ -121,6 +121,17 @@ def zcdp_rho(*, grid_sensitivity: float, grid_sigma: int) -> float:
   return grid_sensitivity**2 / (2.0 * grid_sigma**2)
 
 
+def release_rho(*, noise_multiplier: float, max_abs: float, l2_sensitivity: float,
+                l2_bound: float, dims: int, grid_bits: int | None = None) -> float:
+  """ρ of one secure release in units of C = 1 (C cancels): the grid `choose_grid` picks, its
+  rounding-aware `grid_l2_sensitivity` and `zcdp_rho`. The arguments are those of the three."""
+  grid = choose_grid(noise_multiplier=noise_multiplier, bound=1.0, max_abs=max_abs,
+                     grid_bits=grid_bits)
+  sensitivity = grid_l2_sensitivity(l2_sensitivity=l2_sensitivity, l2_bound=l2_bound,
+                                    dims=dims, step=grid.step)
+  return zcdp_rho(grid_sensitivity=sensitivity, grid_sigma=grid.grid_sigma)
+
+
 def add_grid_noise(key: jax.Array, x: jax.Array, grid: Grid) -> jax.Array:
   """(n + Z)·γ with n = round(x/γ), Z ~ N_Z(0, g²) per coordinate: float, x's shape/dtype.
 

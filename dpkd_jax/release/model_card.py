@@ -291,7 +291,8 @@ def render_markdown(card: dict[str, Any]) -> str:
   lines = [f"# Model card: {card['method']} on {card['dataset']}", "",
            f"Student: {what}. Test accuracy: "
            f"{'n/a' if accuracy is None else f'{accuracy:.4f}'} ({card['released']['evaluated_on']}).",
-           "", f"Selection: {card['selection']['data']}.", "", *_md_privacy(card), *_md_io(card), *_md_exports(card), *_md_measured(card),
+           "", f"Selection: {card['selection']['data']}.", "", *_md_privacy(card),
+           *_md_io(card), *_md_exports(card), *_md_measured(card),
            "## Provenance", ""]
   prov = card["provenance"]
   lines += [f"- {prov['library']} {prov['version']}; run at commit {prov['run_commit']}; card "

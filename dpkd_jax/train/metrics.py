@@ -109,7 +109,8 @@ class MetricsWriter:
     self._workdir, self._tensorboard, self._resume_step = workdir, tensorboard, resume_step
     self._csv_path = os.path.join(workdir, csv_name)
     self._tb = None
-    self._private = None if private else False  # False: a released log's private sink, unopened
+    self._routes_private = not private  # a released log sends private names to its sink
+    self._private_writer: MetricsWriter | None = None  # that sink, opened at its first write
     if not self._active:
       return
     os.makedirs(workdir, exist_ok=True)
@@ -134,7 +135,7 @@ class MetricsWriter:
     if not self._active:
       return
     rows = [(int(step), f"{prefix}{k}", float(np.asarray(v))) for k, v in metrics.items()]
-    if self._private is not None:
+    if self._routes_private:
       private = {n[len(prefix):]: v for _, n, v in rows if released_fields.is_private_metric(n)}
       if private:
         self._private_sink().write(
@@ -149,18 +150,18 @@ class MetricsWriter:
         self._tb.add_scalar(name, value, step_)
 
   def _private_sink(self) -> "MetricsWriter":
-    if not self._private:
-      self._private = MetricsWriter(
+    if self._private_writer is None:
+      self._private_writer = MetricsWriter(
           self._workdir, tensorboard=self._tensorboard, resume_step=self._resume_step,
           csv_name=released_fields.PRIVATE_CSV, tb_dir=released_fields.PRIVATE_TB_DIR,
           private=True, drop_rows=False)
-    return self._private
+    return self._private_writer
 
   def close(self) -> None:
     if self._tb is not None:
       self._tb.close()
-    if self._private:
-      self._private.close()
+    if self._private_writer is not None:
+      self._private_writer.close()
 
 
 def read_metrics(workdir: str, csv_name: str = "metrics.csv") -> dict[str, list[tuple[int, float]]]:
