@@ -29,7 +29,8 @@ import jax.numpy as jnp
 from flax import nnx
 from jax import lax
 
-from dpkd_jax.models import core, fast_conv, registry
+from dpkd_jax.kernels.xla_cpu import fast_conv
+from dpkd_jax.models import core, registry
 
 _SPECS = ("NHWC", "HWIO", "NHWC")
 

@@ -22,13 +22,13 @@ import dataclasses
 import json
 import os
 import pathlib
+import platform
 import random
 import statistics
 import sys
 import time
 from collections.abc import Callable, Mapping, Sequence
 
-from dpkd_jax.models import conv_routes
 
 IDLE_LOAD = 0.5
 PEAK_TOLERANCE = 0.2
@@ -73,9 +73,15 @@ def require_idle(*, threshold: float = IDLE_LOAD, max_wait_s: float = 0.0,
 
 
 def machine_id() -> str:
-  """CPU model and core count: peaks are only comparable within one machine type (the key the
-  library's measured convolution routes use too)."""
-  return conv_routes.machine_id()
+  """CPU model and core count: peaks are only comparable within one machine type."""
+  model = platform.processor() or platform.machine()
+  try:
+    with open("/proc/cpuinfo") as f:
+      model = next((line.split(":", 1)[1].strip() for line in f
+                    if line.startswith("model name")), model)
+  except OSError:
+    pass
+  return f"{model} x{os.cpu_count()}"
 
 
 def best_peak(path: pathlib.Path = PEAK_FILE) -> float | None:

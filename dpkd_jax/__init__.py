@@ -1,9 +1,7 @@
-"""dpkd-jax: differentially private knowledge distillation in JAX/Flax."""
+"""dpkd-jax: differentially private knowledge distillation in JAX/Flax.
+
+Importing the package has no side effects: it sets no environment variable and writes no file
+(the opt-in CPU kernels: `dpkd_jax.kernels`).
+"""
 
 __version__ = "0.1.0"
-
-# XLA CPU options, set before JAX starts a backend (see xla_cpu.py: opt out with
-# DPKD_XLA_CPU_DEFAULTS=0, or name the option in XLA_FLAGS yourself).
-from dpkd_jax import xla_cpu as _xla_cpu  # noqa: E402  pylint: disable=wrong-import-position
-
-_xla_cpu.apply_defaults()

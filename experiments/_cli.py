@@ -25,8 +25,7 @@ import sys
 import tempfile
 from typing import Any, Callable, NoReturn, TypeVar
 
-from dpkd_jax import errors
-from dpkd_jax.models import conv_routes
+from dpkd_jax import errors, kernels
 from dpkd_jax.privacy import calibration
 from dpkd_jax.privacy import ledger as ledger_lib
 from dpkd_jax.train import checkpoint
@@ -57,10 +56,45 @@ def fail(message: str) -> NoReturn:
 
 
 class Parser(argparse.ArgumentParser):
-  """ArgumentParser whose errors are one line (no usage block), exit status 2."""
+  """ArgumentParser whose errors are one line (no usage block), exit status 2.
+
+  `cpu_kernels=True` (the commands that train or evaluate models) adds `--cpu_kernels`: the
+  model zoo's opt-in CPU kernels and XLA CPU option (`dpkd_jax.kernels`), on by default when
+  JAX's backend is the CPU, applied by `parse_args` before any step is traced.
+  """
+
+  def __init__(self, *args: Any, cpu_kernels: bool = False, **kwargs: Any):
+    super().__init__(*args, **kwargs)
+    self._cpu_kernels = cpu_kernels
+    if cpu_kernels:
+      self.add_argument(
+          "--cpu_kernels", nargs="?", const=True, type=_parse_bool, default=True, metavar="BOOL",
+          help="on the CPU backend, run the model zoo through this library's CPU kernels and "
+               "XLA CPU option (dpkd_jax.kernels: faster on XLA CPU, equal values to float "
+               "rounding, reverse-mode only); --nocpu_kernels: plain jax.lax/Flax ops, as on "
+               "GPU and TPU (default: true; ignored on other backends)")
+      self.add_argument("--nocpu_kernels", "--no-cpu_kernels", dest="cpu_kernels",
+                        action="store_false", help=argparse.SUPPRESS)
 
   def error(self, message: str) -> NoReturn:
     fail(f"{message} (see {self.prog} --help)")
+
+  def parse_args(self, *args: Any, **kwargs: Any) -> argparse.Namespace:  # type: ignore[override]
+    parsed = super().parse_args(*args, **kwargs)
+    if self._cpu_kernels:
+      if parsed.cpu_kernels:
+        kernels.use_cpu_kernels_on_cpu_backend()
+      else:
+        kernels.use(kernels.REFERENCE)
+    return parsed
+
+
+def _parse_bool(text: str) -> bool:
+  value = {"true": True, "1": True, "yes": True, "false": False, "0": False, "no": False}.get(
+      text.strip().lower())
+  if value is None:
+    raise argparse.ArgumentTypeError(f"expected true or false, got {text!r}")
+  return value
 
 
 def build(cls: Callable[..., _T], /, *args: Any, **kwargs: Any) -> _T:
@@ -220,8 +254,9 @@ def entry_point(main: Callable[..., Any]) -> Callable[..., Any]:
 
   @functools.wraps(main)
   def wrapped(argv: list[str] | None = None) -> Any:
-    with user_errors():
-      conv_routes.mode()  # a bad DPKD_CONV_ROUTES: one line before anything is written
+    # The command's kernel choice (`--cpu_kernels`) lasts as long as the command: a caller that
+    # runs it in-process (a notebook, a test) gets its own ops back.
+    with user_errors(), kernels.using(kernels.active()):
       return main(sys.argv[1:] if argv is None else argv)
 
   return wrapped

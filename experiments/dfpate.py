@@ -32,7 +32,7 @@ _HELP = {
 def parse_config(argv: list[str]) -> tuple[dfpate.DFPATEConfig, argparse.Namespace]:
   """Flags -> validated config (bad values exit 2 with the config's one-line message)."""
   p = _cli.Parser(prog="python -m experiments.dfpate", description=__doc__,
-                  formatter_class=argparse.RawDescriptionHelpFormatter)
+                  formatter_class=argparse.RawDescriptionHelpFormatter, cpu_kernels=True)
   _flags.add_config_flags(p, dfpate.DFPATEConfig, help=_HELP)
   p.add_argument("--workdir", default=None, help="default runs/dfpate/<dataset>")
   p.add_argument("--resume", action="store_true", help="continue the run in --workdir")

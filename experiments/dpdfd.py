@@ -45,7 +45,7 @@ _HELP = {
 
 def parse_direct(argv: list[str]) -> tuple[dpdfd.DirectConfig, str]:
   """`--mode=direct` flags (without it) -> (validated config, workdir)."""
-  p = _cli.Parser(prog="python -m experiments.dpdfd --mode=direct")
+  p = _cli.Parser(prog="python -m experiments.dpdfd --mode=direct", cpu_kernels=True)
   _flags.add_config_flags(p, dpdfd.DirectConfig, help={"seed": _HELP["seed"]})
   p.add_argument("--workdir", default=None, help="default runs/dpdfd_direct/<dataset>")
   a = p.parse_args(argv)
@@ -72,7 +72,7 @@ def parse_config(argv: list[str]) -> tuple[dpdfd.DPDFDConfig, argparse.Namespace
   """Flags -> (validated config, flags); `flags.teacher_config` is the teacher to train or
   reuse (None when --teacher_dirs or --teacher_ensemble_dir names the teachers)."""
   p = _cli.Parser(prog="python -m experiments.dpdfd", description=__doc__,
-                  formatter_class=argparse.RawDescriptionHelpFormatter)
+                  formatter_class=argparse.RawDescriptionHelpFormatter, cpu_kernels=True)
   _flags.add_config_flags(p, dpdfd.DPDFDConfig, help=_HELP, defaults={"teacher_dirs": None})
   p.add_argument("--teacher_model", default=quickstart.TEACHER_MODEL)
   p.add_argument("--teacher_epochs", type=int, default=quickstart.TEACHER_EPOCHS)

@@ -40,7 +40,7 @@ _HELP = {
 def parse_config(argv: list[str]) -> tuple[dpsgd.DPSGDConfig, argparse.Namespace]:
   """Flags -> validated config (bad values exit 2 with the config's one-line message)."""
   p = _cli.Parser(prog="python -m experiments.dpsgd", description=__doc__,
-                  formatter_class=argparse.RawDescriptionHelpFormatter)
+                  formatter_class=argparse.RawDescriptionHelpFormatter, cpu_kernels=True)
   _flags.add_config_flags(p, dpsgd.DPSGDConfig, help=_HELP,
                           defaults={"dataset": "digits", "model": "small_cnn"})
   p.add_argument("--workdir", default=None, help="default runs/dpsgd/<dataset>_<model>")

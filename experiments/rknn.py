@@ -60,7 +60,7 @@ def _representation_overrides(args: argparse.Namespace, config) -> dict[str, int
 def parse_config(argv: list[str]) -> tuple[rknn.RKNNConfig, argparse.Namespace]:
   """Flags -> validated config (bad values exit 2 with the config's one-line message)."""
   p = _cli.Parser(prog="python -m experiments.rknn", description=__doc__,
-                  formatter_class=argparse.RawDescriptionHelpFormatter)
+                  formatter_class=argparse.RawDescriptionHelpFormatter, cpu_kernels=True)
   _flags.add_config_flags(p, rknn.RKNNConfig, help=_HELP, defaults={"dataset": "digits"},
                           skip={"representation_config", "student"})
   p.add_argument("--pca_components", type=int, default=None, help="PCA dimension")

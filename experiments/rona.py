@@ -25,7 +25,7 @@ _HELP = {"download": "let tensorflow-datasets download a dataset it lacks (needs
 def parse_config(argv: list[str]) -> tuple[rona.RONAConfig, argparse.Namespace]:
   """Flags -> validated config (bad values exit 2 with the config's one-line message)."""
   p = _cli.Parser(prog="python -m experiments.rona", description=__doc__,
-                  formatter_class=argparse.RawDescriptionHelpFormatter)
+                  formatter_class=argparse.RawDescriptionHelpFormatter, cpu_kernels=True)
   _flags.add_config_flags(p, rona.RONAConfig, help=_HELP)
   p.add_argument("--workdir", default=None, help="default runs/rona/<dataset>_<student_model>")
   p.add_argument("--resume", action="store_true", help="continue the run in --workdir")

@@ -56,7 +56,7 @@ def parse_config(argv: list[str], *, pretrain_only: bool = False,
   prog = "python -m experiments.srr" + (" pretrain" if pretrain_only else "")
   suffix = "_generator" if pretrain_only else ""
   p = _cli.Parser(prog=prog, description=__doc__,
-                  formatter_class=argparse.RawDescriptionHelpFormatter)
+                  formatter_class=argparse.RawDescriptionHelpFormatter, cpu_kernels=True)
   _flags.add_config_flags(p, srr.SRRConfig, help=_HELP, defaults=srr_config.CLI_DEFAULTS)
   p.add_argument("--workdir", default=None, help=f"default runs/srr/<dataset>{suffix}")
   p.add_argument("--resume", action="store_true", help="continue the run in --workdir")

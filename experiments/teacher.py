@@ -34,7 +34,7 @@ _HELP = {
 def parse_config(argv: list[str]) -> tuple[teacher.TeacherConfig, argparse.Namespace]:
   """Flags -> validated config (bad values exit 2 with the config's one-line message)."""
   p = _cli.Parser(prog="python -m experiments.teacher", description=__doc__,
-                  formatter_class=argparse.RawDescriptionHelpFormatter)
+                  formatter_class=argparse.RawDescriptionHelpFormatter, cpu_kernels=True)
   _flags.add_config_flags(p, teacher.TeacherConfig, help=_HELP,
                           defaults={"dataset": "digits", "model": "small_cnn"},
                           choices={"norm": ["batch", "group", "none"],

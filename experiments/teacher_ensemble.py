@@ -32,7 +32,7 @@ def parse_config(argv: list[str]
                  ) -> tuple[teacher_ensemble.TeacherEnsembleConfig, argparse.Namespace]:
   """Flags -> (validated config, flags); bad values exit 2 with one line."""
   p = _cli.Parser(prog="python -m experiments.teacher_ensemble", description=__doc__,
-                  formatter_class=argparse.RawDescriptionHelpFormatter)
+                  formatter_class=argparse.RawDescriptionHelpFormatter, cpu_kernels=True)
   _flags.add_config_flags(p, teacher_ensemble.TeacherEnsembleConfig, help=_HELP)
   p.add_argument("--workdir", default=None,
                  help="the teachers directory (default runs/teacher_ensemble/"

@@ -20,8 +20,9 @@ print("dpkd_jax found:", importlib.util.find_spec("dpkd_jax").origin)'''
 DEVICE = '''\
 # Backend detection and the small-config switch. SMALL = True (a tiny config that runs in
 # well under a minute on a laptop CPU; what CI executes) unless a TPU or GPU is attached.
-# Override with the environment variable DPKD_NOTEBOOK_SMALL=1 (or 0). dpkd_jax is imported
-# before JAX starts a backend, so that its XLA CPU options apply (dpkd_jax/xla_cpu.py).
+# Override with the environment variable DPKD_NOTEBOOK_SMALL=1 (or 0). The model zoo runs plain
+# JAX ops on every backend; on a CPU runtime, dpkd_jax.kernels.use_cpu_kernels() here, before
+# JAX starts, would run it through this library's faster CPU kernels instead.
 import dpkd_jax  # noqa: F401
 import jax
 

@@ -4,10 +4,6 @@ import os
 
 # Must happen before JAX initialises its backends.
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
-# Convolutions take the static rule, not routes timed on this machine (models/conv_routes.py):
-# no timing inside unit tests, and the same programs on every machine. Inherited by the CLI
-# subprocesses the tests start.
-os.environ.setdefault("DPKD_CONV_ROUTES", "static")
 # One persistent XLA compilation cache for the whole suite: both pytest-xdist workers and every
 # CLI subprocess the tests start (they inherit these variables). Many tests build the same step
 # anew (a new closure, a new process) and would otherwise compile the same program again; a hit
@@ -87,3 +83,12 @@ def isolated_data_sources(monkeypatch):
   sources.clear_cache()
   yield
   sources.clear_cache()
+
+
+@pytest.fixture
+def cpu_kernels():
+  """The model zoo traced through the opt-in XLA CPU kernels (`dpkd_jax.kernels`) inside the
+  test; every other test runs the default, the reference ops."""
+  from dpkd_jax import kernels  # pylint: disable=g-import-not-at-top
+  with kernels.using(kernels.xla_cpu_ops()) as ops:
+    yield ops

@@ -1,4 +1,4 @@
-"""Tests of `dpkd_jax.models.banded_conv`: a convolution as one product with a banded matrix."""
+"""Tests of `dpkd_jax.kernels.xla_cpu.banded_conv`: a convolution as one product with a banded matrix."""
 
 import jax
 import jax.numpy as jnp
@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 from jax import lax
 
-from dpkd_jax.models import banded_conv
+from dpkd_jax.kernels.xla_cpu import banded_conv
 
 NHWC = ("NHWC", "HWIO", "NHWC")
 

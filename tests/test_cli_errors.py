@@ -248,19 +248,6 @@ def test_process_sample_typo_creates_nothing(tmp_path):
   assert os.listdir(tmp_path) == []
 
 
-def test_bad_conv_routes_mode_is_one_line_and_creates_nothing(tmp_path, monkeypatch, capsys):
-  # Checked before the command runs: a typo in DPKD_CONV_ROUTES must not leave a half-trained
-  # teacher behind (the convolutions would first read it while tracing).
-  monkeypatch.chdir(tmp_path)
-  monkeypatch.setenv("DPKD_CONV_ROUTES", "fast")
-  with pytest.raises(SystemExit) as exit_info:
-    dpdfd_cli.main(["--dataset=digits", "--steps=2", "--workdir=run"])
-  assert exit_info.value.code == 2
-  err = capsys.readouterr().err
-  assert err.startswith("error: DPKD_CONV_ROUTES='fast'") and len(err.strip().splitlines()) == 1
-  assert os.listdir(tmp_path) == []
-
-
 # ------------------------------------------------------------- faults and out-of-range input
 
 

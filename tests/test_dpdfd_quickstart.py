@@ -205,6 +205,20 @@ def test_quickstart_trains_the_teacher_and_sums_up(first_run, monkeypatch):
       "why at chance: sound epsilon budget too small for one teacher")
 
 
+def test_the_quickstart_student_exports_by_default(first_run, monkeypatch, capsys):
+  # The Quickstart trains through the CLI's default (the CPU kernels on this CPU backend); the
+  # export CLI, also with its defaults, writes both formats, each checked against JAX. The
+  # command's kernel choice ends with the command (this process is back on the reference ops).
+  from dpkd_jax import kernels  # pylint: disable=g-import-not-at-top
+  from experiments import export as export_cli  # pylint: disable=g-import-not-at-top
+  assert kernels.active() is kernels.REFERENCE
+  monkeypatch.chdir(first_run[0])
+  export_cli.main(["--run=runs/dpdfd/digits", "--out=release", "--no_latency"])
+  files = sorted(os.listdir("release"))
+  assert {"student.onnx", "student.stablehlo", "model_card.md"} <= set(files), files
+  assert "error" not in capsys.readouterr().err
+
+
 def test_a_default_teacher_of_another_model_is_refused(capsys, tmp_path, monkeypatch):
   monkeypatch.chdir(tmp_path)
   other = os.path.join("runs", "teacher", "digits_small_cnn")

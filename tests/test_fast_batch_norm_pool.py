@@ -1,4 +1,4 @@
-"""Tests of `dpkd_jax.models.fast_batch_norm_pool`: BatchNorm (batch statistics) → ReLU → 2×2
+"""Tests of `dpkd_jax.kernels.xla_cpu.fast_batch_norm_pool`: BatchNorm (batch statistics) → ReLU → 2×2
 max-pool as one op.
 
 The reference is flax's own layers: `nnx.BatchNorm(use_running_average=False)`, `nnx.relu` and
@@ -17,7 +17,9 @@ import pytest
 from flax import nnx
 from jax.sharding import PartitionSpec as P
 
-from dpkd_jax.models import classifiers, compact, core, fast_batch_norm_pool
+from dpkd_jax import kernels
+from dpkd_jax.kernels.xla_cpu import fast_batch_norm_pool
+from dpkd_jax.models import classifiers, compact, core
 from dpkd_jax.train import sharding
 
 from test_fast_norm import MODEL_TOLERANCE, TOLERANCE, normal
@@ -169,7 +171,8 @@ def model_loss_and_stats(parts, x, params):
 @pytest.mark.parametrize("model_class,input_shape,stages", [
     (classifiers.DataLensCNN, (12, 12, 1), 1), (classifiers.SmallCNN, (8, 8, 2), 2),
     (classifiers.LeNet5, (28, 28, 1), 2), (compact.CompactCNN, (9, 9, 1), 2)])
-def test_models_with_batch_norm_fuse_their_stages_in_training(model_class, input_shape, stages):
+def test_models_with_batch_norm_fuse_their_stages_in_training(model_class, input_shape, stages,
+                                                             cpu_kernels):
   parts = core.split(model_class(num_classes=3, input_shape=input_shape, norm="batch",
                                  rngs=nnx.Rngs(jax.random.key(0))))
   x = normal((3, *input_shape), seed=19)
@@ -177,13 +180,9 @@ def test_models_with_batch_norm_fuse_their_stages_in_training(model_class, input
   jaxpr = str(jax.make_jaxpr(lambda p: model_loss_and_stats(parts, x, p))(parts.params))
   assert jaxpr.count("name=fast_batch_norm_relu_max_pool") == stages
   fused = run(parts.params)
-  plain = fast_batch_norm_pool.is_plain
-  try:  # the three layers in turn, as before this module
-    fast_batch_norm_pool.is_plain = lambda *_: False
+  with kernels.using(kernels.REFERENCE):  # the three layers in turn
     reference = jax.jit(jax.value_and_grad(lambda p: model_loss_and_stats(parts, x, p),
                                            has_aux=True))(parts.params)
-  finally:
-    fast_batch_norm_pool.is_plain = plain
   assert_close(fused, reference, MODEL_TOLERANCE)  # loss, running statistics, gradients
   eval_jaxpr = jax.make_jaxpr(lambda p: core.apply(parts.graphdef, p, parts.batch_stats, x,
                                                    train=False)[0].logits)(parts.params)

@@ -1,4 +1,4 @@
-"""Tests of `dpkd_jax.models.fast_norm`: GroupNorm values and gradients equal `nnx.GroupNorm`'s.
+"""Tests of `dpkd_jax.kernels.xla_cpu.fast_norm`: GroupNorm values and gradients equal `nnx.GroupNorm`'s.
 
 Tolerance: fast_norm sums the same terms in another order (pixels first, then the channels of a
 group), so results agree to float32 rounding. Every comparison allows
@@ -13,7 +13,8 @@ import numpy as np
 import pytest
 from flax import nnx
 
-from dpkd_jax.models import classifiers, core, fast_norm
+from dpkd_jax.kernels.xla_cpu import fast_norm
+from dpkd_jax.models import classifiers, core
 
 TOLERANCE = 1e-5
 MODEL_TOLERANCE = 1e-4
@@ -142,7 +143,7 @@ def test_bad_arguments_raise(kwargs, message):
     fast_norm.group_norm(jnp.ones((2, 3, 4)), scale, jnp.zeros(4), **kwargs)
 
 
-def test_small_cnn_loss_gradients_match_nnx_group_norm():
+def test_small_cnn_loss_gradients_match_nnx_group_norm(cpu_kernels):
   # The same SmallCNN with its GroupNorms applied as plain nnx modules (layer(x)) and through
   # classifiers.apply_norm (fast_norm): same parameters, same gradients.
   model = classifiers.SmallCNN(num_classes=3, input_shape=(8, 8, 2), norm="group",

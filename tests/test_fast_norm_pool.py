@@ -1,4 +1,4 @@
-"""Tests of `dpkd_jax.models.fast_norm_pool`: GroupNorm → ReLU → 2×2 max-pool as one op.
+"""Tests of `dpkd_jax.kernels.xla_cpu.fast_norm_pool`: GroupNorm → ReLU → 2×2 max-pool as one op.
 
 The reference is the three layers in turn, `fast_pool.max_pool(jax.nn.relu(
 fast_norm.group_norm(...)))` (themselves tested against nnx), and nnx's own layers. The fused op
@@ -16,7 +16,9 @@ import pytest
 from flax import nnx
 from jax.sharding import PartitionSpec as P
 
-from dpkd_jax.models import classifiers, compact, core, fast_norm, fast_norm_pool, fast_pool
+from dpkd_jax import kernels
+from dpkd_jax.kernels.xla_cpu import fast_norm, fast_norm_pool, fast_pool
+from dpkd_jax.models import classifiers, compact, core
 from dpkd_jax.train import sharding
 
 from test_fast_norm import MODEL_TOLERANCE, TOLERANCE, normal
@@ -203,7 +205,8 @@ def model_loss(parts, x, params):
 @pytest.mark.parametrize("model_class,input_shape", [
     (classifiers.SmallCNN, (8, 8, 2)), (classifiers.LeNet5, (28, 28, 1)),
     (classifiers.DataLensCNN, (12, 12, 1)), (compact.CompactCNN, (9, 9, 1))])
-def test_models_with_group_norm_fuse_their_stages_with_equal_gradients(model_class, input_shape):
+def test_models_with_group_norm_fuse_their_stages_with_equal_gradients(model_class, input_shape,
+                                                                      cpu_kernels):
   parts = core.split(model_class(num_classes=3, input_shape=input_shape, norm="group",
                                  rngs=nnx.Rngs(jax.random.key(0))))
   x = normal((3, *input_shape), seed=19)
@@ -211,13 +214,8 @@ def test_models_with_group_norm_fuse_their_stages_with_equal_gradients(model_cla
   stages = 1 if model_class is classifiers.DataLensCNN else 2
   assert jaxpr.count("name=fast_group_norm_relu_max_pool") == stages
   fused_grads = jax.jit(jax.grad(lambda p: model_loss(parts, x, p)))(parts.params)
-  stage = classifiers.conv_norm_relu_pool
-  try:  # the three layers in turn, as before this module
-    classifiers.conv_norm_relu_pool = lambda layer, v, train: classifiers.max_pool_2x2(
-        nnx.relu(layer(v, train=train)))
+  with kernels.using(kernels.REFERENCE):  # the three layers in turn
     reference = jax.jit(jax.grad(lambda p: model_loss(parts, x, p)))(parts.params)
-  finally:
-    classifiers.conv_norm_relu_pool = stage
   assert_close(fused_grads, reference, MODEL_TOLERANCE)
 
 

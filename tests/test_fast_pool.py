@@ -1,4 +1,4 @@
-"""Tests of `dpkd_jax.models.fast_pool`: values and gradients equal to `nnx.max_pool`'s.
+"""Tests of `dpkd_jax.kernels.xla_cpu.fast_pool`: values and gradients equal to `nnx.max_pool`'s.
 
 Values are maxima (no arithmetic) and gradients are cotangents routed to one element per
 window, so both must be *exactly* equal to `nnx.max_pool`'s (tolerance 0), ties included.
@@ -11,7 +11,8 @@ import numpy as np
 import pytest
 from flax import nnx
 
-from dpkd_jax.models import classifiers, compact, core, fast_pool
+from dpkd_jax.kernels.xla_cpu import fast_pool
+from dpkd_jax.models import classifiers, compact, core
 
 
 def normal(shape, seed):
@@ -125,7 +126,7 @@ def test_tiled_case_uses_no_select_and_scatter():
 
 @pytest.mark.parametrize("model_class", [classifiers.LeNet5, classifiers.SmallCNN,
                                          classifiers.VGG, compact.CompactCNN])
-def test_models_pool_through_fast_pool(model_class):
+def test_models_pool_through_fast_pool(model_class, cpu_kernels):
   input_shape = (12, 12, 1)
   parts = core.split(nnx.eval_shape(lambda: model_class(
       num_classes=3, input_shape=input_shape, norm="none", rngs=nnx.Rngs(0))))

@@ -137,6 +137,21 @@ def test_privacy_imports_nothing_else_of_the_package(graph):
   assert not bad, f"dpkd_jax.privacy must import nothing else of dpkd_jax: {sorted(bad)}"
 
 
+def test_the_kernels_are_reached_through_their_seam_only(graph):
+  # The model zoo calls `dpkd_jax.kernels` (the seam); its implementations (the reference ops,
+  # the CPU kernels) are imported only inside the package, and the package imports nothing
+  # else of the library: performance code stays apart from the mechanisms.
+  edges, _ = graph
+  inside = lambda m: m == f"{PACKAGE}.kernels" or m.startswith(f"{PACKAGE}.kernels.")  # noqa
+  reach_in = {f"{m} -> {t}" for m, targets in edges.items() if not inside(m)
+              for t in targets if inside(t) and t != f"{PACKAGE}.kernels"}
+  assert not reach_in, f"only dpkd_jax.kernels itself may be imported: {sorted(reach_in)}"
+  reach_out = {f"{m} -> {t}" for m, targets in edges.items() if inside(m)
+               for t in targets if not inside(t)}
+  assert not reach_out, f"dpkd_jax.kernels must import nothing else of dpkd_jax: {sorted(reach_out)}"
+  assert f"{PACKAGE}.kernels" in edges[f"{PACKAGE}.models.classifiers"]
+
+
 def test_library_does_not_import_experiments(graph):
   _, external = graph
   bad = sorted(m for m, names in external.items() if "experiments" in names)

@@ -13,7 +13,8 @@ from flax import nnx
 from jax.sharding import PartitionSpec as P
 
 from dpkd_jax.errors import UserError
-from dpkd_jax.models import classifiers, conv_routes, core, ghost, mobilenet, registry
+from dpkd_jax import kernels
+from dpkd_jax.models import classifiers, core, ghost, mobilenet, registry
 from dpkd_jax.privacy import dpsgd_mechanism, ghost_clipping
 from dpkd_jax.train import sharding
 # Forces every convolution pass to one exact form (no timing), as in the fast_conv tests.
@@ -126,7 +127,8 @@ def _fused_stages(parts, input_shape) -> int:
 
 @pytest.mark.parametrize("name,input_shape,stages", [
     ("lenet5", (28, 28, 1), 2), ("small_cnn", (8, 8, 1), 2), ("datalens_cnn", (10, 10, 1), 1)])
-def test_group_norm_stages_run_fused_and_equal_the_vmap_path_with_ties(name, input_shape, stages):
+def test_group_norm_stages_run_fused_and_equal_the_vmap_path_with_ties(name, input_shape, stages,
+                                                                        cpu_kernels):
   # Images constant on 8×8 blocks: conv1's outputs whose receptive field is inside one block
   # are equal, so a third to a half of its pooling windows hold equal positive maxima (the
   # pool's tie rule decides the routing). Example 3 is NaN, example 2 has a zero gradient.
@@ -140,8 +142,9 @@ def test_group_norm_stages_run_fused_and_equal_the_vmap_path_with_ties(name, inp
   _check_against_vmap(parts, input_shape, 4, x=np.ascontiguousarray(x))
 
 
-def test_a_group_norm_the_fused_op_does_not_take_runs_its_layers_in_turn():
-  # The two-pass variance is not `fast_norm.is_plain`: the tapped layer declines to fuse, and
+def test_a_group_norm_the_fused_op_does_not_take_runs_its_layers_in_turn(cpu_kernels):
+  # With the CPU kernels on, the two-pass variance is not `fast_norm.is_plain`: the tapped layer
+  # declines to fuse, and
   # the stage is GroupNorm, ReLU and pool in turn, with the same sums.
   model = registry.create_classifier("small_cnn", num_classes=4, input_shape=(8, 8, 1),
                                      norm="group", seed=0)
@@ -151,10 +154,10 @@ def test_a_group_norm_the_fused_op_does_not_take_runs_its_layers_in_turn():
   _check_against_vmap(parts, (8, 8, 1), 4)
 
 
-def test_equals_the_vmap_path_with_banded_convolutions(monkeypatch):
-  # Every LeNet-5 convolution pass as a banded-matrix product (what measured routes take for
-  # narrow layers on some machines): the tapped forward and its input gradient go through
-  # fast_conv too, and the batch axis is never merged, so example_mixing still follows it.
+def test_equals_the_vmap_path_with_banded_convolutions(monkeypatch, cpu_kernels):
+  # Every LeNet-5 convolution pass as a banded-matrix product (the CPU kernels' form for narrow
+  # layers): the tapped forward and its input gradient go through fast_conv too, and the batch
+  # axis is never merged, so example_mixing still follows it.
   force_route(monkeypatch, "banded")
   model = registry.create_classifier("lenet5", num_classes=4, input_shape=(28, 28, 1),
                                      norm="group", seed=0)
@@ -163,7 +166,7 @@ def test_equals_the_vmap_path_with_banded_convolutions(monkeypatch):
 
 def test_equals_the_vmap_path_with_batch_channels_per_example_gradients(monkeypatch):
   # Every per-example kernel gradient by the grouped convolution over (example, channel) pairs
-  # (what measured routes take for narrow layers on some machines), NaN example included.
+  # (the static rule's form for LeNet-5's conv1), NaN example included.
   monkeypatch.setattr(ghost_clipping, "conv_grad_form", lambda *a, **k: "batch_channels")
   model = registry.create_classifier("lenet5", num_classes=4, input_shape=(28, 28, 1),
                                      norm="group", seed=0)
@@ -386,21 +389,18 @@ def test_refuses_what_it_cannot_handle_naming_the_layer(model, message):
                              loss_fn=_loss, l2_clip_norm=1.0)
 
 
-@pytest.mark.parametrize("routes,vary_params", [("static", True), ("measure", True),
+@pytest.mark.parametrize("routes,vary_params", [("static", True), ("xla_cpu", True),
                                                 ("static", False), ("batch_channels", True)])
 def test_inside_shard_map_each_device_sums_its_own_rows(monkeypatch, tmp_path, routes,
                                                         vary_params):
-  # "measure": every convolution pass and per-example kernel gradient takes the form timed on
-  # this machine (conv_routes), as outside the tests; the sums must not change. Without
-  # vary_params the parameters stay replicated (invariant), as the ghost docstring allows.
-  # "batch_channels": the static rule with every per-example kernel gradient in that form.
+  # "xla_cpu": the model traced through the opt-in CPU kernels (fused tapped GroupNorm stage,
+  # fast_conv); the sums must not change. Without vary_params the parameters stay replicated
+  # (invariant), as the ghost docstring allows. "batch_channels": every per-example kernel
+  # gradient in that form.
   if routes == "batch_channels":
     monkeypatch.setattr(ghost_clipping, "conv_grad_form", lambda *a, **k: "batch_channels")
-    routes = "static"
-  monkeypatch.setenv(conv_routes.ENV_VAR, routes)
-  monkeypatch.setenv(conv_routes.CACHE_ENV_VAR, str(tmp_path))
-  conv_routes.clear()
-  monkeypatch.setattr(conv_routes, "_ROUTES", {})
+  ops = kernels.xla_cpu_ops() if routes == "xla_cpu" else kernels.REFERENCE
+  monkeypatch.setattr(kernels, "_ACTIVE", [ops])  # restored by monkeypatch after the test
   # Per-device sums over 8 fake devices (2 rows each: the batched pass and its mixing check run
   # per device), psummed, equal the sum over the whole batch: the taps'
   # zero perturbations must vary over the mesh axis (invariant ones had their gradients, the

@@ -1,4 +1,4 @@
-"""Tests of `dpkd_jax.models.upsample_conv`: nearest ×2 upsampling → 3×3 SAME conv as four
+"""Tests of `dpkd_jax.kernels.xla_cpu.upsample_conv`: nearest ×2 upsampling → 3×3 SAME conv as four
 2×2 sub-pixel convolutions.
 
 The reference is the two layers in turn, `lax.conv_general_dilated(upsample_nearest_2x(x), w)`
@@ -16,7 +16,8 @@ import pytest
 from flax import nnx
 from jax import lax
 
-from dpkd_jax.models import core, fast_conv, generators, upsample_conv
+from dpkd_jax.kernels.xla_cpu import fast_conv, upsample_conv
+from dpkd_jax.models import core, generators
 
 TOLERANCE = 1e-5
 SPECS = ("NHWC", "HWIO", "NHWC")
@@ -120,7 +121,7 @@ def _generator_outputs(parts, z, cotangent):
 
 
 @pytest.mark.parametrize("image_shape", [(28, 28, 1), (8, 12, 3)])
-def test_generator_matches_composed_layers(monkeypatch, image_shape):
+def test_generator_matches_composed_layers(monkeypatch, image_shape, cpu_kernels):
   """Images, BatchNorm running statistics and parameter gradients of the DAFL generator equal
   those of the composed layers, in float64 (where the generator's own rounding, amplified by
   its BatchNorms, does not hide a real difference). The biases of the convolutions before a

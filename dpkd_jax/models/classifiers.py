@@ -27,8 +27,8 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
-from dpkd_jax.models import (core, fast_batch_norm_pool, fast_conv, fast_norm, fast_norm_pool,
-                             fast_pool)
+from dpkd_jax import kernels
+from dpkd_jax.models import core
 
 NORMS = ("batch", "group", "none")
 # PyTorch's BatchNorm momentum 0.1 (the reference implementations are PyTorch): the running
@@ -103,16 +103,15 @@ def apply_norm(layer: NormLayer, x: jax.Array, *, train: bool) -> jax.Array:
     return x
   if isinstance(layer, nnx.BatchNorm):
     return layer(x, use_running_average=not train)
-  # Same module and parameters; a closed-form gradient that XLA CPU fuses (fast_norm).
-  return fast_norm.apply_group_norm(layer, x)
+  return kernels.group_norm(layer, x)  # `layer(x)`, or the CPU kernels' fused form
 
 
 class ConvNorm(nnx.Module):
   """A convolution followed by the chosen normalisation (no activation).
 
   The convolution has a bias only when `norm == "none"`: a following norm layer's shift makes it
-  redundant. It runs through `fast_conv.conv_general_dilated`: XLA's convolution, with a faster
-  kernel gradient on CPU.
+  redundant. It runs through `kernels.conv_general_dilated`: `lax.conv_general_dilated`, or the
+  opt-in CPU kernels' form of it.
 
   Args:
     in_channels, out_channels: input and output channels.
@@ -128,7 +127,7 @@ class ConvNorm(nnx.Module):
     self.conv = nnx.Conv(in_channels, out_channels, (kernel_size, kernel_size), strides=strides,
                          padding=padding, feature_group_count=feature_group_count,
                          use_bias=norm == "none", rngs=rngs,
-                         conv_general_dilated=fast_conv.conv_general_dilated)
+                         conv_general_dilated=kernels.conv_general_dilated)
     self.norm = make_norm(norm, out_channels, rngs=rngs)
 
   def __call__(self, x: jax.Array, *, train: bool = False) -> jax.Array:
@@ -138,33 +137,25 @@ class ConvNorm(nnx.Module):
 def max_pool_2x2(x: jax.Array) -> jax.Array:
   """2×2 max-pool, stride 2, VALID (odd sizes are floored), as `nnx.max_pool`.
 
-  Through `fast_pool.max_pool`: equal values and gradients (ties go to the first maximum in
-  row-major order), without XLA CPU's slow select-and-scatter.
+  Through `kernels.max_pool_2x2` (the CPU kernels' pool has equal values and gradients).
   """
-  return fast_pool.max_pool(x, window_shape=(2, 2), strides=(2, 2))
+  return kernels.max_pool_2x2(x)
 
 
 def conv_norm_relu_pool(layer: ConvNorm, x: jax.Array, *, train: bool) -> jax.Array:
   """`max_pool_2x2(nnx.relu(layer(x, train=train)))`: a conv stage with its 2×2 max-pool.
 
-  With the plain GroupNorm of `make_norm("group", ...)` on a float32 map, the norm, ReLU and
-  pool run as one op (`fast_norm_pool`: fewer passes over the (B, H, W, C) map, same values
-  and gradients to float32 rounding, the pool's gradient routed as `fast_pool`'s); so does
-  the plain BatchNorm of `make_norm("batch", ...)` when training (`fast_batch_norm_pool`,
-  batch statistics, running averages updated as flax does). A norm layer with a
-  `fused_relu_max_pool(y)` method (ghost clipping's tapped GroupNorm, `ghost_taps`) computes
-  the three itself, or returns None to decline. Any other norm layer (none, BatchNorm with
-  running averages) takes the three layers in turn.
+  The active kernels may run the norm, ReLU and pool as one op (`kernels.norm_relu_max_pool`:
+  the CPU kernels do for a plain GroupNorm, and a plain BatchNorm when training). A norm layer
+  with a `fused_relu_max_pool(y)` method (ghost clipping's tapped GroupNorm, `ghost_taps`)
+  computes the three itself, or returns None to decline. Otherwise the three layers run in
+  turn.
   """
   y = layer.conv(x)
   norm = layer.norm
-  if train and fast_batch_norm_pool.is_plain(norm, y):
-    return fast_batch_norm_pool.apply(norm, y)
-  if (type(norm) is nnx.GroupNorm and fast_norm.is_plain(norm, y)
-      and fast_norm_pool.supported(y, norm.scale[...], norm.bias[...])):
-    return fast_norm_pool.group_norm_relu_max_pool(y, norm.scale[...], norm.bias[...],
-                                                   num_groups=norm.num_groups,
-                                                   epsilon=norm.epsilon)
+  out = kernels.norm_relu_max_pool(norm, y, train=train)
+  if out is not None:
+    return out
   fused = getattr(norm, "fused_relu_max_pool", None)
   out = None if fused is None else fused(y)
   return max_pool_2x2(nnx.relu(apply_norm(norm, y, train=train))) if out is None else out

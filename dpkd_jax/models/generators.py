@@ -14,7 +14,7 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
-from dpkd_jax.models import fast_conv, upsample_conv
+from dpkd_jax import kernels
 from dpkd_jax.models.classifiers import validate_image_shape
 
 # PyTorch's default BatchNorm momentum 0.1, as in DAFL's reference code.
@@ -62,8 +62,7 @@ class DAFLGenerator(nnx.Module):
     self.init_shape = (height // 4, width // 4, base_channels)
     self.project = nnx.Linear(latent_dim, int(np.prod(self.init_shape)), rngs=rngs)
     self.project_norm = nnx.BatchNorm(base_channels, momentum=_MOMENTUM, rngs=rngs)
-    # fast_conv: XLA's convolution with a fast CPU kernel gradient (same parameters).
-    conv = fast_conv.conv_general_dilated
+    conv = kernels.conv_general_dilated  # lax's, or the opt-in CPU kernels' (same parameters)
     self.conv1 = nnx.Conv(base_channels, base_channels, (3, 3), rngs=rngs,
                           conv_general_dilated=conv)
     self.norm1 = nnx.BatchNorm(base_channels, momentum=_MOMENTUM, epsilon=_DAFL_CONV_EPSILON,
@@ -92,11 +91,11 @@ class DAFLGenerator(nnx.Module):
     running = not train
     x = self.project(z).reshape(z.shape[0], *self.init_shape)  # (B, H/4, W/4, c)
     x = self.project_norm(x, use_running_average=running)
-    # Upsample ×2 then conv, as sub-pixel convolutions on the small map (same function and
-    # parameters, no upsampled map: `upsample_conv`).
-    x = upsample_conv.apply(self.conv1, x)  # (B, H/2, W/2, c)
+    # Upsample ×2 then conv (the CPU kernels compute it as sub-pixel convolutions on the small
+    # map: same function and parameters).
+    x = kernels.upsample_conv(self.conv1, x)  # (B, H/2, W/2, c)
     x = nnx.leaky_relu(self.norm1(x, use_running_average=running), 0.2)
-    x = upsample_conv.apply(self.conv2, x)  # (B, H, W, c / 2)
+    x = kernels.upsample_conv(self.conv2, x)  # (B, H, W, c / 2)
     x = nnx.leaky_relu(self.norm2(x, use_running_average=running), 0.2)
     x = jnp.tanh(self.conv_out(x))  # (B, H, W, C)
     return self.output_norm(x, use_running_average=running)

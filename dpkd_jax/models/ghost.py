@@ -43,7 +43,7 @@ import jax.numpy as jnp
 from flax import nnx, traverse_util
 
 from dpkd_jax.errors import UserError
-from dpkd_jax.models import conv_routes, example_mixing, ghost_taps
+from dpkd_jax.models import example_mixing, ghost_taps
 from dpkd_jax.privacy import ghost_clipping, validation
 
 PyTree = Any
@@ -212,29 +212,18 @@ def _kernel_leaf(grad: jax.Array, spec: ghost_taps.ConvSpec | None) -> jax.Array
 
 
 def _per_example_conv_grads(a: jax.Array, g: jax.Array, spec: ghost_taps.ConvSpec) -> jax.Array:
-  """(B, *window, C/G, O) per-example kernel gradients by the fastest exact form on this
-  machine (`conv_routes`: timed once per shape; the static rule is
-  `ghost_clipping.conv_grad_form`, measured on a 2-core AMD EPYC)."""
-  def form_fn(form: str) -> Callable[[jax.Array, jax.Array], jax.Array]:
-    return lambda a, g: ghost_clipping.per_example_conv_kernel_grads(
-        a, g, window=spec.window, strides=spec.strides, padding=spec.padding,
-        lhs_dilation=spec.lhs_dilation, rhs_dilation=spec.rhs_dilation,
-        dimension_numbers=spec.dimension_numbers, groups=spec.groups, form=form)
-
-  # Not "vmap_dw": its vjp is taken at a replicated zero kernel, which inside shard_map (the
+  """(B, *window, C/G, O) per-example kernel gradients by the exact form that measured fastest
+  for the shape (`ghost_clipping.conv_grad_form`'s static rule: no timing while tracing)."""
+  # Never "vmap_dw": its vjp is taken at a replicated zero kernel, which inside shard_map (the
   # DP-SGD step) would make the transpose sum over devices; it never won by much anyway.
   # "batch_channels" only while its kernel operand (B·C·O·T values) stays small.
-  forms = ("patches",) if spec.groups != 1 else ("patches", "taps")
-  if spec.groups == 1 and g.size * a.shape[-1] <= _BATCH_CHANNELS_MAX_VALUES:
-    forms += ("batch_channels",)
-  static = ghost_clipping.conv_grad_form(spec.window, a.shape[-1], g.shape[-1],
-                                         groups=spec.groups)
-  # The candidates are part of the key: a route measured among fewer forms is measured again.
-  key = (f"per_example_kernel_grad[{','.join(forms)}] {a.shape} {g.shape} w{spec.window} "
-         f"s{spec.strides} p{spec.padding} g{spec.groups} {a.dtype}")
-  form = conv_routes.choose(key, {name: form_fn(name) for name in forms}, (a.shape, g.shape),
-                            static)
-  return form_fn(form)(a, g)
+  batch_channels = spec.groups == 1 and g.size * a.shape[-1] <= _BATCH_CHANNELS_MAX_VALUES
+  form = ghost_clipping.conv_grad_form(spec.window, a.shape[-1], g.shape[-1],
+                                       groups=spec.groups, batch_channels=batch_channels)
+  return ghost_clipping.per_example_conv_kernel_grads(
+      a, g, window=spec.window, strides=spec.strides, padding=spec.padding,
+      lhs_dilation=spec.lhs_dilation, rhs_dilation=spec.rhs_dilation,
+      dimension_numbers=spec.dimension_numbers, groups=spec.groups, form=form)
 
 
 def _layer_norms(a: jax.Array, g: jax.Array, spec: ghost_taps.ConvSpec | None, *,

@@ -9,10 +9,11 @@ to its output, so that one batched backward pass gives every example's output gr
     BatchNorm with running averages) get a subclass whose `__call__` computes the normalised
     input x̂ (the layer with scale 1 and bias 0: exact), records it and returns
     x̂ · scale + bias + tap. Their per-example gradients are then scale_i = Σ_t g_it x̂_it and
-    bias_i = Σ_t g_it. GroupNorm keeps `fast_norm`'s fused formulation when the layer has its
-    plain configuration (`fast_norm.apply_group_norm` calls a subclass's own `__call__`);
-  * a plain GroupNorm followed by ReLU and a 2×2 max-pool (`classifiers.conv_norm_relu_pool`
-    calls the tapped layer's `fused_relu_max_pool`) runs as `fast_norm_pool`'s one op: it
+    bias_i = Σ_t g_it. With the CPU kernels on, GroupNorm keeps their fused formulation when
+    the layer has its plain configuration;
+  * with the CPU kernels on, a plain GroupNorm followed by ReLU and a 2×2 max-pool
+    (`classifiers.conv_norm_relu_pool` calls the tapped layer's `fused_relu_max_pool`) runs as
+    the kernels' one op, which registers its own tap: it
     records x̂ at each window's selected position and takes the tap at the routed
     pre-activations, both (B, H/2, W/2, C). The GroupNorm's output gradient is zero elsewhere,
     so the same sums Σ_t g_it x̂_it and Σ_t g_it, over the pooled map, are the per-example
@@ -33,11 +34,11 @@ from flax import nnx
 from jax import lax
 
 from dpkd_jax.errors import UserError
-from dpkd_jax.models import fast_conv, fast_norm, fast_norm_pool
+from dpkd_jax import kernels
 
 Path = tuple
 AFFINE_LAYERS = (nnx.GroupNorm, nnx.LayerNorm, nnx.RMSNorm, nnx.InstanceNorm, nnx.BatchNorm)
-_CONV_FUNCTIONS = (lax.conv_general_dilated, fast_conv.conv_general_dilated)
+_CONV_FUNCTIONS = (lax.conv_general_dilated, kernels.conv_general_dilated)
 _FALLBACK = "; use clipping='vmap' (per-example gradients by vmap)"
 
 
@@ -130,9 +131,8 @@ class Recorder:
         window=tuple(rhs.shape[:-2]), kernel_shape=tuple(rhs.shape), strides=window_strides,
         padding=padding, lhs_dilation=lhs_dilation, rhs_dilation=rhs_dilation,
         dimension_numbers=dimension_numbers, groups=feature_group_count)
-    # fast_conv: the forward pass and the input gradient the pass back-propagates take this
-    # machine's fastest exact form (models/conv_routes.py), as in the non-private step.
-    out = fast_conv.conv_general_dilated(
+    # Through the seam, as in the non-private step (the active kernels' convolution).
+    out = kernels.conv_general_dilated(
         lhs, rhs, window_strides, padding, lhs_dilation=lhs_dilation, rhs_dilation=rhs_dilation,
         dimension_numbers=dimension_numbers, feature_group_count=feature_group_count,
         precision=precision, **kwargs)
@@ -167,10 +167,10 @@ def _affine_params(layer: Any) -> dict[str, nnx.Variable]:
 def _normalised(layer: Any, x: jax.Array, args: tuple, kwargs: dict) -> jax.Array:
   """The layer's output with scale 1 and bias 0: x̂, exactly (· 1 and + 0 round to nothing)."""
   params = _affine_params(layer)
-  if isinstance(layer, nnx.GroupNorm) and fast_norm.is_plain(layer, x):
-    return fast_norm.group_norm(x, jnp.ones_like(params["scale"][...]),
-                                jnp.zeros_like(params["bias"][...]),
-                                num_groups=layer.num_groups, epsilon=layer.epsilon)
+  if isinstance(layer, nnx.GroupNorm):
+    xhat = kernels.normalised_group_norm(layer, x)  # a kernel's closed form, if active
+    if xhat is not None:
+      return xhat
   saved = {attr: var[...] for attr, var in params.items()}
   for attr, var in params.items():
     var[...] = (jnp.ones_like if attr == "scale" else jnp.zeros_like)(saved[attr])
@@ -195,23 +195,20 @@ def _affine_call(self, x, *args, **kwargs):
 
 
 def _fused_relu_max_pool(self, x):
-  """`max_pool_2x2(relu(self(x)))` for a tapped GroupNorm as one op, recording x̂ at the
-  selected positions and tapping the routed pre-activations (`fast_norm_pool`), all
-  (B, H/2, W/2, C); None for a configuration or input the op does not take (the caller then
-  runs the layers in turn, through the tapped `__call__`)."""
+  """`max_pool_2x2(relu(self(x)))` for a tapped GroupNorm as one op when the active kernels
+  have one (`kernels.tapped_group_norm_relu_max_pool`, which registers its own tap): it records
+  x̂ at the selected positions and taps the routed pre-activations, all (B, H/2, W/2, C).
+  None otherwise (the caller then runs the layers in turn, through the tapped `__call__`)."""
   recorder, path = self.__dict__["_ghost_tap"]
-  if not (fast_norm.is_plain(self, x)
-          and fast_norm_pool.supported(x, self.scale[...], self.bias[...])):
+
+  def tap(shape: tuple[int, ...], dtype) -> jax.Array:
+    _check_affine(self, path, x, (), {})
+    return recorder.tap(path, shape, dtype)
+
+  fused = kernels.tapped_group_norm_relu_max_pool(self, x, tap)
+  if fused is None:
     return None
-  _check_affine(self, path, x, (), {})
-  # One read of each parameter, by a (2, C) stack: ghost's weight-tying check counts the
-  # equations that read a parameter, inside called functions too, and the op reads its
-  # scale and bias at several places.
-  scale, bias = jnp.stack([self.scale[...], self.bias[...]])
-  batch, height, width, channels = x.shape
-  tap = recorder.tap(path, (batch, height // 2, width // 2, channels), x.dtype)
-  out, xhat_at = fast_norm_pool.tapped_group_norm_relu_max_pool(
-      x, scale, bias, tap, num_groups=self.num_groups, epsilon=self.epsilon)
+  out, xhat_at = fused
   return recorder.record(path, xhat_at, out, tap_added=True)
 
 

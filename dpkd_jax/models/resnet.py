@@ -13,7 +13,8 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
-from dpkd_jax.models import core, fast_conv
+from dpkd_jax import kernels
+from dpkd_jax.models import core
 from dpkd_jax.models.classifiers import (ConvNorm, apply_norm, make_norm, validate_classifier_args,
                                          validate_norm)
 
@@ -114,7 +115,7 @@ class WideBasicBlock(nnx.Module):
   def __init__(self, in_channels: int, out_channels: int, *, stride: int, norm: str,
                rngs: nnx.Rngs):
     use_bias = norm == "none"
-    conv = fast_conv.conv_general_dilated  # XLA's conv with a fast CPU kernel gradient
+    conv = kernels.conv_general_dilated  # lax's, or the opt-in CPU kernels'
     self.norm1 = make_norm(norm, in_channels, rngs=rngs)
     self.conv1 = nnx.Conv(in_channels, out_channels, (3, 3), strides=stride, use_bias=use_bias,
                           rngs=rngs, conv_general_dilated=conv)
@@ -158,7 +159,7 @@ class WideResNet(nnx.Module):
       raise ValueError(f"widen_factor must be a positive integer, got {widen_factor!r}")
     blocks_per_stage = (depth - 4) // 6
     self.stem = nnx.Conv(channels, 16, (3, 3), use_bias=norm == "none", rngs=rngs,
-                         conv_general_dilated=fast_conv.conv_general_dilated)
+                         conv_general_dilated=kernels.conv_general_dilated)
     stages = []
     in_channels = 16
     for index in range(3):

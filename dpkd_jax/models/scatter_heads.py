@@ -18,8 +18,8 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
+from dpkd_jax import kernels
 from dpkd_jax.models import core
-from dpkd_jax.models import fast_conv
 from dpkd_jax.models.classifiers import validate_classifier_args
 
 _NORMS = ("group", "none")
@@ -70,7 +70,7 @@ class ScatterCNN(nnx.Module):
     self.norm = _input_norm(norm, channels, rngs=rngs)
     first, second, hidden = widths
     padding = ((1, 1), (1, 1))
-    conv = fast_conv.conv_general_dilated  # XLA's convolution, faster kernel gradient on CPU
+    conv = kernels.conv_general_dilated  # lax's, or the opt-in CPU kernels'
     self.conv1 = nnx.Conv(channels, first, (3, 3), strides=2, padding=padding, rngs=rngs,
                           conv_general_dilated=conv)
     self.conv2 = nnx.Conv(first, second, (3, 3), padding=padding, rngs=rngs,

@@ -211,16 +211,22 @@ def conv_patches(x: jax.Array, window: Sequence[int], *, strides: Sequence[int],
 
 CONV_GRAD_FORMS = ("patches", "taps", "vmap_dw", "batch_channels")
 _MIN_TAPS_PATCH_DEPTH = 16  # C·prod(window); benchmarks/ghost_conv_forms.py
+# "batch_channels" (one grouped convolution) won only for a one-channel input with few output
+# channels (LeNet-5's conv1, 1 → 6; small_cnn's 1 → 32 lost to "patches").
+_MAX_BATCH_CHANNELS_OUT = 8
 
 
 def conv_grad_form(window: Sequence[int], in_channels: int, out_channels: int, *,
-                   groups: int) -> str:
+                   groups: int, batch_channels: bool = False) -> str:
   """The fastest measured form of `per_example_conv_kernel_grads` for a convolution's shape.
 
   Measured by `benchmarks/ghost_conv_forms.py` on XLA CPU (the table in
-  docs/PERFORMANCE.md); every form is exact, so this only moves time.
+  docs/PERFORMANCE.md); every form is exact, so this only moves time. `batch_channels`: whether
+  the caller can afford that form's (B·C·O·T) kernel operand.
   """
-  del out_channels
+  if (batch_channels and groups == 1 and in_channels == 1
+      and out_channels <= _MAX_BATCH_CHANNELS_OUT):
+    return "batch_channels"
   # Tap by tap, each example's product is a sum of prod(window) thin (C, O) dots and no
   # (B, T, C·prod(window)) patch array is written; that copy only pays for itself when the
   # patch rows are short (a one-channel 3×3 input: 9 values per position).

@@ -13,13 +13,15 @@ and nothing more (the card says what that does not cover).
 
 from __future__ import annotations
 
+import contextlib
 import os
+from collections.abc import Iterator
 from typing import Any, Sequence
 
 import jax
 import numpy as np
 
-from dpkd_jax import errors
+from dpkd_jax import errors, kernels
 from dpkd_jax.release import export
 from dpkd_jax.release import latency
 from dpkd_jax.release import model_card
@@ -46,6 +48,19 @@ def _data_dir(workdir: str) -> str | None:
   return value if isinstance(value, str) else None
 
 
+@contextlib.contextmanager
+def _removed_on_failure(paths: list[str]) -> Iterator[None]:
+  """Deletes `paths` (the files this export writes) if the block fails: an export that did not
+  finish leaves no file that could pass for a checked one."""
+  try:
+    yield
+  except BaseException:
+    for path in paths:
+      if os.path.exists(path):
+        os.remove(path)
+    raise
+
+
 def export_run(workdir: str, out_dir: str, formats: Sequence[str] = export.FORMATS, *,
                measure_latency: bool = True, repeats: int = 5) -> dict[str, Any]:
   """Exports the student of the finished run in `workdir` into `out_dir` (module docstring).
@@ -64,21 +79,24 @@ def export_run(workdir: str, out_dir: str, formats: Sequence[str] = export.FORMA
   epsilon = students.covered_epsilon(workdir, student.meta, student.step)
   info = student.spec.info
   images, described = export.verification_inputs(info, data_dir=_data_dir(workdir))
-  reference = np.asarray(jax.jit(export.logits_fn(student.parts))(images))
   os.makedirs(out_dir, exist_ok=True)
-  writers = {"onnx": export.export_onnx, "stablehlo": export.export_stablehlo}
-  exports, paths = [], {}
-  for fmt in formats:
-    paths[fmt] = os.path.join(out_dir, STEM + export.SUFFIX[fmt])
-    entry = writers[fmt](student.parts, info, paths[fmt], images, reference)
-    entry["check"]["inputs"] = described
-    entry.update(sha256=checkpoint.sha256_file(paths[fmt]), bytes=os.path.getsize(paths[fmt]),
-                 checkpoint_step=student.step)
-    exports.append(entry)
-  measured = None
-  if measure_latency:
-    measured = latency.measure(student.parts, info, onnx_path=paths.get("onnx"),
-                               stablehlo_path=paths.get("stablehlo"), repeats=repeats)
+  paths = {fmt: os.path.join(out_dir, STEM + export.SUFFIX[fmt]) for fmt in formats}
+  # The reference ops (plain jax.lax/Flax) whatever kernels this process chose: the files are
+  # for other machines and runtimes, and only those ops trace with a symbolic batch.
+  with kernels.using(kernels.REFERENCE), _removed_on_failure(list(paths.values())):
+    reference = np.asarray(jax.jit(export.logits_fn(student.parts))(images))
+    writers = {"onnx": export.export_onnx, "stablehlo": export.export_stablehlo}
+    exports = []
+    for fmt in formats:
+      entry = writers[fmt](student.parts, info, paths[fmt], images, reference)
+      entry["check"]["inputs"] = described
+      entry.update(sha256=checkpoint.sha256_file(paths[fmt]),
+                   bytes=os.path.getsize(paths[fmt]), checkpoint_step=student.step)
+      exports.append(entry)
+    measured = None
+    if measure_latency:
+      measured = latency.measure(student.parts, info, onnx_path=paths.get("onnx"),
+                                 stablehlo_path=paths.get("stablehlo"), repeats=repeats)
   card = model_card.write_model_card(workdir, out_dir=out_dir, exports=exports,
                                      measured=measured,
                                      checkpoint={"step": student.step, "epsilon": epsilon})

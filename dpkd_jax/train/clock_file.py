@@ -6,12 +6,14 @@ per process that opened it (`workdir.open_run`, process 0 only, under the run's 
 `Run` owns its `ClockFile` as `Run.clock`, and `outputs.finish_run` is handed that run):
 
   {"segments": [{"commit", "started", "start_step", "cpu_seconds", "wall_seconds",
-                 "steps_to"}, ...],
+                 "steps_to", "backend", "kernels"}, ...],
    "incomplete": false}
 
 `commit` names the code the segment ran, `started` its ISO start time, `start_step` the
 checkpoint step it resumed from (0: a fresh run), `steps_to` the last step it saved (null
-before its first save). Its seconds run from `open_run` to that save (`Run.save` updates them),
+before its first save), `backend` JAX's default backend and `kernels` the model-zoo ops its
+steps were traced with (`dpkd_jax.kernels`: "reference" or "xla_cpu"; a speed setting, equal
+values to float rounding). Its seconds run from `open_run` to that save (`Run.save` updates them),
 or for the segment that finishes, are its `RunClock`'s at `outputs.finish_run`. Time a killed
 process spent after its last checkpoint is lost work: nothing of it was kept, and it is not
 counted (a process killed before its first save leaves no segment at all). The sum is thus the
@@ -34,6 +36,9 @@ import time
 import warnings
 from typing import Any
 
+import jax
+
+from dpkd_jax import kernels
 from dpkd_jax.train import ledger_file
 from dpkd_jax.train import records
 
@@ -89,7 +94,8 @@ class ClockFile:
     self.current: dict[str, Any] = {
         "commit": records.current_commit(),
         "started": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-        "start_step": int(step), "cpu_seconds": 0.0, "wall_seconds": 0.0, "steps_to": None}
+        "start_step": int(step), "cpu_seconds": 0.0, "wall_seconds": 0.0, "steps_to": None,
+        "backend": jax.default_backend(), "kernels": kernels.active().name}
 
   def _write(self) -> None:
     payload = {"segments": [*self.earlier, self.current], "incomplete": self.incomplete}

@@ -38,7 +38,7 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
-from dpkd_jax.models import fast_norm_pool
+from dpkd_jax.kernels.xla_cpu import fast_norm_pool
 
 
 def _statistics(x: jax.Array, scale: jax.Array, epsilon: float):

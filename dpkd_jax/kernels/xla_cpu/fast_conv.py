@@ -1,7 +1,7 @@
 """A drop-in `lax.conv_general_dilated` whose kernel gradient is fast on XLA CPU.
 
 XLA CPU used to compute the kernel gradient (dW) of a 2-D convolution several times slower than
-the forward pass (issue #10): it lowered dW to a convolution whose window is the whole output
+the forward pass: it lowered dW to a convolution whose window is the whole output
 map, which its convolution kernels handled badly. This module keeps XLA's forward pass and input gradient and,
 on CPU, computes dW with matrix products instead:
 
@@ -16,13 +16,13 @@ is sliced once per tap; each tap (or all taps of a phase, stacked, when the slic
 channels) is one GEMM. The batch is walked in chunks of about `_CHUNK_PIXELS` grid pixels by a
 `lax.scan`, so the copies stay in cache.
 
-Which form is fastest depends on the machine and the shape. Each pass (forward, input
-gradient, kernel gradient) of each shape therefore takes the fastest of its exact forms as
-measured on this machine (`conv_routes`, cached on disk): XLA's own convolution, this GEMM
-kernel gradient, or one product with a banded matrix (`banded_conv`: LeNet-5's narrow layers).
-Without measuring (`DPKD_CONV_ROUTES=static`, the tests) the static rule is XLA's convolutions,
-with the GEMM kernel gradient when C·O ≥ `_MIN_CHANNEL_PRODUCT` (not for a single input
-channel), the faster of the two on a 2-core AMD EPYC (docs/PERFORMANCE.md).
+Each pass (forward, input gradient, kernel gradient) takes one exact form by a static rule of
+its shape (`_route`): XLA's own convolution; this GEMM kernel gradient when C·O ≥
+`_MIN_CHANNEL_PRODUCT` (not for a single input channel); or one product with a banded matrix
+(`banded_conv`) for the forward pass of a very narrow layer (C·O ≤ `_BANDED_FORWARD_MAX`, LeNet-5's
+1 → 6) and the input gradient of a narrow one (C·O ≤ `_BANDED_INPUT_GRAD_MAX`). The rule is
+the one the idle perf table measures (docs/PERFORMANCE.md); no timing happens while tracing, so
+a program is the same on every machine.
 
 A form other than XLA's is taken with `lax.platform_dependent`, only when lowering for CPU: GPU
 and TPU keep XLA's (cuDNN's) convolutions. Cases it does not cover (not 2-D NHWC/HWIO, dilation,
@@ -46,7 +46,7 @@ import jax
 import jax.numpy as jnp
 from jax import lax
 
-from dpkd_jax.models import banded_conv, conv_routes
+from dpkd_jax.kernels.xla_cpu import banded_conv
 
 _NHWC_SPECS = ("NHWC", "HWIO", "NHWC")
 # What `lax.conv_dimension_numbers` makes of `_NHWC_SPECS` (and what nnx.Conv passes for 2-D).
@@ -65,7 +65,11 @@ _MIN_IN_CHANNELS = 2
 # steps unless the kernel is wide: the GEMM form is kept for C·O >= 64·128 (the DAFL generator
 # at width 128), XLA's dW is used below it (small_cnn, LeNet-5, the generator at width 64).
 _MIN_CHANNEL_PRODUCT = 64 * 128
-_XLA_ONLY = [False]  # set by `xla_only()`
+# The banded form does Wp / kw times a direct convolution's FLOPs (the band's zeros) but runs as
+# one GEMM: it won the forward pass of LeNet-5's 1 → 6 layer and the input gradients of the
+# narrow layers (1 → 32, 6 → 16), and lost every wider pass.
+_BANDED_FORWARD_MAX = 8
+_BANDED_INPUT_GRAD_MAX = 96
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -233,35 +237,38 @@ def _vjp(conv: Callable, lhs: jax.Array, rhs: jax.Array, cotangent: jax.Array,
   return vjp(cotangent)[0]
 
 
-def _forms(kind: str, lhs_shape: tuple[int, ...], rhs_shape: tuple[int, ...],
-           spec: _ConvSpec) -> tuple[dict[str, Callable], str]:
-  """The exact candidate forms of one pass, each a function of (x, w, dy): the input, the
-  kernel and the output's cotangent (the forward pass ignores dy); and the static choice."""
+def _route(kind: str, lhs_shape: tuple[int, ...], rhs_shape: tuple[int, ...],
+           spec: _ConvSpec) -> tuple[str, dict[str, Callable]]:
+  """The static rule's form for one pass, and the exact forms by name, each a function of
+  (x, w, dy): the input, the kernel and the output's cotangent (the forward pass ignores dy)."""
   in_channels, out_channels = rhs_shape[2], rhs_shape[3]
   xla = functools.partial(_xla_conv, spec=spec)
   forms = {"forward": {"xla": lambda x, w, dy: xla(x, w)},
            "input_grad": {"xla": lambda x, w, dy: _vjp(xla, x, w, dy, 0)},
            "kernel_grad": {"xla": lambda x, w, dy: _xla_kernel_grad(x, dy, w, spec),
                            "gemm": lambda x, w, dy: _cpu_kernel_grad(x, dy, w.shape, spec)}}[kind]
+  channel_product = in_channels * out_channels
   if banded_conv.supported(lhs_shape, rhs_shape, spec.strides, spec.padding):
     banded = functools.partial(banded_conv.conv, padding=spec.padding, precision=spec.precision)
     forms["banded"] = {"forward": lambda x, w, dy: banded(x, w),
                        "input_grad": lambda x, w, dy: _vjp(banded, x, w, dy, 0),
                        "kernel_grad": lambda x, w, dy: _vjp(banded, x, w, dy, 1)}[kind]
-  wide = in_channels >= _MIN_IN_CHANNELS and in_channels * out_channels >= _MIN_CHANNEL_PRODUCT
-  return forms, "gemm" if kind == "kernel_grad" and wide else "xla"
+    if ((kind == "forward" and channel_product <= _BANDED_FORWARD_MAX)
+        or (kind == "input_grad" and channel_product <= _BANDED_INPUT_GRAD_MAX)):
+      return "banded", forms
+  wide = in_channels >= _MIN_IN_CHANNELS and channel_product >= _MIN_CHANNEL_PRODUCT
+  return ("gemm" if kind == "kernel_grad" and wide else "xla"), forms
 
 
 def _run(kind: str, spec: _ConvSpec, lhs: jax.Array, rhs: jax.Array,
-         cotangent: jax.Array | None = None) -> jax.Array:
-  """One pass by its route. A form other than XLA's is taken only when lowering for CPU
-  (`lax.platform_dependent`): GPU and TPU keep XLA's (cuDNN's) convolutions."""
-  forms, static = _forms(kind, lhs.shape, rhs.shape, spec)
-  if _XLA_ONLY[0]:
-    static, forms = "xla", {"xla": forms["xla"]}
+         cotangent: jax.Array | None = None, *, form: str | None = None) -> jax.Array:
+  """One pass by the static rule (or by `form`, which tests pass). A form other than XLA's is
+  taken only when lowering for CPU (`lax.platform_dependent`): GPU and TPU keep XLA's (cuDNN's)
+  convolutions."""
+  static, forms = _route(kind, lhs.shape, rhs.shape, spec)
+  form = _FORCED_FORMS.get(kind, static) if form is None else form
+  form = form if form in forms else "xla"
   out_shape = _output_shape(lhs.shape, rhs.shape, spec)
-  key = f"{kind} {lhs.shape} {rhs.shape} s{spec.strides} p{spec.padding} {lhs.dtype}"
-  form = conv_routes.choose(key, forms, (lhs.shape, rhs.shape, out_shape), static)
   dtype = {"forward": jnp.result_type(lhs, rhs), "input_grad": lhs.dtype,
            "kernel_grad": rhs.dtype}[kind]
   if cotangent is None:
@@ -281,15 +288,21 @@ def _output_shape(lhs_shape: Sequence[int], rhs_shape: Sequence[int],
   return (lhs_shape[0], out_h, out_w, rhs_shape[3])
 
 
+# pass -> form name, for passes traced inside `forced_forms` (tests compare every form).
+_FORCED_FORMS: dict[str, str] = {}
+
+
 @contextlib.contextmanager
-def xla_only() -> Iterator[None]:
-  """Every pass traced inside takes XLA's own convolutions (e.g. so that XLA's cost analysis
-  counts their FLOPs: it does not count the products inside a `platform_dependent` branch)."""
-  _XLA_ONLY[0] = True
+def forced_forms(forms: dict[str, str]) -> Iterator[None]:
+  """Passes traced inside take `forms[pass]` where that form applies to their shape (e.g.
+  {"kernel_grad": "banded"}), instead of the static rule: for tests of every form."""
+  previous = dict(_FORCED_FORMS)
+  _FORCED_FORMS.update(forms)
   try:
     yield
   finally:
-    _XLA_ONLY[0] = False
+    _FORCED_FORMS.clear()
+    _FORCED_FORMS.update(previous)
 
 
 @functools.partial(jax.custom_vjp, nondiff_argnums=(2,))

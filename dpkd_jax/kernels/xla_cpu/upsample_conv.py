@@ -28,8 +28,8 @@ rounding; gradients are autodiff of this form (the kernel's through the tap sums
 the two layers' to float32 rounding. Every output pixel depends on its own example only, so
 per-example (vmap) behaviour is unchanged.
 
-Each 2×2 convolution goes through `fast_conv` (its routes are measured per shape like any
-other convolution's).
+Each 2×2 convolution goes through the convolution the layer names (with the CPU kernels on,
+`fast_conv`, by its static rule like any other convolution).
 """
 
 from __future__ import annotations
@@ -40,15 +40,14 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
-from dpkd_jax.models import fast_conv
+from dpkd_jax.kernels import reference
+from dpkd_jax.kernels.xla_cpu import fast_conv
 
 _NHWC_SPECS = ("NHWC", "HWIO", "NHWC")
 ConvFn = Callable[..., jax.Array]
 
 
-def upsample_nearest_2x(x: jax.Array) -> jax.Array:
-  """(B, H, W, C) → (B, 2H, 2W, C), each pixel repeated 2×2 (PyTorch's `interpolate` default)."""
-  return jnp.repeat(jnp.repeat(x, 2, axis=1), 2, axis=2)
+upsample_nearest_2x = reference.upsample_nearest_2x
 
 
 def _axis_phases(kernel: jax.Array, axis: int) -> tuple[jax.Array, jax.Array]:

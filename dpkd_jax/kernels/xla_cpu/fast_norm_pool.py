@@ -41,7 +41,7 @@ import functools
 import jax
 import jax.numpy as jnp
 
-from dpkd_jax.models import fast_norm, fast_pool
+from dpkd_jax.kernels.xla_cpu import fast_norm, fast_pool
 
 WINDOW = 2  # a 2×2 window with stride 2, VALID: odd sides are floored, as `nnx.max_pool`
 POSITIONS = WINDOW * WINDOW  # window positions in row-major order; this value means "none"

@@ -10,8 +10,8 @@ the work into one GEMM whose sizes are large whatever the channel count:
 with T_i[(q + j)·C + c, q·O + o] = w[i, j, c, o] the banded (Toeplitz) matrix of kernel row i.
 The kh shifted input rows are concatenated, so the whole convolution is
 (B·Ho, kh·Wp·C) · (kh·Wp·C, Wo·O). It does Wp / kw times the FLOPs of a direct convolution (the
-band's zeros), so it only pays where the direct kernels are slow: `fast_conv` measures the forms
-per shape and machine (`conv_routes`) and takes this one where it is faster.
+band's zeros), so it only pays where the direct kernels are slow: `fast_conv`'s static rule
+takes it for the passes of narrow layers where it measured faster.
 
 Every gradient comes from autodiff of this function, and each is again a GEMM: the input
 gradient is (B·Ho, Wo·O) · T' followed by the overlap-add of the kh row blocks, the kernel
