@@ -15,6 +15,7 @@ import datetime
 import json
 from typing import Any, Callable
 
+from dpkd_jax import models
 from dpkd_jax.methods.dpdfd import dry_run
 from dpkd_jax.train import records
 from experiments import _cli
@@ -52,6 +53,8 @@ def main(argv: list[str],
   if own.dry_run_out:
     _cli.check_output_file(own.dry_run_out, "--dry_run_out")
   teacher = flags.teacher_model if _given(argv, "--teacher_model") else dry_run.PAPER_TEACHER
+  if teacher not in models.CLASSIFIERS:  # --teacher_dirs given: no teacher config checked it
+    _cli.fail(f"--teacher_model={teacher}: choose one of {', '.join(sorted(models.CLASSIFIERS))}")
   record = dry_run.dry_run(config, teacher, num_teachers=len(config.teacher_dirs))
   record.update(command=" ".join(["python -m experiments.dpdfd", *argv, "--dry_run"]),
                 sigma_placeholder=placeholder, commit=records.current_commit(),

@@ -7,7 +7,7 @@
       --target_epsilon=10   # n stacked disjoint-shard teachers (experiments.teacher_ensemble)
   python -m experiments.dpdfd sample --workdir=runs/dpdfd/mnist --num=10000
   python -m experiments.dpdfd --mode=direct --dataset=mnist --noise_multiplier=...  # Table 4, NOT DP
-  python -m experiments.dpdfd --dataset=cifar10 --dry_run  # cost per step, H100/v5e time (shapes)
+  python -m experiments.dpdfd --dataset=cifar10 --dry_run  # per-step cost, H100/v5e time
 
 Without --teacher_dirs the teacher is runs/teacher/<dataset>_<teacher_model>, reused when its
 card matches, else trained. Per-dataset defaults (dpdfd/quickstart.py, docs/RESULTS.md) are the

@@ -84,3 +84,16 @@ def test_dry_run_command_exits_zero_without_data(tmp_path):
   assert done.returncode == 0, done.stderr
   assert "FLOPs per step" in done.stdout and "stands in" not in done.stdout
   assert os.listdir(tmp_path) == []
+
+
+@pytest.mark.parametrize("flags, match", [
+    (["--dry_run_out=/no/such/folder/record.json"], "--dry_run_out: folder"),
+    (["--teacher_dirs=t", "--teacher_model=resnet99"], "--teacher_model=resnet99: choose one of"),
+    (["--teacher_ensemble_dir=e"], "does not read --teacher_ensemble_dir"),
+])
+def test_dry_run_mistakes_are_one_line_before_any_compile(flags, match, capsys):
+  with pytest.raises(SystemExit) as exit_info:
+    dpdfd_cli.main(SMALL + ["--dry_run", *flags])
+  assert exit_info.value.code == 2
+  err = capsys.readouterr().err.strip()
+  assert match in err and len(err.splitlines()) == 1
