@@ -7,6 +7,7 @@
       --target_epsilon=10   # n stacked disjoint-shard teachers (experiments.teacher_ensemble)
   python -m experiments.dpdfd sample --workdir=runs/dpdfd/mnist --num=10000
   python -m experiments.dpdfd --mode=direct --dataset=mnist --noise_multiplier=...  # Table 4, NOT DP
+  python -m experiments.dpdfd --dataset=cifar10 --dry_run  # per-step cost, H100/v5e time
 
 Without --teacher_dirs the teacher is runs/teacher/<dataset>_<teacher_model>, reused when its
 card matches, else trained. Per-dataset defaults (dpdfd/quickstart.py, docs/RESULTS.md) are the
@@ -32,6 +33,7 @@ from dpkd_jax.methods.dpdfd import quickstart
 from dpkd_jax.train import distributed
 from dpkd_jax.train import summary
 from experiments import _cli
+from experiments import _dry_run
 from experiments import _flags
 
 _HELP = {
@@ -106,6 +108,8 @@ def main(argv: list[str]) -> None:
     _cli.check_output_dir(workdir, "--workdir")
     results = dpdfd.train_direct(config, workdir)
     return print("\n".join(summary.summary_lines(results, workdir=workdir)))
+  if _dry_run.requested(argv):  # shapes only: reads no data, charges and writes nothing
+    return _dry_run.main(argv, parse_config)
   config, a = parse_config(argv)
   _cli.check_output_dir(a.workdir, "--workdir")
   results = quickstart.convert(config, a.workdir, teacher_config=a.teacher_config,

@@ -18,6 +18,8 @@ Rooms:
   direct.py   `train_direct`, `build_direct_step`: the direct mode.
   quickstart.py  `convert` (teacher trained or reused, then `train_dpdfd`), `summary_lines`:
               the README's Quickstart command and notebook; the digits flag defaults.
+  dry_run.py  `dry_run`, `summary_lines`: a run sized from shapes alone (FLOPs, bytes, memory
+              per step; H100 / TPU v5e time), for `--dry_run`: nothing read, charged or written.
   generator_prior.py  `load`: a generator pretrained against the teacher (`experiments.srr
               pretrain`) as the starting point: a labelled variant, record-level ε = inf.
 
