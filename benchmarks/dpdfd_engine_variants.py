@@ -1,4 +1,4 @@
-"""Side-by-side variants of the data-free DPDFD engine (issue #22): what makes it learn?
+"""Side-by-side variants of the data-free DPDFD engine: what makes it learn?
 
     DPKD_DATA_DIR=../shared/data PYTHONPATH=. python benchmarks/dpdfd_engine_variants.py \
         --dataset=mnist --teacher=runs/teacher/mnist_small_cnn_aug3 --steps=1000 \

@@ -1,4 +1,4 @@
-"""A PyTorch eager twin of our DPDFD train step (issue #19), for `perf_table.py` to time.
+"""A PyTorch eager twin of our DPDFD train step, for `perf_table.py` to time.
 
     PYTHONPATH=. /work/venv_peers/bin/python benchmarks/peers_dpdfd.py [--batch_size=64]
         [--generator_channels=64] [--repeats=5] [--check_only]

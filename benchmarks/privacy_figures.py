@@ -92,7 +92,7 @@ def srr() -> None:
 
 
 def rona() -> None:
-  print("## 5. RONA, sigma = 6, delta = 1e-5")
+  print("## 6. RONA, sigma = 6, delta = 1e-5")
   paper = _paper(paper_accounting.paper_rona_epsilon, noise_multiplier=6.0,
                  delta=DELTA)
   print(f"paper per-query eps (classic bound, sensitivity B): {paper:.3f}")
@@ -108,7 +108,7 @@ def rona() -> None:
 
 
 def local_reverse_knn() -> None:
-  print("## 6. Reverse k-NN, local bit flipping: eps = 4, k = 5, r = 1")
+  print("## 5. Reverse k-NN, local bit flipping: eps = 4, k = 5, r = 1")
   # Two records' vote vectors differ in <= 2kr bits, each flipped with
   # p = 1/(e^{eps/(2kr)} + 1): 2kr binary RR with eps/(2kr) each.
   k, r, eps = 5, 1, 4.0
@@ -121,7 +121,7 @@ def local_reverse_knn() -> None:
 
 
 def rr_trap() -> None:
-  print("## 7. dp-accounting 0.6.0 PLDAccountant RR count trap, eps0 = 1")
+  print("## 9. dp-accounting 0.6.0 PLDAccountant RR count trap, eps0 = 1")
   single = accounting.srr_event(epsilon_per_query=1.0, num_queries=1).event
   relation = pld_privacy_accountant.NeighborRel.REPLACE_ONE
   for n in (1, 100):
@@ -166,7 +166,7 @@ def grid_step() -> None:
 
 
 def dpsgd_relations() -> None:
-  print("## 9. DP-SGD under both neighbouring relations, delta = 1e-5 (PLD)")
+  print("## 7. DP-SGD under both neighbouring relations, delta = 1e-5 (PLD)")
   print("| q | z | T | eps add/remove | eps replace-one | eps add/remove (RDP) |")
   print("|---|---|---|---|---|---|")
   for q, z, steps in ((256 / 60000, 1.0, 2344), (256 / 60000, 0.5, 2344), (0.0011, 2.72, 6089)):
@@ -184,8 +184,8 @@ if __name__ == "__main__":
   dpdfd_steps()
   dpdfd_calibration()
   srr()
-  rona()
   local_reverse_knn()
-  rr_trap()
-  grid_step()
+  rona()
   dpsgd_relations()
+  grid_step()
+  rr_trap()

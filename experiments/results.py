@@ -2,13 +2,14 @@
 
 Every reported run is one JSON record in docs/results/ (schema: dpkd_jax/train/records.py).
 
-  render            regenerates every marked table of docs/RESULTS.md and the rows of
+  render            regenerates every marked table of the generated docs (DOCS: docs/RESULTS.md,
+                    docs/SUPPORTING_RUNS.md, README.md's headline table) and the rows of
                     notebooks/data/paper_results.json (the paper-tables notebook) from the records
   render --check    writes nothing; exits 1 if a generated file differs from its records
   publish           copies a finished run's <workdir>/record.json to docs/results/<name>.json,
                     with the paper's figures and the table rows it fills:
       python -m experiments.results publish --run=runs/dpdfd/m_s10 --name=dpdfd__mnist__m_s10 \\
-          --paper_row="DPDFD Table 1, MNIST, eps=10" --paper_accuracy=0.9751 --table=dpdfd_session4
+          --paper_row="DPDFD Table 1, MNIST, eps=10" --paper_accuracy=0.9751 --table=dpdfd_table1_short
     then `render`. A table's row template (in its begin marker) names the keys a row needs;
     give the ones the run's record lacks with --column KEY=VALUE or --text KEY=VALUE.
   combine           one record for a run repeated over seeds (mean accuracy, spread), from
@@ -42,10 +43,13 @@ from experiments import _cli
 
 _ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
+# The Markdown files whose marked tables `render` generates (relative to the repository root).
+DOCS = ("docs/RESULTS.md", "docs/SUPPORTING_RUNS.md", "README.md")
 
 
 def _render(a: argparse.Namespace) -> int:
-  files = records_tables.render_files(a.results_dir, [a.doc], a.notebook_data or None)
+  docs = a.doc or [os.path.join(_ROOT, path) for path in DOCS]
+  files = records_tables.render_files(a.results_dir, docs, a.notebook_data or None)
   stale = [path for path, (old, new) in files.items() if old != new]
   for path in stale:
     if not a.check:
@@ -205,7 +209,8 @@ def _parser() -> argparse.ArgumentParser:
   sub = p.add_subparsers(dest="command", required=True)
   r = sub.add_parser("render", help="regenerate the tables from the records")
   r.add_argument("--check", action="store_true", help="write nothing; exit 1 if stale")
-  r.add_argument("--doc", default=os.path.join(_ROOT, "docs", "RESULTS.md"))
+  r.add_argument("--doc", action="append", default=[],
+                 help="a Markdown file to render (repeatable; default: every file of DOCS)")
   r.add_argument("--notebook_data",
                  default=os.path.join(_ROOT, "notebooks", "data", "paper_results.json"),
                  help="the paper-tables notebook's data ('' to skip)")

@@ -1,4 +1,4 @@
-"""The engine-variant harness (`benchmarks/dpdfd_engine_variants.py`, issue #22): it runs each
+"""The engine-variant harness (`benchmarks/dpdfd_engine_variants.py`): it runs each
 variant and records epsilon = inf whenever a variant reads the teacher without noise."""
 
 import importlib.util

@@ -1,4 +1,4 @@
-"""Every random draw on private data is made inside `dpkd_jax.privacy` (issue #18, point 3).
+"""Every random draw on private data is made inside `dpkd_jax.privacy`.
 
 An AST scan of every module under dpkd_jax/ outside dpkd_jax/privacy/ finds each reference to
 a `jax.random` sampler (however imported: `jax.random.normal`, `from jax import random`,

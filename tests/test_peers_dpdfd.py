@@ -1,4 +1,4 @@
-"""The PyTorch eager twin of the DPDFD step (`benchmarks/peers_dpdfd.py`, issue #19): it builds
+"""The PyTorch eager twin of the DPDFD step (`benchmarks/peers_dpdfd.py`): it builds
 at perf_table's configuration with our parameter counts, runs, and computes our step.
 
 Skipped without torch (a benchmark extra, `pip install -e .[bench]`).

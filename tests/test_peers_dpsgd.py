@@ -1,4 +1,4 @@
-"""DP-SGD cross-checks (issue #8): our ε vs dp_accounting and closed forms, and, where the
+"""DP-SGD cross-checks: our ε vs dp_accounting and closed forms, and, where the
 benchmark extra is installed, vs jax-privacy and Opacus (`benchmarks/peers_dpsgd.py`).
 
 The peer tests skip cleanly without jax-privacy / torch / opacus; the rest always runs.

@@ -18,7 +18,7 @@ from experiments import results as results_cli
 
 _REPO = pathlib.Path(__file__).resolve().parent.parent
 _RESULTS = _REPO / "docs" / "results"
-_DOC = _REPO / "docs" / "RESULTS.md"
+_DOCS = [_REPO / path for path in results_cli.DOCS]  # every generated Markdown file
 _NOTEBOOK = _REPO / "notebooks" / "data" / "paper_results.json"
 D = decimal.Decimal
 
@@ -48,7 +48,7 @@ def _rows(text):
 
 
 def test_committed_docs_and_notebook_data_match_their_records():
-  files = rt.render_files(str(_RESULTS), [str(_DOC)], str(_NOTEBOOK))
+  files = rt.render_files(str(_RESULTS), [str(d) for d in _DOCS], str(_NOTEBOOK))
   for path, (current, generated) in files.items():
     assert current == generated, f"{path} is stale: run python -m experiments.results render"
 
@@ -64,7 +64,7 @@ def test_render_check_cli_passes_on_the_committed_files():
 
 def test_every_committed_record_is_a_row_of_a_table_or_referenced():
   recs = rt.load_records(str(_RESULTS))
-  text = _DOC.read_text(encoding="utf-8")
+  text = "".join(d.read_text(encoding="utf-8") for d in _DOCS)
   referenced = {v for r in recs.values() for v in r.get("columns", {}).values()
                 if isinstance(v, str) and v in recs}
   referenced |= {seed for r in recs.values() for seed in r.get("combined_from", [])}
@@ -177,9 +177,12 @@ def test_malformed_record_is_one_line_naming_the_file(tmp_path):
 
 def _copy_repo_files(tmp_path):
   shutil.copytree(_RESULTS, tmp_path / "results")
-  shutil.copy(_DOC, tmp_path / "RESULTS.md")
+  docs = []
+  for doc in _DOCS:  # RESULTS.md keeps its name: the CLI prints the stale file's name
+    shutil.copy(doc, tmp_path / doc.name)
+    docs.append(f"--doc={tmp_path / doc.name}")
   shutil.copy(_NOTEBOOK, tmp_path / "paper_results.json")
-  return [f"--results_dir={tmp_path / 'results'}", "render", f"--doc={tmp_path / 'RESULTS.md'}",
+  return [f"--results_dir={tmp_path / 'results'}", "render", *docs,
           f"--notebook_data={tmp_path / 'paper_results.json'}"]
 
 

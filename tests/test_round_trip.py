@@ -1,4 +1,4 @@
-"""A practitioner's whole path in one test (issue #21): a torchvision resnet18 with random
+"""A practitioner's whole path in one test: a torchvision resnet18 with random
 weights -> teacher import -> DPDFD on (mock) CIFAR-10 for a few steps -> ONNX export ->
 onnxruntime gives JAX's outputs. Needs the `import` and `export` extras (CI installs them)."""
 

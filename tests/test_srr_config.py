@@ -127,7 +127,7 @@ def test_recorded_commands_name_every_flag_the_cli_defaults_changed():
     needed = {"generator_channels"} if pretrain else set(srr_config.CLI_DEFAULTS)
     assert needed <= given, (path, needed - given)
     config, _ = srr_cli.parse_config(tail[1:] if pretrain else tail, pretrain_only=pretrain)
-    # What the CLI picks by ε (cli_noisy_label_defaults, since sessions 21 and 22) is written
+    # What the CLI picks by ε (cli_noisy_label_defaults) is written
     # out wherever it differs from what the run ran with.
     if not pretrain and config.student_lr != srr.SRRConfig.student_lr:
       assert "student_lr" in given, path
@@ -135,7 +135,7 @@ def test_recorded_commands_name_every_flag_the_cli_defaults_changed():
       assert set(srr_config.NOISY_LABELS_CLI_DEFAULTS) - {"student_lr", "generator_epochs"} \
           <= given, path
       noisy = srr_config.cli_noisy_label_defaults(config.epsilon, config.info.num_classes)
-      if noisy and "generator_epochs" not in given:  # ran before session 22: fine-tuned
+      if noisy and "generator_epochs" not in given:  # ran before the default: fine-tuned
         raise AssertionError(f"{path}: add --generator_epochs=1, which it ran with")
     checked += 1
   assert checked >= 20

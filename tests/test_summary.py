@@ -97,5 +97,5 @@ def test_rona_summary_shows_the_paper_theorem_2_figure_beside_the_sound_one():
   lines = summary.summary_lines(results, workdir="w")
   assert "test accuracy 0.9879 at sound ε=15.22" in lines[0]
   assert lines[1] == "  paper (NOT a guarantee): Theorem 2 ε 7.68 over the queries, 0.809 per query"
-  del results["paper_epsilon_composed"]  # results written before session 25
+  del results["paper_epsilon_composed"]  # results written before the composed figure existed
   assert "; paper per-query ε 0.809 (NOT a guarantee)" in summary.summary_lines(results)[0]

@@ -4,7 +4,7 @@ k-means on ScatterNet embeddings mixes classes whose strokes overlap (MNIST 4 / 
 the clusters' purity caps reverse k-NN's label accuracy. Clustering the *graph* of the public
 images instead (spectral clustering: k-means on the bottom eigenvectors of the normalised
 Laplacian of their k-nearest-neighbour graph; Ng, Jordan & Weiss 2001) follows the manifold
-of each class and gives purer clusters at small s (docs/RESULTS.md, session 24).
+of each class and gives purer clusters at small s (docs/RESULTS.md, "Reverse k-NN private labelling").
 
 A Laplacian eigenmap is defined only for the images it was fitted on. Any other image x
 (a private record, or a public one) is embedded by the out-of-sample rule

@@ -132,17 +132,17 @@ class Anchor:
 _TEMPERED = ("Papernot, Thakurta, Song, Chien, Erlingsson, \"Tempered Sigmoid Activations for "
              "Deep Learning with Differential Privacy\", AAAI 2021 (arXiv:2007.14191)")
 _SCATTER = ("Tramèr & Boneh, \"Differentially Private Learning Needs Better Features (or Much "
-            "More Data)\", ICLR 2021 (arXiv:2011.11660); issue #20 states ε about 3, drawn at "
+            "More Data)\", ICLR 2021 (arXiv:2011.11660); its figure is for ε about 3, drawn at "
             "the ε of the tempered-sigmoid row it is compared with")
 _RKNN = ("Li et al., \"Fine-grained private knowledge distillation\" (arXiv:2207.13253), "
          "40 queries on DTI clusters of 5,000 public test images")
 _RONA = ("Wang et al., \"Private Model Compression via Knowledge Distillation\" (RONA), "
          "AAAI 2019")
 _PATE = ("Papernot et al., \"Scalable Private Learning with PATE\", ICLR 2018 (Confident-GNMax, "
-         "public unlabelled data; issue #20 gives it as the anchor of the data-free PATE row)")
+         "public unlabelled data; the anchor of the data-free PATE row)")
 _DPSGD_GUARANTEE = "add/remove, RDP of subsampled Gaussian (the paper's accounting)"
 
-# The anchors of issue #20, one place for the plot and for docs/CHOOSING.md.
+# The published anchors, one place for the plot and for docs/CHOOSING.md.
 ANCHORS = (
     Anchor(dataset="mnist", setting="private", label="tempered-sigmoid CNN", accuracy=0.981,
            epsilon=2.93, delta=1e-5, guarantee=_DPSGD_GUARANTEE, citation=_TEMPERED),

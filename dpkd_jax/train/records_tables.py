@@ -23,9 +23,9 @@ other placeholder does.
 Flags: `,` thousands separators, `b` bold if "NAME/key" is in the record's `bold` list, `B` always
 bold, `L` bold the last element of a list, `/` `;` `p` join a list with " / ", ", " or table
 cells, `` ` `` code span, `D` dataset display name, `?` empty (not "—") when missing or null,
-`_` a leading space when not empty. A test accuracy is followed by the mark of its record's
-`selection` (`SELECTION_MARKS`: ᵗ chosen by test accuracy, ᵛ on a validation hold-out, ᵖ a
-paper's recipe).
+`_` a leading space when not empty, `e` a number of at least 1e5 as "7.9·10²²". A test
+accuracy is followed by the mark of its record's `selection` (`SELECTION_MARKS`: ᵗ chosen by
+test accuracy, ᵛ on a validation hold-out, ᵖ a paper's recipe).
 
 Numbers are read with `decimal.Decimal`, so a figure is written with exactly the digits of its
 record (0.4670 stays 0.4670); floats of a run's own record (more than 6 significant digits, as
@@ -127,11 +127,22 @@ def format_number(value: Any) -> str:
   return _number(value, False)
 
 
+_SUPERSCRIPT = str.maketrans("0123456789-", "⁰¹²³⁴⁵⁶⁷⁸⁹⁻")
+
+
+def _power_of_ten(value: Any) -> str | None:
+  """`value` as "7.9·10²²" when it is at least 1e5 (flag `e`), else None."""
+  if value == "inf" or abs(float(value)) < 1e5 or math.isinf(float(value)):
+    return None
+  mantissa, exponent = f"{float(value):.1e}".split("e")
+  return f"{mantissa}·10{str(int(exponent)).translate(_SUPERSCRIPT)}"
+
+
 def _scalar(value: Any, flags: str, bold: bool) -> str:
   if value is None:
     return "—"
   if isinstance(value, (int, float, decimal.Decimal)) or value == "inf":
-    text = _number(value, "," in flags)
+    text = ("e" in flags and _power_of_ten(value)) or _number(value, "," in flags)
   else:
     text = _DATASETS.get(value, value) if "D" in flags else str(value)
   if "`" in flags:
@@ -155,8 +166,11 @@ def _resolve(key: str, table: str, record: Record | None,
              records: dict[str, Record]) -> tuple[Any, bool, Record, str]:
   """(value, is_label, record, key) of a placeholder key: `@record.key`, `ref>key`, `a|b` (the
   first not null); the record and key are those the value came from."""
-  if key.startswith("@"):
+  if key.startswith("@"):  # a record name may hold dots (eps0.1): the longest known name
     name, _, key = key[1:].partition(".")
+    for dot in [i for i, c in enumerate(key) if c == "."]:
+      if f"{name}.{key[:dot]}" in records:
+        name, key = f"{name}.{key[:dot]}", key[dot + 1:]
     if name not in records:
       raise UserError(f"table {table}: no record docs/results/{name}.json")
     record = records[name]

@@ -45,14 +45,12 @@ from dpkd_jax.train import summary
 DEFAULT_TARGET_EPSILON = 10.0  # sound (dp_accounting), never the paper's formula
 DEFAULT_TARGET_DATASETS = ("digits",)  # the Quickstart: a default target ε (module docstring)
 RESULTS = "docs/RESULTS.md#"
-ENGINE_ANCHOR = RESULTS + "dpdfd-engine-what-makes-data-free-distillation-learn-issue-22"
-DISAGREEMENT_ANCHOR = (RESULTS + "the-disagreement-generator-the-engine-learns-without-a-"
-                       "teacher-prior-session-10")
-PAPER_TABLE_ANCHOR = RESULTS + "table-1-with-the-disagreement-generator-mnist"
-ENSEMBLE_ANCHOR = (RESULTS + "many-disjoint-teachers-under-sound-accounting-22-item-5-"
-                   "session-11")
+ENGINE_ANCHOR = RESULTS + "the-engine-without-noise"
+DISAGREEMENT_ANCHOR = ENGINE_ANCHOR
+PAPER_TABLE_ANCHOR = RESULTS + "paper-table-1-side-by-side"
+ENSEMBLE_ANCHOR = RESULTS + "many-disjoint-teachers-sound-accounting"
 PRIVACY_ANCHOR = "docs/privacy.md#why-a-one-teacher-student-stays-at-chance"
-COVERAGE_ANCHOR = RESULTS + "leaving-the-collapse-generator-restarts-and-replay-session-13"
+COVERAGE_ANCHOR = RESULTS + "the-class-conditional-generator"
 
 # The engine of best test accuracy (DISAGREEMENT_ANCHOR; chosen on the test split): the
 # generator climbs the released student-teacher disagreement (clipped logit-gap rows, C above
@@ -70,9 +68,9 @@ ENSEMBLE_RECIPE: dict[str, Any] = {
 # --accounting=paper (PAPER_TABLE_ANCHOR): Theorem 3 prices the noise std σ·C by C²/σ², so rows
 # scaled by κ far below a tiny C, with κ·γ = 1, make its ε admit an almost noiseless run (the
 # sound ε printed beside it says what that is worth). Give the first three flags together. The
-# class-conditional generator (COVERAGE_ANCHOR, session 15: every seed measured learns with it, two
-# of four collapse without) is post-processing of the same rows; a dataset whose defaults weigh
-# their own class code (Fashion-MNIST: 3) keeps that weight.
+# class-conditional generator (COVERAGE_ANCHOR: the MNIST seeds that collapse without it learn
+# with it) is post-processing of the same rows; a dataset whose defaults weigh their own class
+# code (Fashion-MNIST: 3) keeps that weight.
 PAPER_RECIPE: dict[str, Any] = {
     "l2_norm_bound": 1e-10, "teacher_loss_scale": 1e-12, "gamma": 1e12,
     "class_conditional_weight": 1.0}
@@ -82,21 +80,17 @@ CLIP_RECIPE_FLAGS = ("generator_objective", "probe_directions", "l2_norm_bound",
 DISAGREEMENT_ONLY_FLAGS = ("class_conditional_weight",)
 # Flags of `experiments.dpdfd` whose default depends on the dataset.
 DATASET_DEFAULTS: dict[str, dict[str, Any]] = {
-    # The digits recipe of best test accuracy (ENGINE_ANCHOR, "Side by side on digits"; chosen
-    # on the test split): logit-gap rows
-    # and a GroupNorm datalens_cnn student, within a few CPU minutes (teacher included).
+    # The digits recipe of best test accuracy (ENGINE_ANCHOR, the digits table; chosen on the
+    # test split): logit-gap rows and a GroupNorm datalens_cnn student.
     "digits": {"steps": 600, "batch_size": 64, "generator_channels": 64,
                "student_model": "datalens_cnn", "student_norm": "group",
                "teacher_loss": "logit", "eval_every": 100, "teacher_epochs": 10},
     "mnist": dict(ENGINE_RECIPE),
     # Fashion-MNIST: the teacher's architecture as the student learned faster than
-    # datalens_cnn under the engine recipe (DISAGREEMENT_ANCHOR, session 12 rows); the
-    # PAPER rule lifts it from 0.75 to 0.86-0.87 (session 17, "The class-conditional
-    # generator at paper ε = 10 and on Fashion-MNIST"); ENSEMBLE was measured on MNIST only.
-    # Session 28: with a class code of weight 3 and the default teacher (5 epochs, no
-    # augmentation) it meets the non-private goal on three seeds (0.884; "Without noise the
-    # same recipe meets the engine's non-private goal"); older recorded commands name
-    # --class_conditional_weight=0, what they ran.
+    # datalens_cnn under the engine recipe (DISAGREEMENT_ANCHOR); a class code of weight 3 with
+    # the default teacher (5 epochs, no augmentation) gave the best students without noise and
+    # under the paper's accounting (COVERAGE_ANCHOR; chosen on the test split); ENSEMBLE was
+    # measured on MNIST only. Older recorded commands name --class_conditional_weight=0.
     "fashion_mnist": {**ENGINE_RECIPE, "student_model": "small_cnn",
                       "class_conditional_weight": 3.0},
 }

@@ -24,10 +24,8 @@ GENERATOR_PRIORS = ("teacher", "none")
 STUDENT_LOSSES = ("kl", "rr_likelihood")
 STUDENT_SCHEDULES = ("cosine", "constant")
 # The defaults of `python -m experiments.srr`: the engine of best test accuracy, selected on
-# the test split (optimistic; docs/privacy.md "Selection and tuning") (docs/RESULTS.md#srr-
-# with-a-better-engine-issue-22-item-4-session-12 and #srr-replaying-earlier-stages-and-a-
-# larger-student-issue-22-item-4-session-20; MNIST and Fashion-MNIST at ε = 10 and 1 per
-# query): 4 stages of 12,800 queries, 10 student epochs on each, the RR-likelihood student loss
+# the test split (optimistic; docs/privacy.md "Selection and tuning") (docs/RESULTS.md#engine-
+# and-student; MNIST and Fashion-MNIST at ε = 10 and 1 per query): 4 stages of 12,800 queries, 10 student epochs on each, the RR-likelihood student loss
 # (post-processing: the known channel), a small_cnn student, a generator of width 64.
 # `SRRConfig`'s own defaults stay the paper's (10 stages of 2,560, KL, lenet5, width 128),
 # which the library's callers get.

@@ -17,11 +17,9 @@ from dpkd_jax.methods.srr import config as config_lib
 from dpkd_jax.privacy import randomized_response
 from dpkd_jax.train import summary
 
-RESULTS_ANCHOR = "docs/RESULTS.md#dp-dfd-with-selective-randomized-response-issue-5-reduced-scale"
-ABLATION_ANCHOR = ("docs/RESULTS.md#generator-loss-term-ablation-paper-table-iii-mnist-"
-                   "ε--10-per-query")
-STUDENT_ANCHOR = ("docs/RESULTS.md#srr-replaying-earlier-stages-and-a-larger-student-issue-22-"
-                  "item-4-session-20")
+RESULTS_ANCHOR = "docs/RESULTS.md#dp-dfd-with-selective-randomized-response-srr"
+ABLATION_ANCHOR = "docs/RESULTS.md#the-papers-engine-at-reduced-scale"
+STUDENT_ANCHOR = "docs/RESULTS.md#engine-and-student"
 
 
 def chance_reason(results: Mapping[str, Any]) -> str:
