@@ -2,8 +2,7 @@
 
 `nnx.GroupNorm` reshapes (B, H, W, C) to (B, H, W, G, C/G) and takes its statistics over
 (H, W, C/G). XLA CPU runs those strided reductions, their broadcasts back and the autodiff of
-both slowly. On (256, 28, 28, 32) with 16 groups the gradient took 149–201 ms and the forward
-pass 72–95 ms (issue #10; docs/PERFORMANCE.md, "What was tried").
+both slowly (measured in docs/PERFORMANCE.md's table, "which kernel pays").
 
 This module computes the same function,
 
@@ -16,8 +15,8 @@ adds the C/G channels of each group on the tiny (B, C) result. The order of oper
 so values agree to float32 rounding.
 
 The gradient is plain autodiff of this formulation. Its transpose is again a pixel reduction to
-(B, C) and a broadcast, and XLA fuses both. This was 2.5× faster than a `jax.custom_vjp` with the
-closed-form GroupNorm gradient (43 ms vs 109 ms median, 201 ms for nnx). Autodiff also keeps
+(B, C) and a broadcast, and XLA fuses both; it measured faster than a `jax.custom_vjp` with the
+closed-form GroupNorm gradient. Autodiff also keeps
 forward mode, and it keeps flax's treatment of a clipped variance (no gradient below zero, half
 at exactly zero, `jnp.maximum`'s rule).
 

@@ -5,7 +5,7 @@ The DAFL generator upsamples a (B, H, W, C) map to (B, 2H, 2W, C) by repeating e
 2×2 and convolves the result with a 3×3 kernel. Done in that order, the convolution's three
 passes (forward, input gradient, kernel gradient) each run over the 4× larger map, and XLA
 CPU fuses the upsampling (and the BatchNorm and LeakyReLU before it) into their operands,
-re-reading and recomputing it per pass (docs/PERFORMANCE.md, "Session 21 (2)").
+re-reading and recomputing it per pass (docs/PERFORMANCE.md).
 
 Every output pixel (2p + a, 2q + b) of the upsampled convolution reads only the low-resolution
 rows p − 1 + a .. p + a and columns q − 1 + b .. q + b, because the 3×3 window over the

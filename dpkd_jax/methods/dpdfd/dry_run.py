@@ -19,6 +19,7 @@ from typing import Any
 import jax
 from flax import nnx
 
+from dpkd_jax import kernels
 from dpkd_jax import models
 from dpkd_jax.methods.dpdfd import config as config_lib
 from dpkd_jax.methods.dpdfd import privacy
@@ -58,8 +59,10 @@ def dry_run(config: config_lib.DPDFDConfig, teacher_model: str = PAPER_TEACHER, 
   """The record of `config`'s run on paper (module docstring); `num_teachers` stacked teachers
   of `teacher_model`, each reached by one record."""
   plan = privacy.make_plan(config, num_teachers=num_teachers)
-  step, args, params = abstract_step(config, teacher_model, plan)
-  cost = dry_run_lib.step_cost(step, *args)
+  # The accelerator's program: the reference ops, whatever kernels this process chose for CPU.
+  with kernels.using(kernels.REFERENCE):
+    step, args, params = abstract_step(config, teacher_model, plan)
+    cost = dry_run_lib.step_cost(step, *args)
   steps = plan.releases
   chips = []
   for chip in dry_run_lib.CHIPS:
