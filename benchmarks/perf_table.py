@@ -516,14 +516,15 @@ def ablation_rows(table: Table, warmup: int, repeats: int) -> None:
                 columns=("CPU kernels",))
 
 
-def write_record(conditions_line: str, header: str, tables: dict[str, Table],
+def write_record(conditions_line: str, header: str, tables: dict[str, Table], markdown: str,
                  path: pathlib.Path = RECORD) -> None:
-  """The table's figures as a record (docs/results/benchmarks/), beside the markdown."""
+  """The table's figures as a record (docs/results/benchmarks/), with the markdown section
+  `benchmarks/performance_doc.py` renders from it."""
   payload = {"benchmark": "benchmarks/perf_table.py", "date": str(datetime.date.today()),
              "jax": jax.__version__, "machine": protocol.machine_id(),
              "xla_flags": os.environ.get("XLA_FLAGS", ""), "conditions": conditions_line,
              "header": header, "commit": _commit(),
-             "tables": {name: t.records for name, t in tables.items()}}
+             "tables": {name: t.records for name, t in tables.items()}, "markdown": markdown}
   path.write_text(json.dumps(payload, indent=1, ensure_ascii=False) + "\n")
 
 
@@ -599,7 +600,8 @@ def main() -> None:
     raise protocol.MachineBusy("not writing an invalid table to the docs (see the conditions)")
   if args.write:
     write_section(text)
-    write_record(conditions.line(), header, {"comparisons": table, "which_kernel_pays": pays})
+    write_record(conditions.line(), header, {"comparisons": table, "which_kernel_pays": pays},
+                 text)
     print(f"\nwritten to {DOC} and {RECORD}")
 
 

@@ -21,11 +21,8 @@ _PATTERNS = {
     "a round of the work": re.compile(r"\bdevelopment[ ]rounds?\b|^#+ Round [0-9]+:", re.I | re.M),
 }
 
-# Rewritten elsewhere right now; remove each entry once its rewrite has landed
-# (temporary: these paths are checked again after that work merges).
-_TEMPORARILY_EXCLUDED = (
-    "docs/PERFORMANCE.md",  # restructured separately
-)
+# Paths left out of the check (none).
+_TEMPORARILY_EXCLUDED: tuple[str, ...] = ()
 
 # (path, text) of genuine uses the patterns would flag: none today.
 _ALLOWED: tuple[tuple[str, str], ...] = ()
