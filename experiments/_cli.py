@@ -79,6 +79,25 @@ class Parser(argparse.ArgumentParser):
   def error(self, message: str) -> NoReturn:
     fail(f"{message} (see {self.prog} --help)")
 
+  def format_usage(self) -> str:
+    return self._with_usage(super().format_usage)
+
+  def format_help(self) -> str:
+    return self._with_usage(super().format_help)
+
+  def _with_usage(self, format_text: Callable[[], str]) -> str:
+    """`format_text()` under a one-line usage: the command, its required flags, `[flags]` (the
+    flags are listed once, below it, each with its help)."""
+    if self.usage is not None:
+      return format_text()
+    required = [f"{a.option_strings[0]}={a.metavar or a.dest.upper()}" for a in self._actions
+                if a.required and a.option_strings]
+    self.usage = " ".join([self.prog, *required, "[flags]"])
+    try:
+      return format_text()
+    finally:
+      self.usage = None
+
   def parse_args(self, *args: Any, **kwargs: Any) -> argparse.Namespace:  # type: ignore[override]
     parsed = super().parse_args(*args, **kwargs)
     if self._cpu_kernels:

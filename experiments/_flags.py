@@ -108,49 +108,51 @@ def _converter(annotation: Any) -> Callable[[str], Any] | None:
   return _optional(convert) if optional else convert
 
 
-def docstring_help(cls: type) -> dict[str, str]:
-  """{field: text} from the "Attributes:" section of `cls.__doc__` (Google style).
+_SENTENCE_END = re.compile(r"(?<=\.)\s+(?=[A-Z`\"])")
 
-  An entry naming several fields ("a, b: text") gives every one of them the text, a line
-  describing several ("a: text; b: text") splits; entries whose names are not all fields
-  (prose such as "steps T") are skipped.
+
+def docstring_help(cls: type) -> dict[str, str]:
+  """{field: one line} from the "Attributes:" section of `cls.__doc__` (Google style).
+
+  Each field has its own entry, `name: text`: the first sentence of the text is the flag's
+  help, the sentences after it are for readers of the code. An entry naming several fields
+  ("a, b: text") or a line describing several ("a: text; b: text") gives none of them help:
+  every flag tells its own.
   """
   doc = cls.__doc__ or ""
   section = doc.split("Attributes:", 1)[1] if "Attributes:" in doc else ""
   fields = {f.name for f in dataclasses.fields(cls)}
-  helps: dict[str, str] = {}
   entries: list[list[str]] = []
   for line in section.splitlines():
-    match = re.match(r"^\s{4}([\w, /]+?): (.*)$", line)
+    match = re.match(r"^\s{4}(\w+): (.*)$", line)
     if match and not line.startswith(" " * 6):
       entries.append([match.group(1), match.group(2).strip()])
+    elif re.match(r"^\s{4}\S", line) and not line.startswith(" " * 6):
+      entries.append(["", ""])  # an entry of several fields or prose: no help from it
     elif entries and line.strip():
       entries[-1][1] += " " + line.strip()
-  for names, text in entries:
-    # One line may describe several fields: "model: a name; norm: "batch" or "none"."
-    pieces = re.split(r"(?:;|\.)\s+(\w+): ", text)
-    parts = [(names, pieces[0])] + [
-        (name, piece) for name, piece in zip(pieces[1::2], pieces[2::2])]
-    if any(name not in fields for name, _ in parts[1:]):
-      parts = [(names, text)]  # prose, not more fields
-    for group, piece in parts:
-      group = [n for n in re.split(r"[,/ ]+", group) if n]
-      if group and all(n in fields for n in group):
-        for name in group:
-          helps[name] = piece.strip()
+  helps = {}
+  for name, text in entries:
+    several = [n for n in re.findall(r";\s+(\w+): ", text) if n in fields]
+    if name in fields and not several:
+      helps[name] = _SENTENCE_END.split(text)[0].strip().rstrip(".")
   return helps
 
 
-def _with_default(text: str | None, default: Any) -> str:
+def _with_default(text: str | None, default: Any, note: str | None = None) -> str:
+  """`text (default: <default>[; <note>])`; a text that says its default itself is kept."""
   text = (text or "").strip()
-  return text if "default" in text else f"{text} (default: {default})".strip()
+  if re.search(r"\bdefault:", text):
+    return text
+  return f"{text} (default: {default}{'; ' + note if note else ''})".strip()
 
 
 def add_config_flags(parser: argparse.ArgumentParser, cls: type, *,
                      defaults: dict[str, Any] | None = None, skip: Iterable[str] = (),
                      help: dict[str, str] | None = None,  # pylint: disable=redefined-builtin
                      choices: dict[str, Iterable[str]] | None = None,
-                     names: dict[str, str] | None = None) -> None:
+                     names: dict[str, str] | None = None,
+                     notes: dict[str, str] | None = None) -> None:
   """Adds one `--<field>` per field of the dataclass `cls` (see the module docstring).
 
   Args:
@@ -162,8 +164,11 @@ def add_config_flags(parser: argparse.ArgumentParser, cls: type, *,
     choices: allowed values of some fields (argparse checks them).
     names: flag names replacing some field names ({"model": "student_model"}: --student_model);
       give the same `names` to `build_config`.
+    notes: what the help says after a field's default ({"steps": "digits 600"}: "(default:
+      2000; digits 600)"), e.g. the values of the recipes a default depends on.
   """
   defaults, skip, choices, names = defaults or {}, set(skip), choices or {}, names or {}
+  notes = notes or {}
   hints = typing.get_type_hints(cls)
   texts = {**docstring_help(cls), **(help or {})}
   for field in dataclasses.fields(cls):
@@ -184,7 +189,8 @@ def add_config_flags(parser: argparse.ArgumentParser, cls: type, *,
       # --f alone is True (const); --f=<bool> parses the value; --nof / --no-f is False.
       parser.add_argument(f"--{flag}", nargs="?", const=True, type=parse_bool,
                           default=default, required=required, metavar="BOOL",
-                          help=_with_default(f"{text or ''} (--no{flag}: false)", default))
+                          help=_with_default(text, default, "; ".join(
+                              filter(None, [f"--no{flag}: false", notes.get(field.name)]))))
       parser.add_argument(f"--no{flag}", f"--no-{flag}", dest=flag,
                           action="store_false", help=argparse.SUPPRESS)
       continue
@@ -192,13 +198,14 @@ def add_config_flags(parser: argparse.ArgumentParser, cls: type, *,
     if convert is None:
       raise TypeError(f"{cls.__name__}.{field.name}: no flag type for {hints[field.name]!r}; "
                       "pass it in skip= and handle it in the CLI")
+    note = notes.get(field.name)
     if _COUNT_FLAG.match(field.name) and kind is int:
       convert = _bounded_count(convert)
-      text = f"{text or ''} (at most {MAX_STEPS:.0e})".strip()
+      note = "; ".join(filter(None, [note, f"at most {MAX_STEPS:.0e}"]))
     shown = ",".join(default) if isinstance(default, tuple) else default
     parser.add_argument(f"--{flag}", type=convert, default=default, required=required,
                         choices=choices.get(field.name),
-                        help=text if required else _with_default(text, shown))
+                        help=text if required else _with_default(text, shown, note))
 
 
 def build_config(cls: type, args: argparse.Namespace, *, names: dict[str, str] | None = None,
@@ -225,4 +232,21 @@ def given_flags(parser: argparse.ArgumentParser, argv: list[str],
   sentinels keeps them exactly where no flag was given."""
   probe = argparse.Namespace(**{name: _UNSET for name in vars(parsed)})
   parser.parse_known_args(argv, probe)
+  return {name: value for name, value in vars(probe).items() if value is not _UNSET}
+
+
+def peek(parser: argparse.ArgumentParser, argv: list[str]) -> dict[str, Any]:
+  """{dest: value} of the flags `argv` names, parsed before the defaults that depend on them
+  are set: without acting on --help and without requiring any flag (the real parse does)."""
+  actions = parser._actions  # pylint: disable=protected-access
+  required = [action for action in actions if action.required]
+  probe = argparse.Namespace(**{action.dest: _UNSET for action in actions
+                                if action.dest != argparse.SUPPRESS})
+  try:
+    for action in required:
+      action.required = False
+    parser.parse_known_args([x for x in argv if x not in ("-h", "--help")], probe)
+  finally:
+    for action in required:
+      action.required = True
   return {name: value for name, value in vars(probe).items() if value is not _UNSET}

@@ -1,4 +1,4 @@
-"""Data-free PATE: disjoint-shard teacher ensemble, procedural queries, noisy vote histograms.
+r"""Data-free PATE: disjoint-shard teacher ensemble, procedural queries, noisy vote histograms.
 
   python -m experiments.dfpate --dataset=mnist --data_dir=../shared/data --target_epsilon=10 \
       --teachers_dir=runs/dfpate/teachers_mnist --workdir=runs/dfpate/mnist_eps10

@@ -1,4 +1,4 @@
-"""DP-DFD with selective randomized response (label-DP distillation from a data-free generator).
+r"""DP-DFD with selective randomized response (label-DP distillation from a data-free generator).
 
   python -m experiments.srr --dataset=mnist --teacher_dir=runs/teacher/mnist_small_cnn_aug15 \
       --data_dir=../shared/data --epsilon=1 [--generator_prior=teacher|none] [--target_epsilon=...]

@@ -1,4 +1,4 @@
-"""Train n teachers at once on n disjoint equal shards and save them as one stacked ensemble.
+r"""Train n teachers at once on n disjoint equal shards and save them as one stacked ensemble.
 
   python -m experiments.teacher_ensemble --dataset=mnist --data_dir=../shared/data \
       --num_teachers=250 --teacher_model=patch_cnn --teacher_epochs=20 --shard_seed=0 \

@@ -62,6 +62,8 @@ def sandbox(tmp_path, monkeypatch):
   monkeypatch.chdir(tmp_path)
   (tmp_path / "afile").write_text("x")
   (tmp_path / "nodata").mkdir()
+  (tmp_path / "listed").mkdir()  # an mnist.npz that is there (never read: an earlier error)
+  (tmp_path / "listed" / "mnist.npz").write_bytes(b"")
   monkeypatch.delenv(sources.DATA_DIR_ENV_VAR, raising=False)
 
   def nothing_prepared(name, split, *, download):  # tfds has no data here, as on CI
@@ -105,7 +107,7 @@ CASES = [
     ("dpdfd_empty_teacher", dpdfd_cli.main, DPDFD + ["--teacher_dirs={good},{empty}"],
      ["--teacher_dirs", "has no card.json"]),
     ("dpdfd_other_dataset", dpdfd_cli.main,
-     ["--dataset=mnist", "--noise_multiplier=1", "--teacher_dirs={good}"],
+     ["--dataset=mnist", "--noise_multiplier=1", "--teacher_dirs={good}", "--data_dir=listed"],
      ["--teacher_dirs", "dataset='digits' but 'mnist' is needed"]),
     ("dpdfd_corrupt_card", dpdfd_cli.main, DPDFD + ["--teacher_dirs={bad_card}"],
      ["--teacher_dirs", "card.json is unreadable or not JSON"]),

@@ -38,13 +38,14 @@ class Toy:
 
   Attributes:
     name: required; a 100% string.
-    count, rate: an int and a float.
+    count: an int.
+    rate: a float. Only the first sentence is the help.
     limit: a float or None.
     seed: an int or None.
     path: a string or None; fast: a bool.
     maybe: a bool or None
       (None: decided later).
-    terms: comma-separated names.
+    terms, other: an entry of several fields gives none of them help.
   """
 
   name: str
@@ -108,10 +109,11 @@ def test_errors_are_one_line(argv, fragment, capsys):
 
 
 def test_help_from_docstring_names_choices_skip(capsys):
-  assert _flags.docstring_help(Toy)["maybe"] == "a bool or None (None: decided later)."
-  assert _flags.docstring_help(Toy)["rate"] == "an int and a float."
-  assert _flags.docstring_help(Toy)["path"] == "a string or None"
-  assert _flags.docstring_help(Toy)["fast"] == "a bool."
+  helps = _flags.docstring_help(Toy)
+  assert helps["maybe"] == "a bool or None (None: decided later)"
+  assert helps["rate"] == "a float" and helps["count"] == "an int"
+  assert "path" not in helps and "fast" not in helps  # one line, two fields: no help
+  assert "terms" not in helps
   p = _cli.Parser(prog="toy")
   _flags.add_config_flags(p, Toy, skip={"terms"}, names={"count": "toy_count"},
                           choices={"path": ["p", "q"]}, help={"seed": "the seed"})

@@ -13,7 +13,6 @@ from experiments import teacher as teacher_cli
     (teacher_cli.main, ["--dataset=imagenet"], "unknown dataset 'imagenet'"),
     (teacher_cli.main, ["--model=gpt"], "unknown model 'gpt'"),
     (teacher_cli.main, ["--num_shards=2", "--shard=5"], "shard must be in"),
-    (dpdfd_cli.main, ["--dataset=mnist"], "give noise_multiplier, target_epsilon"),
     (dpdfd_cli.main, ["--dataset=digits", "--teacher_dirs=x", "--noise_multiplier=0",
                       "--target_epsilon=1"], "needs noise"),
     (dpdfd_cli.main, ["--dataset=digits", "--teacher_dirs=x", "--noise_multiplier=1",
@@ -29,6 +28,15 @@ def test_bad_flags_exit_with_message(main, argv, match, capsys):
   assert exit_info.value.code == 2
   err = capsys.readouterr().err
   assert match in err and err.count("\n") == 1  # one line, no usage block
+
+
+def test_dpdfd_asks_for_privacy_flags_once_the_data_is_there(tmp_path, capsys):
+  (tmp_path / "mnist.npz").write_bytes(b"")  # found (read later): the privacy flags come next
+  with pytest.raises(SystemExit) as exit_info:
+    dpdfd_cli.main(["--dataset=mnist", f"--data_dir={tmp_path}"])
+  assert exit_info.value.code == 2
+  err = capsys.readouterr().err
+  assert "give noise_multiplier, target_epsilon" in err and err.count("\n") == 1
 
 
 def test_dpdfd_missing_teacher_dir_is_clear(tmp_path, capsys):

@@ -12,6 +12,7 @@ from dpkd_jax.data.pipeline import normalize
 from dpkd_jax.data.pipeline import poisson_batch
 from dpkd_jax.data.pipeline import random_translate
 from dpkd_jax.data.pipeline import suggested_max_batch_size
+from dpkd_jax.data.sources import check_available
 from dpkd_jax.data.sources import clear_cache
 from dpkd_jax.data.sources import DATA_DIR_ENV_VAR
 from dpkd_jax.data.sources import DataNotFoundError
@@ -32,6 +33,7 @@ __all__ = [
     "DatasetInfo",
     "FeatureDataset",
     "augment",
+    "check_available",
     "clear_cache",
     "denormalize",
     "epoch_batches",

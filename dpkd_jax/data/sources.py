@@ -188,6 +188,54 @@ def _resolve_data_dir(data_dir: str | os.PathLike | None) -> tuple[Path | None, 
   return None, ""
 
 
+def _no_directory(name: str, directory: Path, origin: str) -> DataNotFoundError:
+  return DataNotFoundError(
+      f"{origin} {str(directory)!r} does not exist or is not a directory (looking for "
+      f"{name}.npz there); give a directory holding {name}.npz")
+
+
+def _not_found(name: str, what: str, looked: str, why: str) -> DataNotFoundError:
+  """The one line of a dataset no source has: where it was looked for, and how to provide it."""
+  return DataNotFoundError(
+      f"dataset {name!r} ({what}) not found: {looked}; {why}; give --data_dir=DIR "
+      f"(or set ${DATA_DIR_ENV_VAR}=DIR) with DIR/{name}.npz holding arrays x_train, "
+      "y_train, x_test, y_test (uint8 NHWC images, integer labels), or let "
+      "tensorflow-datasets fetch it on a machine with internet (--download of "
+      "experiments.teacher/dpsgd/rknn/rona)")
+
+
+def check_available(name: str, *, data_dir: str | os.PathLike | None = None,
+                    download: bool = False) -> None:
+  """Raises the error `load` would for data no source has, without reading any: cheap, for a
+  command to say first that its data is missing.
+
+  Found: `digits`; `<data_dir>/<name>.npz` (a file, not yet validated); with `download`,
+  anything (`load` tries); tensorflow-datasets' folder of `name` (`tfds_source.data_dir()`),
+  taken as prepared: `load` reads it or says why not.
+
+  Raises:
+    UserError: an unknown name.
+    DataNotFoundError: as `load`'s, for a named directory that does not exist or no source.
+  """
+  if name not in DATASETS:
+    raise errors.UserError(f"unknown dataset {name!r}; known datasets: {sorted(DATASETS)}")
+  if name == "digits" or download:
+    return
+  directory, origin = _resolve_data_dir(data_dir)
+  if directory is not None:
+    if not directory.is_dir():
+      raise _no_directory(name, directory, origin)
+    if (directory / f"{name}.npz").is_file():
+      return
+    looked = f"no {name}.npz in {str(directory)!r} ({origin})"
+  else:
+    looked = f"no --data_dir given and ${DATA_DIR_ENV_VAR} unset"
+  if os.path.isdir(os.path.join(tfds_source.data_dir(), name)):
+    return
+  raise _not_found(name, "train and test splits", looked,
+                   f"tensorflow-datasets has not prepared it in {tfds_source.data_dir()!r}")
+
+
 def load(
     name: str,
     split: str = "train",
@@ -231,9 +279,7 @@ def load(
   directory, origin = _resolve_data_dir(data_dir)
   if directory is not None:
     if not directory.is_dir():
-      raise DataNotFoundError(
-          f"{origin} {str(directory)!r} does not exist or is not a directory (looking for "
-          f"{name}.npz there); give a directory holding {name}.npz")
+      raise _no_directory(name, directory, origin)
     path = (directory / f"{name}.npz").resolve()
     if path.is_file():
       stat = path.stat()
@@ -251,12 +297,7 @@ def load(
     try:
       images, labels = tfds_source.read(name, split, download=download)
     except tfds_source.TfdsUnavailable as error:
-      raise DataNotFoundError(
-          f"dataset {name!r} ({split} split) not found: {looked}; {error}; give --data_dir=DIR "
-          f"(or set ${DATA_DIR_ENV_VAR}=DIR) with DIR/{name}.npz holding arrays x_train, "
-          "y_train, x_test, y_test (uint8 NHWC images, integer labels), or let "
-          "tensorflow-datasets fetch it on a machine with internet (--download of "
-          "experiments.teacher/dpsgd/rknn/rona)") from error
+      raise _not_found(name, f"{split} split", looked, str(error)) from error
     # Validated outside the try: a malformed tfds record is a ValueError, not "not found".
     check_arrays(images, labels, info, where=f"tensorflow-datasets {name}[{split}]")
     _check_not_empty(len(labels), where=f"tensorflow-datasets {name}[{split}]")

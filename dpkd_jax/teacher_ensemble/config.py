@@ -24,13 +24,14 @@ class TeacherEnsembleConfig:
   """n teachers of one architecture on n disjoint equal shards of a training split.
 
   Attributes:
-    dataset, data_dir: the private dataset (its train split is sharded; its test split gives
-      the report) and the directory of `<dataset>.npz`.
+    dataset: the private dataset (its train split is sharded; its test split gives the report).
+    data_dir: the directory of `<dataset>.npz` (else $DPKD_DATA_DIR, else tensorflow-datasets).
     num_teachers: n, also the number of shards (each teacher gets floor(N/n) records).
     teacher_model: a key of `teacher_ensemble.TEACHER_MODELS` (built with norm "none";
       mlp and patch_cnn are written for vmap on CPU).
-    teacher_epochs, teacher_batch_size, teacher_lr: each teacher's Adam training (cosine
-      decay; the batch is cut to the shard size).
+    teacher_epochs: each teacher's passes over its shard.
+    teacher_batch_size: each teacher's batch size (cut to the shard size).
+    teacher_lr: each teacher's Adam learning rate (cosine decay).
     shard_seed: public seed of the shard assignment (`data.shard_indices`).
     seed: seed of the teachers' initialisation, shuffles and augmentation (the teachers are
       not private, so a public seed costs nothing).

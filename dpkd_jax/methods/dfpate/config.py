@@ -28,46 +28,55 @@ class DFPATEConfig:
   """A data-free PATE run. Privacy fields first, then teachers, queries, student.
 
   Attributes:
-    dataset, data_dir: the private dataset and the directory of `<dataset>.npz`.
+    dataset: the private dataset (its train split is sharded among the teachers).
+    data_dir: the directory of `<dataset>.npz` (else $DPKD_DATA_DIR, else tensorflow-datasets).
     target_epsilon: ε budget for all Q queries; σ is calibrated to it when `noise_std` is None.
     noise_std: σ per histogram bin; None = calibrate; 0 = no noise (ε = ∞, a baseline).
-    secure_noise: vote histograms on an integer grid plus exact discrete Gaussian noise,
-      accounted as zCDP (docs/privacy.md); procedural queries only (the query model's
-      releases keep float noise).
-    delta: δ.
-    use_teachers: False replaces every vote histogram by zeros before the noise (a baseline
-      that never touches the private data: ε = 0).
-    num_teachers, teacher_model, teacher_epochs, teacher_batch_size, teacher_lr: the ensemble
-      (`teacher_model`: a key of `teacher_ensemble.TEACHER_MODELS`, built with norm "none").
+    secure_noise: exact discrete Gaussian noise on integer vote histograms. Accounted as zCDP
+      (docs/privacy.md); procedural queries only (the query model's releases keep float noise).
+    delta: δ of every reported ε.
+    use_teachers: ask the teachers; False replaces every vote histogram by zeros (ε = 0).
+      That baseline never touches the private data.
+    num_teachers: n, the teachers, one per disjoint shard.
+    teacher_model: a key of `teacher_ensemble.TEACHER_MODELS` (built with norm "none").
+    teacher_epochs: each teacher's passes over its shard.
+    teacher_batch_size: each teacher's batch size.
+    teacher_lr: each teacher's Adam learning rate.
     shard_seed: public seed of the shard assignment.
-    teacher_self_training_pool: P > 0 (needs query_source="dp_model"): after training, every
-      teacher labels P samples of the released query model with its OWN confident
-      predictions and trains on its shard plus those (`dfpate.teachers.self_train`; each
-      teacher still depends on one shard only). 0 = off.
-    teacher_self_training_epochs, teacher_pseudo_threshold: epochs of that training and the
-      confidence a teacher needs to label a pool image.
+    teacher_self_training_pool: P query-model samples each teacher self-labels (0: off).
+      Needs query_source="dp_model": after training, every teacher labels P samples of the
+      released query model with its OWN confident predictions and trains on its shard plus
+      those (`dfpate.teachers.self_train`; each teacher still depends on one shard only).
+    teacher_self_training_epochs: the epochs of the teachers' self-training.
+    teacher_pseudo_threshold: the confidence a teacher needs to label a pool image.
     teachers_dir: save the trained ensemble there, or reuse it if it holds one of the same
       dataset, shards and training fields (also one saved by `experiments.teacher_ensemble`).
     votes: "hard" (one-hot argmax per teacher) or "soft" (probabilities).
-    rounds, queries_per_round, pool_factor: Q = rounds · queries_per_round; rounds >= 1 pick
-      from a pool `pool_factor` times larger with the student (1 = no selection).
-    query_source: "procedural" (public randomness, no privacy cost) or "dp_model" (samples
-      of a DP mixture of the private images, `dfpate.query_model`; its releases are charged).
-    query_model_components, query_model_clusters: m and k of the DP query model.
-    query_model_noise: multiplies the default noise multipliers of the query model's three
-      kinds of release (`dfpate.query_model.QueryModelConfig`; larger = cheaper, noisier).
+    rounds: query rounds; Q = rounds · queries_per_round.
+    queries_per_round: noisy vote histograms released per round.
+    pool_factor: rounds after the first pick queries from a pool this many times larger.
+      The student picks them (1: no selection).
+    query_source: "procedural" (public randomness, no privacy cost) or "dp_model". "dp_model":
+      samples of a DP mixture of the private images (`dfpate.query_model`), charged.
+    query_model_components: m, the DP-PCA components of the query model.
+    query_model_clusters: k, the DP k-means clusters of the query model.
+    query_model_noise: scale of the query model's noise multipliers (larger: cheaper, noisier).
+      It multiplies the defaults of its three kinds of release (`dfpate.query_model`).
     query_temperature: scales the per-cluster standard deviation of the query samples.
     invert_probability: chance that a procedural image has inverted polarity.
-    target, margin_threshold: student targets (`dfpate.student.targets_from_votes`).
-    student_model, student_epochs, student_batch_size, student_lr: the student (epochs per
-      round, over every query answered so far).
-    student_pseudo_pool, student_pseudo_threshold: from round 1 on, the student also trains
-      on this many fresh unanswered queries that it labels itself with confidence >= the
-      threshold (self-training; post-processing, no privacy cost). 0 = off.
-    validation_examples: hold this many private training records out before the teachers'
-      shards (`train.selection`): the per-round evaluations read them (private diagnostics),
-      the test split is read once at the end; 0 (default): evaluate every round on test.
-    seed: root seed; None (default) draws a secret one.
+    target: the student's targets from the votes: "hard" or "soft" (`dfpate.student`).
+    margin_threshold: hard targets keep queries whose noisy top-2 margin is >= this·n.
+    student_model: the student architecture (a name in `models.CLASSIFIERS`).
+    student_epochs: student epochs per round, over every query answered so far.
+    student_batch_size: the student's batch size.
+    student_lr: the student's Adam learning rate.
+    student_pseudo_pool: fresh unanswered queries the student self-labels each round (0: off).
+      From round 1 on, with confidence >= `student_pseudo_threshold` (post-processing).
+    student_pseudo_threshold: the confidence the student needs to label a query itself.
+    validation_examples: private hold-out records for the per-round evaluations (0: test).
+      Held out before the teachers' shards (`train.selection`): private diagnostics; the test
+      split is read once at the end.
+    seed: root seed; None: a secret one from OS entropy.
   """
 
   dataset: str

@@ -79,107 +79,99 @@ def check_teacher_source(config: "DPDFDConfig") -> None:
 class DPDFDConfig:
   """A DPDFD run. Privacy fields first, then model/optimization, then bookkeeping.
 
+  One entry per field, its first sentence the flag's `--help` line. What the engine options
+  were measured to do: docs/RESULTS.md#the-engine-without-noise and the records it links.
+
   Attributes:
-    noise_multiplier: σ (noise std σ·C per output coordinate), or None to calibrate.
-    target_epsilon: stop/calibrate at this ε (None: report only).
-    delta: δ.
-    accounting: "sound" (default) or "paper" (Theorem 3 reconstruction; warned, sound ε beside).
-    l2_norm_bound, stability, bound_method: C, e and "normalize"/"clip" of A_{C,σ}
-      (rows bounded to C·g/(||g|| + e) or clipped to norm C).
-    secure_noise, secure_grid_bits: grid C/2^bits (None: finest in int32) + discrete Gaussian.
+    noise_multiplier: σ, the noise std per output coordinate in units of C; None: calibrate.
+    target_epsilon: the ε budget: σ is calibrated to it, or the run stops at it.
+    delta: δ of every reported ε.
+    accounting: "sound" (dp_accounting) or "paper" (Theorem 3 reconstruction; warned, and the
+      sound ε is reported beside it).
+    l2_norm_bound: C, the norm bound of each released output-gradient row.
+    stability: e, the stabiliser of normalised rows C·g/(||g|| + e).
+    bound_method: how rows are bounded: "normalize" (to norm C) or "clip" (to norm <= C).
+    secure_noise: discrete Gaussian noise on an integer grid instead of float Gaussian noise.
+    secure_grid_bits: the grid C/2^bits of secure noise; None: the finest in int32.
     dataset: the private dataset (its test split evaluates the student).
-    teacher_dirs: one workdir per teacher (`experiments.teacher`); n > 1 = an ensemble, whose
-      accounting uses the most teachers one record can reach (`teacher_partition`).
-    teacher_ensemble_dir: instead, one directory of n stacked teachers on disjoint equal shards
-      (`experiments.teacher_ensemble` or DF-PATE `teachers_dir`): one teacher per record (m = 1).
-    student_model, student_norm, generator_model, generator_channels, latent_dim: networks
-      (`generator_channels` is DAFL's width, 128 in the paper; 64 quarters the CPU cost).
-    steps, batch_size: DPDFD iterations (a bound with a target ε); B, rows released per step.
-    gamma: step size of the noisy target y_s = s - γ g~.
-    student_loss: "mse" (default: 0.5||s - y_s||², whose gradient w.r.t. s is exactly γ g~)
-      or "ce" (the paper's: cross-entropy against softmax(y_s)). Measured on MNIST
-      (docs/RESULTS.md): ce stalls at chance because once the generator makes the student
-      confident, softmax barely moves under a shift of norm γC and its gradient vanishes.
-      "l1": ||s - y_s||₁ (DFME's), whose gradient is sign(γ g~), the sign of each released
-      coordinate: steps of one size whatever the row's scale.
-    teacher_loss: L_T, whose per-sample gradient w.r.t. the student's output is the released
-      row: "dkd" (the paper's decoupled KD with the teacher's argmax as the label) or "logit"
-      (0.5||s - t||², row s - t: logit matching, as DFAD's L1 generator/student objective).
-      Both rows leave through the same A_{C,σ}, so the privacy argument and ε are unchanged;
-      which one learns faster is measured in docs/RESULTS.md ("DPDFD engine").
-    teacher_loss_scale: κ, L_T's weight: the rows are κ·dL_T/ds. Rows and C scale together, so
-      κ changes nothing under the sound accounting (ε depends on σ alone); κ·γ = 1 with κ far
-      below C keeps rows unclipped at any C, which the paper's Theorem 3 (ε ∝ C²/σ², noise
-      std σ·C) then prices as almost noiseless (docs/RESULTS.md, Table 1 rows).
-    dkd_alpha, dkd_beta, temperature: decoupled-KD weights and temperature of L_T = "dkd".
-    entropy_weight: α of L_G (information entropy of the batch-mean prediction); 5 by
-      default: with the paper's α = β = 1 the generator collapsed to ~2 classes on digits.
-    feature_weight: β of L_G (student penultimate-feature term), 0.1 by default.
-    one_hot_weight: weight of L_G's cross-entropy to the student's own argmax (1 in the
-      paper; 0 drops the term, for the paper's Table 6 ablation).
-    student_lr, generator_lr: Adam learning rates (cosine-decayed over the steps).
-    generator_objective: "paper" (L_S + L_G through the updated student, y_s constant) or
-      "disagreement": the generator ascends D(x) = γ||g~(x)||_1 = ||s(x) - y_s(x)||_1, the
-      student-teacher disagreement as the released rows show it, whose gradient w.r.t. x is
-      estimated by forward differences along `probe_directions` random unit directions per
-      sample (DFME, Truong et al. 2021). The probes x + δu are queries too: their rows leave
-      through the same A_{C,σ} in the same release, so a step releases B·(1 +
-      probe_directions) rows and the sound accounting charges them (the paper's Theorem 3
-      counts steps, not rows: its figure is unchanged). Needs bound_method="clip" (normalised
-      rows all have norm C). Measured in docs/RESULTS.md ("DPDFD engine").
-    probe_directions, probe_step: m directions per sample and the step δ of the probes.
-    diversity_weight: with generator_objective="disagreement", the weight of DAFL's
-      information-entropy term on the updated student's predictions of the generated batch,
-      added to the generator's loss so that its samples spread over the classes (the
-      disagreement alone may keep to a few). Teacher-free: no row, no privacy cost. 0
-      (default): the disagreement alone. The paper generator weighs the same term by
-      `entropy_weight`.
-    released_balance_weight: with generator_objective="disagreement", the weight of the same
-      DAFL entropy on the released targets y_s of the generated batch (the teacher's view
-      through the release, not the student's): H(mean_b softmax(y_s)), ascended by forward
-      differences along the probes, as the disagreement (`probes.released_balance_ascent`).
-      It reads released rows only: post-processing, same rows, same ε. 0 (default): off.
-    class_conditional_weight: with generator_objective="disagreement", make the generator
-      class-conditional (each sample asks for a uniformly drawn class through a code in its
-      first K latent coordinates, `generators.class_coded_latents`) and add this weight times
-      the cross-entropy of the released targets to the requested classes, descended by forward
-      differences along the probes (`probes.released_class_descent`): every class is asked
-      for equally often. Released rows only: post-processing, same rows, same ε. 0 (default):
-      off. Needs latent_dim > K.
-    smoothness_weight: with generator_objective="disagreement", the weight of a smoothness
-      prior on the generated images (`losses.total_variation`, DeepInversion's), descended
-      exactly: it reads no teacher and no row, so it costs no privacy. 0 (default): off.
-    param_averaging_decay: d in [0, 1): evaluate, checkpoint and release an exponential moving
-      average of the student's iterates (`train.averaging.param_averaging`, bias-corrected)
-      instead of the last iterate; its BatchNorm statistics are the running ones. 0 (default):
-      no averaging. Post-processing of the releases: same mechanism, noise and ε.
-    generator_restart_ratio: with generator_objective="disagreement", restart the generator
-      (fresh weights and Adam state; the student is kept) when the mean released
-      disagreement of `generator_restart_patience` evaluation windows in a row exceeds this
-      ratio times the lowest window mean since the last (re)start, at most
-      `generator_max_restarts` times (`dpdfd.restarts`). It reads released rows only:
-      post-processing, same releases, same ε. 0 (default): never restart.
-    generator_restart_patience, generator_max_restarts: see generator_restart_ratio.
-    replay_size: rows of earlier released pairs (x, y_s) the run keeps in a memory
-      (`dpdfd.replay`; >= batch_size), from which each step's student update also draws
-      `replay_batch` rows (default: batch_size). Post-processing of the releases: same rows,
-      same ε. 0 (default): the student learns from the newest batch only.
-    replay_batch: see replay_size.
-    replay_sampling: how replayed rows are drawn: "uniform" (default) or "class_balanced"
-      (every class, as the stored target's argmax names it, alike: `dpdfd.replay.sample`).
-    replay_memory: which released rows the memory keeps: "ring" (default: the newest
-      replay_size) or "per_class" (the newest replay_size // K of each class, as the stored
-      target's argmax names it, so a class the generator left is not forgotten; needs
-      replay_size >= K · batch_size).
-    pretrained_generator_dir: None (default, the paper: a random generator that sees only the
-      student), or the workdir of `python -m experiments.srr pretrain` (same dataset, teacher,
-      generator): pretrained against the teacher WITHOUT noise. A labelled variant: the run's
-      record-level ε is then inf; the release ε (conditional on that generator) is kept beside.
-    validation_examples: private hold-out of the teachers' training split (`train.selection`)
-      read during training (private diagnostics), test read once at the end; 0: test.
-    seed: root seed of init, latents and noise; None (default): a secret one from OS entropy,
-      kept only in the checkpoint (`privacy.seeds`); an integer: noise anyone can regenerate.
-    eval_every, data_dir: bookkeeping.
+    teacher_dirs: one workdir per teacher (`experiments.teacher`). An ensemble (n > 1) is
+      accounted by the most teachers one record can reach (`teacher_partition`).
+    teacher_ensemble_dir: instead of teacher_dirs, n stacked teachers on disjoint shards.
+      Written by `experiments.teacher_ensemble` (or DF-PATE's `teachers_dir`): one teacher per
+      record (m = 1).
+    student_model: the student architecture (a name in `models.CLASSIFIERS`).
+    student_norm: the student's normalisation layers: "batch", "group" or "none".
+    generator_model: the generator architecture (a name in `models.GENERATORS`).
+    generator_channels: the generator's width (DAFL's, 128 in the paper; 64 quarters the cost).
+    latent_dim: the size of the generator's latent input.
+    steps: DPDFD iterations (an upper bound when a target ε stops the run).
+    batch_size: B, synthetic samples (released rows) per step.
+    gamma: γ, the step size of the noisy target y_s = s - γ g~.
+    student_loss: L_S against y_s: "mse", "ce" or "l1". "mse" is 0.5||s - y_s||², whose
+      gradient w.r.t. s is exactly γ g~; "ce" is the paper's cross-entropy against
+      softmax(y_s), which stalls once the student is confident (docs/RESULTS.md, student loss);
+      "l1" is ||s - y_s||₁ (DFME's): steps of one size whatever the row's scale.
+    teacher_loss: L_T, whose per-sample output gradient is the released row: "dkd" or "logit".
+      "dkd" is the paper's decoupled KD with the teacher's argmax as the label; "logit" is
+      0.5||s - t||², row s - t (DFAD's logit matching). Both rows leave through the same
+      A_{C,σ}: the privacy argument and ε are unchanged.
+    teacher_loss_scale: κ, L_T's weight: the released rows are κ·dL_T/ds. Rows and C scale
+      together, so κ changes nothing under the sound accounting; κ·γ = 1 with κ far below C
+      keeps rows unclipped, which the paper's Theorem 3 then prices as almost noiseless
+      (docs/RESULTS.md#paper-table-1-side-by-side).
+    dkd_alpha: α of decoupled KD (the target-class term) when teacher_loss="dkd".
+    dkd_beta: β of decoupled KD (the non-target-class term) when teacher_loss="dkd".
+    temperature: the softmax temperature of decoupled KD.
+    entropy_weight: α of L_G, the information entropy of the batch-mean prediction.
+    feature_weight: β of L_G, the student penultimate-feature term.
+    one_hot_weight: weight of L_G's cross-entropy to the student's own argmax (0: drop it).
+    student_lr: the student's Adam learning rate (cosine-decayed over the steps).
+    generator_lr: the generator's Adam learning rate (cosine-decayed over the steps).
+    generator_objective: how the generator learns: "paper" or "disagreement". "paper": L_S +
+      L_G through the updated student. "disagreement": it ascends ||s(x) - y_s(x)||_1, the
+      disagreement the released rows show, by forward differences along `probe_directions`
+      directions per sample (DFME); the probes' rows are released and charged with the batch
+      (B·(1 + m) rows a step). Needs bound_method="clip".
+    probe_directions: m, random probe directions per sample of the disagreement generator.
+    probe_step: δ, the step of the disagreement probes x + δu.
+    diversity_weight: weight of a class-balance entropy on the student's view of the batch.
+      The disagreement generator's DAFL entropy of the student's predictions (0: off; the
+      paper generator's is `entropy_weight`). Teacher-free: no row, no privacy cost.
+    released_balance_weight: weight of a class-balance entropy on the released targets y_s.
+      H(mean_b softmax(y_s)), ascended along the probes (`probes.released_balance_ascent`; 0:
+      off). Released rows only: post-processing, same ε.
+    class_conditional_weight: weight of a class code asked of the generator (0: off).
+      Each sample asks for a uniform class through its first K latent coordinates; the
+      released targets' cross-entropy to it is descended along the probes
+      (`probes.released_class_descent`). Post-processing, same ε. Needs latent_dim > K.
+    smoothness_weight: weight of a total-variation prior on the generated images (0: off).
+      DeepInversion's `losses.total_variation`: no teacher, no row, no privacy cost.
+    param_averaging_decay: d in [0, 1) of a moving average of the student's weights (0: off).
+      The bias-corrected average (`train.averaging`) is evaluated and released instead of
+      the last iterate (BatchNorm statistics: the running ones). Post-processing: same ε.
+    generator_restart_ratio: restart the generator when its released disagreement stalls (0:
+      never). It restarts when `generator_restart_patience` windows in a row exceed this
+      ratio times the lowest since the last (re)start (`dpdfd.restarts`). Same ε.
+    generator_restart_patience: evaluation windows in a row that trigger a generator restart.
+    generator_max_restarts: the most generator restarts of a run.
+    replay_size: rows of earlier released pairs (x, y_s) kept for the student (0: none).
+      Each student update also draws `replay_batch` of them (`dpdfd.replay`). Same ε.
+    replay_batch: replayed rows per student update; None: batch_size.
+    replay_sampling: how replayed rows are drawn: "uniform" or "class_balanced".
+      "class_balanced": every class (the stored target's argmax) alike.
+    replay_memory: which released rows the replay memory keeps: "ring" or "per_class".
+      "per_class": the newest replay_size // K of each class, so a class the generator left
+      is not forgotten (needs replay_size >= K · batch_size).
+    pretrained_generator_dir: a generator of `experiments.srr pretrain` to start from (None:
+      random). Pretrained against the teacher WITHOUT noise: the record-level ε is then inf;
+      the release ε (conditional on that generator) is kept beside it.
+    validation_examples: private hold-out records for the evaluations during training (0: test).
+      Held out of the teachers' training split (`train.selection`): private diagnostics; the
+      test split is read once at the end.
+    seed: root seed of init, latents and noise; None: a secret one from OS entropy. The
+      secret seed stays in the checkpoint (`privacy.seeds`); an integer makes the noise public.
+    eval_every: steps between evaluations of the student.
+    data_dir: the directory of `<dataset>.npz` (else $DPKD_DATA_DIR, else tensorflow-datasets).
   """
 
   noise_multiplier: float | None = None
@@ -354,15 +346,23 @@ class DirectConfig:
   """A direct-mode run (no generator, no teacher: the private labels play the teacher).
 
   Attributes:
-    noise_multiplier: σ of A_{C,σ} (noise std σ·C per output coordinate).
-    l2_norm_bound, stability, bound_method, gamma, student_loss: as in `DPDFDConfig`.
+    noise_multiplier: σ of A_{C,σ}, the noise std per output coordinate in units of C.
+    l2_norm_bound: C, the norm bound of each released output-gradient row.
+    stability: e, the stabiliser of normalised rows C·g/(||g|| + e).
+    bound_method: how rows are bounded: "normalize" (to norm C) or "clip" (to norm <= C).
+    gamma: γ, the step size of the noisy target y_s = s - γ g~.
+    student_loss: L_S against y_s: "mse", "ce" or "l1" (as in `DPDFDConfig`).
     delta: δ of the paper-formula figure.
-    dataset, model, norm: private data and the model trained on it.
-    expected_batch_size: q N of the Poisson sampling; max_batch_size: padded rows (None:
-      the smallest size whose overflow probability is <= 1e-9 per step).
-    steps, learning_rate: Adam steps and rate.
-    seed: None (default) for a secret seed from OS entropy; an integer for a reproducible run.
-    eval_every, data_dir: bookkeeping.
+    dataset: the private dataset, trained on directly.
+    model: the model trained on it (a name in `models.CLASSIFIERS`).
+    norm: the model's normalisation layers: "group" or "none".
+    expected_batch_size: q N, the expected size of the Poisson-sampled batch.
+    max_batch_size: padded rows per step; None: the smallest with overflow probability <= 1e-9.
+    steps: Adam steps.
+    learning_rate: Adam's learning rate.
+    seed: root seed; None: a secret one from OS entropy (an integer: a reproducible run).
+    eval_every: steps between evaluations of the model.
+    data_dir: the directory of `<dataset>.npz` (else $DPKD_DATA_DIR, else tensorflow-datasets).
   """
 
   noise_multiplier: float

@@ -31,11 +31,13 @@ the user names σ or the target.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import os
 from typing import Any, Callable, Mapping
 
 from dpkd_jax import data
+from dpkd_jax import errors
 from dpkd_jax import teacher as teacher_lib
 from dpkd_jax import teacher_ensemble
 from dpkd_jax.methods.dpdfd import config as config_lib
@@ -151,6 +153,62 @@ def default_target_epsilon(dataset: str, noise_multiplier: float | None,
       and dataset in DEFAULT_TARGET_DATASETS):
     return DEFAULT_TARGET_EPSILON
   return target_epsilon
+
+
+def cli_defaults(dataset: str | None, given: Mapping[str, Any]) -> dict[str, Any]:
+  """Every CLI default of `dataset` (None: not named yet) that differs from the config's, for
+  the flags `given`: `flag_defaults` plus the Quickstart's target ε."""
+  if dataset is None:
+    return {}
+  out = flag_defaults(dataset, given)
+  target = default_target_epsilon(dataset, given.get("noise_multiplier"),
+                                  given.get("target_epsilon"))
+  if "target_epsilon" not in given and target is not None:
+    out["target_epsilon"] = target
+  return out
+
+
+def help_notes(dataset: str | None, given: Mapping[str, Any]) -> dict[str, str]:
+  """What `--help` says after each default a recipe sets: for a named `dataset`, that the
+  value shown is its recipe's; else each recipe dataset's own value."""
+  if dataset is not None:
+    return {name: f"the {dataset} recipe" for name in cli_defaults(dataset, given)}
+  config = {f.name: f.default for f in dataclasses.fields(config_lib.DPDFDConfig)}
+  config["teacher_epochs"] = TEACHER_EPOCHS
+  values: dict[str, dict[Any, list[str]]] = {}
+  for name in (*DATASET_DEFAULTS, *DEFAULT_TARGET_DATASETS):
+    for flag, value in cli_defaults(name, given).items():
+      if value != config.get(flag) and name not in values.setdefault(flag, {}).get(value, []):
+        values[flag].setdefault(value, []).append(name)
+  notes = {flag: "--dataset=" + ", ".join(f"{'/'.join(names)}: {value}"
+                                          for value, names in by_value.items())
+           for flag, by_value in values.items()}
+  if "target_epsilon" in notes:
+    notes["target_epsilon"] += " unless --noise_multiplier is given"
+  return notes
+
+
+def cli_teachers(dataset: str, *, teacher_dirs: tuple[str, ...] | None,
+                 teacher_ensemble_dir: str | None, teacher_model: str, teacher_epochs: int,
+                 data_dir: str | None, validation_examples: int,
+                 ) -> tuple[tuple[str, ...], teacher_lib.TeacherConfig | None]:
+  """(teacher_dirs, the teacher `convert` trains or reuses, or None) of the CLI's flags.
+
+  Given teacher_dirs: those, nothing to train; only teacher_ensemble_dir: none (the ensemble
+  holds every teacher); neither: `default_teacher_dir` (its own with a hold-out), trained or
+  reused. A bad teacher flag is a one-line `UserError`.
+  """
+  if teacher_dirs is not None:
+    return teacher_dirs, None
+  if teacher_ensemble_dir is not None:
+    return (), None
+  try:
+    config = teacher_lib.TeacherConfig(dataset=dataset, model=teacher_model, epochs=teacher_epochs,
+                                       data_dir=data_dir, validation_examples=validation_examples)
+  except ValueError as error:
+    raise errors.UserError(str(error)) from error
+  held = f"_val{validation_examples}" if validation_examples else ""  # its own teacher
+  return (default_teacher_dir(dataset, teacher_model) + held,), config
 
 
 def default_teacher_dir(dataset: str, model: str = TEACHER_MODEL, root: str = "runs") -> str:

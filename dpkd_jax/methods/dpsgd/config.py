@@ -47,55 +47,62 @@ class DPSGDConfig:
   """A DP-SGD run, validated at construction so bad flags fail before any compute.
 
   Attributes:
-    dataset, model: names in `data.DATASETS` (train split = private data), `models.CLASSIFIERS`.
+    dataset: a name in `data.DATASETS`; its train split is the private data.
+    model: a name in `models.CLASSIFIERS`.
     norm: "group" or "none"; "batch" is rejected (BatchNorm mixes the examples of a batch).
     expected_batch_size: q N, expected Poisson batch size and the update's normaliser.
     max_batch_size: padded batch M, a multiple of the device count; None: the smallest such
       multiple with overflow probability <= 1e-9 per step.
-    l2_clip_norm: C. noise_multiplier: z (noise std z C).
-    secure_noise: refused: discrete Gaussian noise needs an accountant of Poisson-subsampled
-      zCDP under replace-one, which dp_accounting does not have (docs/privacy.md).
+    l2_clip_norm: C, the norm each example's gradient is clipped to.
+    noise_multiplier: z, the noise std in units of C; None: calibrate it for target_epsilon.
+    secure_noise: refused here. Discrete Gaussian noise needs an accountant of
+      Poisson-subsampled zCDP under replace-one, which dp_accounting lacks (docs/privacy.md).
     target_epsilon: instead of z: the budget (replace-one ε); z is calibrated for the whole run.
     delta: δ of every reported ε.
-    steps: T, or epochs: expected passes over the data (T = ceil(epochs / q)); give one.
-    optimizer: "sgd" (with `momentum` in [0, 1)) or "adam" at `learning_rate`.
-    lr_schedule: "constant" (default) or "cosine" (decayed to 0 over the planned steps).
-    seed: root of model init, Poisson sampling and noise; None (default) draws a secret one
-      from OS entropy (`privacy.seeds.resolve_seed`); an integer makes the noise public.
-    data_dir, download: as for `data.load`.
-    log_private_diagnostics: also write the training metrics of the private batches to
-      `private_diagnostics.csv` (noiseless, NOT covered by ε; off by default).
-    clipping: how the clipped sum is computed: "vmap" (per-example gradients by vmap(grad)) or
-      "ghost" (ghost clipping, `models.ghost`: the same sum and norms, to float rounding,
-      without a per-example gradient of the whole model; models of Linear, Conv and GroupNorm
-      layers only, others refused at construction). Same mechanism, noise and ε.
-    features: "pixels" (default) or "scatternet": train on the ScatterNet features of the
-      images (J = 2, L = 8; Tramèr & Boneh 2021), computed once before training; use the
-      `scatter_linear` or `scatter_cnn` heads. Same mechanism, noise and ε.
-    validation_examples: hold this many training records out (a fixed split, seed 0) and
-      report the model's accuracy on them (`validation_accuracy`, a private diagnostic of
-      results.json and record.json, curve in private_diagnostics.csv), for hyper-parameter tuning
-      that never reads the test split. The held-out records are not trained on (N shrinks and
+    steps: T, the number of noisy steps (give steps or epochs).
+    epochs: expected passes over the data, T = ceil(epochs / q) (give steps or epochs).
+    optimizer: "sgd" (with `momentum`) or "adam", at `learning_rate`.
+    learning_rate: the optimizer's (peak) learning rate.
+    momentum: SGD's momentum in [0, 1).
+    lr_schedule: "constant" or "cosine" (decayed to 0 over the planned steps).
+    seed: root of model init, Poisson sampling and noise; None: a secret one from OS entropy.
+      `privacy.seeds.resolve_seed` draws it; an integer makes the noise public.
+    data_dir: the directory of `<dataset>.npz` (else $DPKD_DATA_DIR, else tensorflow-datasets).
+    download: let tensorflow-datasets download a dataset it lacks (needs internet).
+    log_private_diagnostics: also write the private batches' training metrics to a CSV.
+      `private_diagnostics.csv`: noiseless, NOT covered by ε, never to publish.
+    clipping: how the clipped sum is computed: "vmap" or "ghost". "vmap": per-example
+      gradients by vmap(grad); "ghost": ghost clipping (`models.ghost`: the same sum and norms,
+      to float rounding, without a per-example gradient of the whole model; models of Linear,
+      Conv and GroupNorm layers only, others refused at construction). Same ε.
+    features: what the model reads: "pixels" or "scatternet". "scatternet": the ScatterNet
+      features of the images (J = 2, L = 8; Tramèr & Boneh 2021), computed once before
+      training; use the `scatter_linear` or `scatter_cnn` heads. Same mechanism, noise and ε.
+    validation_examples: training records held out for validation (0: none). A fixed split
+      (seed 0); the model's accuracy on them is `validation_accuracy` (a private diagnostic of
+      results.json and record.json, curve in private_diagnostics.csv), for tuning that never
+      reads the test split. The held-out records are not trained on (N shrinks and
       ε is of the remaining records); the validation accuracy is a noiseless statistic of
       private records, NOT covered by ε (as for the tuning in the DP-SGD literature).
-    standardize_noise_multiplier: with features, standardize each feature channel by its mean
-      and variance over the private training records, released once before training by
-      `privacy.feature_moments` (two Gaussian sums, noise std this z times the clip norms
-      `standardize_mean_clip`, `standardize_second_moment_clip`) and composed into ε (the
-      DP-SGD z is calibrated for what is left of a target). None (default): no standardization.
-    param_averaging_decay: d in [0, 1): evaluate, checkpoint and release an exponential moving
-      average of the iterates (De et al. 2022), bias-corrected
-      (`train.averaging.param_averaging`), instead of the last iterate; 0 (default): no averaging. Post-processing of the noisy iterates:
-      same mechanism, noise and ε.
-    param_averaging_start_step: average the iterates after this many steps only (the average
-      is the iterate until then); 0 (default): from the first step. Needs a decay > 0.
-    augmult: V >= 2: augmentation multiplicity (De et al. 2022, `augmult`): each record's
-      gradient is the mean of its loss gradients over V views of it (itself and V − 1 copies
-      translated by shifts drawn from the seed, not from the data), averaged BEFORE clipping,
-      so one record still contributes one clipped vector: same mechanism, noise and ε. Needs
-      features='scatternet' and clipping='vmap'. 0 (default) or 1: off.
-    augmult_max_shift: s >= 1: the views' translations are uniform in [−s, s]² pixels
-      (default 2). Needs augmult >= 2.
+    standardize_noise_multiplier: z of a DP standardization of the features (None: none).
+      Each feature channel is standardized by its mean and variance over the private records,
+      released once before training by `privacy.feature_moments` (two Gaussian sums) and
+      composed into ε (the DP-SGD z is calibrated for what is left of a target).
+    standardize_mean_clip: C_m, the clip norm of each record's per-channel feature means.
+    standardize_second_moment_clip: C_s, the clip norm of each record's per-channel mean squares.
+    param_averaging_decay: d in [0, 1) of a moving average of the iterates (0: off).
+      The bias-corrected average (De et al. 2022, `train.averaging.param_averaging`) is
+      evaluated and released instead of the last iterate: post-processing, same ε.
+    param_averaging_start_step: average the iterates after this many steps only (0: from the
+      first). The average is the iterate until then. Needs a decay > 0.
+    augmult: V >= 2 views of each record averaged before clipping (0 or 1: off).
+      Augmentation multiplicity (De et al. 2022, `augmult`): each record's gradient is the
+      mean of its loss gradients over V views of it (itself and V − 1 copies translated by
+      shifts drawn from the seed, not from the data), averaged BEFORE clipping, so one record
+      still contributes one clipped vector: same ε. Needs features='scatternet' and
+      clipping='vmap'.
+    augmult_max_shift: s >= 1, the views' translations are uniform in [−s, s]² pixels. Needs
+      augmult >= 2.
   """
 
   dataset: str

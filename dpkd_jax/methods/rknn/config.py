@@ -29,14 +29,19 @@ class StudentConfig:
   """How the student is trained on the labelled public set.
 
   Attributes:
-    model: a name in `models.CLASSIFIERS`; norm: "batch", "group" or "none".
-    epochs: passes over the public set; batch_size: images per step.
-    learning_rate: peak AdamW rate (cosine decay to 0); weight_decay: decoupled decay.
-    label_smoothing: in [0, 1), mass spread uniformly over the classes.
-    augment: random rotation in [-rotation_degrees, rotation_degrees] and shifts up to
-      `translate_fraction` of the image size (flips too for flip-invariant datasets).
-    self_training_rounds: after the last labelling round, this many times: relabel every
-      public image with the student's prediction and train a fresh student on those labels.
+    model: the student architecture (a name in `models.CLASSIFIERS`).
+    norm: the student's normalisation layers: "batch", "group" or "none".
+    epochs: the student's passes over the labelled public set.
+    batch_size: public images per student step.
+    learning_rate: the student's peak AdamW learning rate (cosine decay to 0).
+    weight_decay: the student's decoupled weight decay.
+    label_smoothing: in [0, 1), label mass spread uniformly over the classes.
+    augment: random rotations and shifts of the student's images (flips where invariant).
+    rotation_degrees: the augmentation's rotations are uniform in [-this, this] degrees.
+    translate_fraction: the augmentation's shifts are up to this fraction of the image size.
+    self_training_rounds: rounds of self-training after the last labelling round (0: none).
+      Each relabels every public image with the student's prediction and trains a fresh
+      student on those labels.
       Post-processing of the released labels (public images only): no privacy cost.
   """
 
@@ -77,18 +82,20 @@ class RKNNConfig:
     mode: "central" (discrete Laplace counts) or "local" (per-record bit flipping).
     rounds: T >= 1 labelling rounds.
     uncertain_fraction: rounds > 1: share of the public set relabelled each later round.
-    kmeans_iterations, kmeans_restarts: Lloyd iterations and k-means++ restarts.
-    num_public: public images taken from the test split (the rest evaluates); None: half
-      of the test split (5,000 for MNIST, as the paper).
+    kmeans_iterations: Lloyd iterations of each k-means run.
+    kmeans_restarts: k-means++ restarts (the best clustering is kept).
+    num_public: public images taken from the test split (the rest evaluates); None: half.
+      Half of MNIST's test split is the paper's 5,000.
     split_seed: seed of the public/evaluation partition (public bookkeeping, not noise).
     student: `StudentConfig`.
     delta: δ at which the ledger also reports its PLD ε (the run itself is pure ε-DP).
     chunk_size: private records per vote-counting step (memory O(chunk_size · s)).
-    validation_examples: hold this many private training records out (`train.selection`):
-      they are not labelled with, and the student's evaluations during training read them
-      (private diagnostics); the evaluation split is read once at the end. 0: none.
+    validation_examples: private hold-out records for the evaluations during training (0: none).
+      Held out (`train.selection`) and not labelled with: private diagnostics; the evaluation
+      split is read once at the end.
     seed: root seed of representation, k-means, noise and student; None: secret OS entropy.
-    data_dir, download: as for `data.load`.
+    data_dir: the directory of `<dataset>.npz` (else $DPKD_DATA_DIR, else tensorflow-datasets).
+    download: let tensorflow-datasets download a dataset it lacks (needs internet).
   """
 
   dataset: str

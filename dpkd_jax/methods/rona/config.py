@@ -25,30 +25,49 @@ class RONAConfig:
   Attributes:
     noise_multiplier: σ (noise std σB), or None to calibrate it for `target_epsilon`; 0 is a
       non-private compression run (ε = ∞).
-    target_epsilon, delta: the budget (ε, δ); δ of every reported ε.
+    target_epsilon: the ε budget σ is calibrated for.
+    delta: δ of every reported ε.
     accounting: "sound" (dp_accounting calibrates σ for `target_epsilon`) or "paper" (the
       paper's Theorem 2 reconstruction does, `paper_accounting.paper_rona_composed_epsilon`;
       needs `target_epsilon`; the sound ε of the same run is reported and kept by the ledger).
-    bound_mode: "adaptive" (auxiliary teacher's running mean norm), "fixed" (give
-      `hint_l2_bound` and `distill_l2_bound`) or "none" (raw knowledge, σ = 0 only).
-    dataset, public_fraction, split_seed: data and the seeded public/sensitive split.
-    teacher_dir, aux_teacher_dir: trained teachers to load (the auxiliary one trained by this
-      module on the same split; used by the adaptive bound only), else trained in the workdir
-      with `teacher_model`, `teacher_epochs`, `teacher_batch_size`, `teacher_seed`.
-    student_model, student_norm: a name in `student.STUDENTS` and its norm.
-    hint_epochs Th, rounds R, self_learning_epochs Ts, distillation_epochs Td,
-      num_query_samples |x_q|, batch_size S (query batch), self_learning_batch_size,
-      temperature τ, query_selection (a name in `query_selection.SELECTORS`), learning_rate
-      (Adam; each stage keeps its own moments).
-    learning_rate_schedule: "constant", or "cosine": each stage's rate decays to 0 by a cosine
-      over that stage's steps in the whole run (hint, self learning, distillation each).
-    self_learning_augment: random shifts (pad 2 black pixels, crop) of the public images in
-      self learning (public data only: no privacy cost; never of the queries).
-    validation_examples: hold this many records of the training split out before the public
-      / private split (`train.selection`): the per-unit evaluations read them (private
-      diagnostics), the test split is read once at the end; 0 (default): evaluate on test.
-    seed: root of student init, batch order, selection and noise; None draws a secret one.
-    data_dir, download: as for `data.load`.
+    bound_mode: how the knowledge is bounded: "adaptive", "fixed" or "none". "adaptive": the
+      auxiliary teacher's running mean norm; "fixed": `hint_l2_bound` and `distill_l2_bound`;
+      "none": raw knowledge (σ = 0 only).
+    hint_l2_bound: with bound_mode="fixed", the norm bound of the released hints.
+    distill_l2_bound: with bound_mode="fixed", the norm bound of the released distillation
+      knowledge.
+    dataset: the dataset, split into public and sensitive parts.
+    public_fraction: the share of the training split that is public.
+    split_seed: the seed of the public/sensitive split.
+    teacher_dir: a trained teacher to load; None: trained in the workdir.
+    aux_teacher_dir: a trained auxiliary teacher (public split) to load; None: trained.
+      Used by the adaptive bound only.
+    teacher_model: the architecture of the teachers trained in the workdir.
+    teacher_epochs: the epochs of the teachers trained in the workdir.
+    teacher_batch_size: the batch size of the teachers trained in the workdir.
+    teacher_seed: the seed of the teachers trained in the workdir.
+    student_model: the student architecture (a name in `student.STUDENTS`).
+    student_norm: the student's normalisation layers.
+    hint_epochs: Th, epochs of hint learning.
+    rounds: R, rounds of self learning and distillation.
+    self_learning_epochs: Ts, self-learning epochs per round.
+    distillation_epochs: Td, distillation epochs per round.
+    num_query_samples: |x_q|, the queries selected from the public set.
+    batch_size: S, the query batch.
+    self_learning_batch_size: the batch of self learning on the public images.
+    temperature: τ, the distillation temperature.
+    query_selection: how queries are selected (a name in `query_selection.SELECTORS`).
+    learning_rate: Adam's learning rate (each stage keeps its own moments).
+    learning_rate_schedule: "constant" or "cosine". "cosine": each stage's rate decays to 0
+      by a cosine over that stage's steps in the whole run (hint, self learning, distillation).
+    self_learning_augment: random shifts of the public images in self learning. Pad 2 black
+      pixels, then crop; public data only (no privacy cost), never the queries.
+    validation_examples: private hold-out records for the per-unit evaluations (0: test).
+      Held out before the public / private split (`train.selection`): private diagnostics;
+      the test split is read once at the end.
+    seed: root of student init, batch order, selection and noise; None: a secret one.
+    data_dir: the directory of `<dataset>.npz` (else $DPKD_DATA_DIR, else tensorflow-datasets).
+    download: let tensorflow-datasets download a dataset it lacks (needs internet).
   """
 
   noise_multiplier: float | None = None

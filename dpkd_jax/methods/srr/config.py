@@ -83,37 +83,49 @@ class SRRConfig:
     target_epsilon: bound on the record-level ε of all label queries composed (PLD).
     delta: δ of the record-level figures.
     threshold: tau of the candidate set; None = 1/K.
-    first_prior: prior of the first stage: "uniform" (default; the untrained student's output
-      is an arbitrary function of its random weights, and with tau <= 1/K the uniform prior
-      makes every class a candidate) or "student".
+    first_prior: prior of the first stage: "uniform" or "student". The untrained student's
+      output is an arbitrary function of its random weights; with tau <= 1/K the uniform
+      prior makes every class a candidate.
     generator_prior: "teacher" (paper; record-level ε = inf) or "none" (sound).
-    dataset, teacher_dir: the private dataset and the teacher trained on it.
-    student_model, student_norm, generator_model, generator_channels, latent_dim: networks.
-    pretrain_steps, pretrain_batch_size, pretrain_lr: generator pretraining ("teacher").
-    generator_terms, entropy_weight, bn_weight: pretraining terms (ablation) and alpha, beta.
-    pretrained_generator_dir: reuse a generator pretrained for the same dataset, teacher (its
-      weights, wherever they lie: `models.generator_identity`), architecture and pretraining
-      fields (`<other run>/generator_pretrain`, or a `pretrain(...)` workdir), instead of
-      pretraining again.
-    stages, samples_per_stage, batch_size: S, N and B.
-    student_epochs, generator_epochs: passes over each stage's labels (0: no fine-tuning).
-    student_lr, generator_lr: Adam (the student's on `student_schedule`).
-    student_schedule: "cosine" (default: decayed over all the student's steps, every stage's)
-      or "constant" (later stages' labels are learnt at the same rate as the first's).
+    dataset: the private dataset.
+    teacher_dir: the workdir of the teacher trained on it (`experiments.teacher`).
+    student_model: the student architecture (a name in `models.CLASSIFIERS`).
+    student_norm: the student's normalisation layers: "batch", "group" or "none".
+    generator_model: the generator architecture (a name in `models.GENERATORS`).
+    generator_channels: the generator's width (an even number; 128 in the paper).
+    latent_dim: the size of the generator's latent input.
+    pretrain_steps: steps of the generator's pretraining against the teacher.
+    pretrain_batch_size: samples per generator pretraining step.
+    pretrain_lr: Adam learning rate of the generator's pretraining.
+    generator_terms: the pretraining loss terms among ce, ie, bn (ablation).
+    entropy_weight: alpha, the weight of the information-entropy (ie) pretraining term.
+    bn_weight: beta, the weight of the BatchNorm-statistics (bn) pretraining term.
+    pretrained_generator_dir: reuse a pretrained generator instead of pretraining again.
+      Pretrained for the same dataset, teacher (its weights, wherever they lie:
+      `models.generator_identity`), architecture and pretraining fields (`<other
+      run>/generator_pretrain`, or a `pretrain(...)` workdir).
+    stages: S, the number of labelling stages.
+    samples_per_stage: N, label queries per stage.
+    batch_size: B, samples per training step.
+    student_epochs: the student's passes over each stage's labels.
+    generator_epochs: the generator's fine-tuning passes over each stage's labels (0: none).
+    student_lr: the student's Adam learning rate (on `student_schedule`).
+    generator_lr: the generator's Adam learning rate.
+    student_schedule: "cosine" (decayed over all the student's steps, every stage's) or
+      "constant" (later stages' labels are learnt at the same rate as the first's).
     student_loss: "kl" (paper: KL to the one-hot released label) or "rr_likelihood" (-log of
       the released label's probability through the known SRR channel; `step`).
     student_shift: the student sees its queries moved by up to this many pixels (0: none).
-    student_replay: each student epoch of stage t draws its N rows from the releases of all
-      stages 0..t (kept in the checkpoint), not from stage t's only: the released labels are
-      reused, post-processing (same queries, ε and steps). False (default): the paper's.
-    query_pool: each stage with the student's prior draws this many times N latents and asks the
-      teacher about the N of them that are balanced over the student's predicted classes
-      (`selection`; post-processing of public quantities: same queries per stage, same ε);
-      1 (default): the N drawn, the paper's.
-    validation_examples: hold this many records of the teacher's private training split out
-      (`train.selection`): the per-stage evaluations read them (private diagnostics), the test
-      split is read once at the end; 0 (default): evaluate every stage on test.
-    seed: root seed; None (default) draws a secret one (`privacy.seeds`).
+    student_replay: each stage's student epochs also draw from earlier stages' releases.
+      Stage t draws its N rows from the releases of stages 0..t (kept in the checkpoint):
+      post-processing (same queries, ε and steps). False: the paper's.
+    query_pool: ask the N of this many times N latents balanced over the student's classes.
+      With the student's prior (`selection`; post-processing of public quantities: same
+      queries per stage, same ε); 1: the N drawn, the paper's.
+    validation_examples: private hold-out records for the per-stage evaluations (0: test).
+      Held out of the teacher's training split (`train.selection`): private diagnostics; the
+      test split is read once at the end.
+    seed: root seed; None: a secret one from OS entropy (`privacy.seeds`).
     data_dir: directory of `<dataset>.npz`.
   """
 
