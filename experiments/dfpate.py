@@ -21,22 +21,16 @@ from dpkd_jax.train import summary
 from experiments import _cli
 from experiments import _flags
 
-_HELP = {
-    "target_epsilon": "ε budget of all queries (σ calibrated); 'none' with --noise_std",
-    "noise_std": "σ per histogram bin (0 = non-private baseline); default: calibrate",
-    "teachers_dir": "save / reuse the trained ensemble here (secret, like the data)",
-    "seed": "reproducible run (noise then public); default: secret seed from OS entropy",
-}
 
 
 def parse_config(argv: list[str]) -> tuple[dfpate.DFPATEConfig, argparse.Namespace]:
   """Flags -> validated config (bad values exit 2 with the config's one-line message)."""
   p = _cli.Parser(prog="python -m experiments.dfpate", description=__doc__,
                   formatter_class=argparse.RawDescriptionHelpFormatter, cpu_kernels=True)
-  _flags.add_config_flags(p, dfpate.DFPATEConfig, help=_HELP)
+  _flags.add_config_flags(p, dfpate.DFPATEConfig)
   p.add_argument("--workdir", default=None, help="default runs/dfpate/<dataset>")
   p.add_argument("--resume", action="store_true", help="continue the run in --workdir")
-  p.add_argument("--no_progress", action="store_true")
+  p.add_argument("--no_progress", action="store_true", help="no progress bars")
   args = p.parse_args(argv)
   config = _flags.build_config(dfpate.DFPATEConfig, args)
   if args.workdir is None:

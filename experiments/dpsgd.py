@@ -22,31 +22,19 @@ from dpkd_jax.train import summary
 from experiments import _cli
 from experiments import _flags
 
-_HELP = {
-    "dataset": "digits (embedded), mnist, cifar10, ...",
-    "model": "a name in dpkd_jax.models.CLASSIFIERS",
-    "norm": "group or none (batch is rejected)",
-    "max_batch_size": "padded batch (default: auto)",
-    "optimizer": "sgd or adam",
-    "seed": "reproducible run (noise then public); default: secret seed from OS entropy",
-    "data_dir": "directory of <dataset>.npz files",
-    "download": "let tensorflow-datasets download a dataset it lacks (needs internet)",
-    "log_private_diagnostics": "also write the training loss/accuracy/clipping of the private "
-                               "batches to private_diagnostics.csv (noiseless: NOT covered by "
-                               "epsilon, never publish)",
-}
 
 
 def parse_config(argv: list[str]) -> tuple[dpsgd.DPSGDConfig, argparse.Namespace]:
   """Flags -> validated config (bad values exit 2 with the config's one-line message)."""
   p = _cli.Parser(prog="python -m experiments.dpsgd", description=__doc__,
                   formatter_class=argparse.RawDescriptionHelpFormatter, cpu_kernels=True)
-  _flags.add_config_flags(p, dpsgd.DPSGDConfig, help=_HELP,
+  _flags.add_config_flags(p, dpsgd.DPSGDConfig,
                           defaults={"dataset": "digits", "model": "small_cnn"})
   p.add_argument("--workdir", default=None, help="default runs/dpsgd/<dataset>_<model>")
   p.add_argument("--resume", action="store_true", help="continue the run in --workdir")
-  p.add_argument("--stop_at_step", type=int, default=None)
-  p.add_argument("--no_progress", action="store_true")
+  p.add_argument("--stop_at_step", type=int, default=None,
+                 help="end this invocation (checkpointed) at this step; --resume continues")
+  p.add_argument("--no_progress", action="store_true", help="no progress bars")
   args = p.parse_args(argv)
   config = _flags.build_config(dpsgd.DPSGDConfig, args)
   if args.workdir is None:

@@ -21,17 +21,6 @@ from dpkd_jax.train import summary
 from experiments import _cli
 from experiments import _flags
 
-_HELP = {
-    "dataset": "digits (embedded), mnist, ...",
-    "representation": f"one of {sorted(representations.REPRESENTATIONS)}",
-    "num_queries": "s",
-    "epsilon": "total ε",
-    "mode": "central or local",
-    "num_public": "default: half the test split",
-    "seed": "default: secret (OS entropy)",
-    "data_dir": "directory of <dataset>.npz files",
-    "download": "let tensorflow-datasets download a dataset it lacks (needs internet)",
-}
 # The student's flags: its fields, `model` and `norm` prefixed (the run has no model of its own).
 _STUDENT_NAMES = {"model": "student_model", "norm": "student_norm"}
 
@@ -61,7 +50,7 @@ def parse_config(argv: list[str]) -> tuple[rknn.RKNNConfig, argparse.Namespace]:
   """Flags -> validated config (bad values exit 2 with the config's one-line message)."""
   p = _cli.Parser(prog="python -m experiments.rknn", description=__doc__,
                   formatter_class=argparse.RawDescriptionHelpFormatter, cpu_kernels=True)
-  _flags.add_config_flags(p, rknn.RKNNConfig, help=_HELP, defaults={"dataset": "digits"},
+  _flags.add_config_flags(p, rknn.RKNNConfig, defaults={"dataset": "digits"},
                           skip={"representation_config", "student"})
   p.add_argument("--pca_components", type=int, default=None, help="PCA dimension")
   p.add_argument("--simclr_steps", type=int, default=None, help="SimCLR training steps")
@@ -72,7 +61,7 @@ def parse_config(argv: list[str]) -> tuple[rknn.RKNNConfig, argparse.Namespace]:
   _flags.add_config_flags(p, rknn.StudentConfig, names=_STUDENT_NAMES)
   p.add_argument("--workdir", default=None,
                  help="default runs/rknn/<dataset>_<rep>_<mode>_s<s>_k<k>_eps<ε>[_T<rounds>]")
-  p.add_argument("--no_progress", action="store_true")
+  p.add_argument("--no_progress", action="store_true", help="no progress bars")
   args = p.parse_args(argv)
   try:
     representation_config = representations.default_config(args.representation)

@@ -19,19 +19,16 @@ from dpkd_jax.train import summary
 from experiments import _cli
 from experiments import _flags
 
-_HELP = {"download": "let tensorflow-datasets download a dataset it lacks (needs internet)"}
-
-
 def parse_config(argv: list[str]) -> tuple[rona.RONAConfig, argparse.Namespace]:
   """Flags -> validated config (bad values exit 2 with the config's one-line message)."""
   p = _cli.Parser(prog="python -m experiments.rona", description=__doc__,
                   formatter_class=argparse.RawDescriptionHelpFormatter, cpu_kernels=True)
-  _flags.add_config_flags(p, rona.RONAConfig, help=_HELP)
+  _flags.add_config_flags(p, rona.RONAConfig)
   p.add_argument("--workdir", default=None, help="default runs/rona/<dataset>_<student_model>")
   p.add_argument("--resume", action="store_true", help="continue the run in --workdir")
   p.add_argument("--stop_after_units", type=int, default=None,
                  help="end this invocation (checkpointed) after this many epochs of the schedule")
-  p.add_argument("--no_progress", action="store_true")
+  p.add_argument("--no_progress", action="store_true", help="no progress bars")
   args = p.parse_args(argv)
   config = _flags.build_config(rona.RONAConfig, args)
   if args.workdir is None:

@@ -34,20 +34,6 @@ from dpkd_jax.train import distributed
 from experiments import _cli
 from experiments import _flags
 
-_HELP = {
-    "epsilon": "ε per query (label DP); inf = no noise; omit to calibrate from --target_epsilon",
-    "target_epsilon": "bound on the record-level ε of all label queries composed (PLD)",
-    "threshold": "tau of the candidate set (default 1/K)",
-    "generator_prior": "teacher (paper; record-level ε = inf) or none (sound)",
-    "generator_terms": "comma-separated pretraining terms among ce,ie,bn (ablation)",
-    "pretrained_generator_dir": "reuse <another run>/generator_pretrain",
-    "seed": "reproducible run (noise then public); default: secret seed from OS entropy",
-    "data_dir": "directory of <dataset>.npz (e.g. ../shared/data)",
-    "student_replay": "each stage's student epochs also draw from earlier stages' releases",
-    "student_schedule": "cosine: the student's rate decays over all stages; constant: it does not",
-    "query_pool": "draw this many times the queries and ask those balanced over the student's"
-                  " classes (1: all drawn)",
-}
 
 
 def parse_config(argv: list[str], *, pretrain_only: bool = False,
@@ -57,10 +43,12 @@ def parse_config(argv: list[str], *, pretrain_only: bool = False,
   suffix = "_generator" if pretrain_only else ""
   p = _cli.Parser(prog=prog, description=__doc__,
                   formatter_class=argparse.RawDescriptionHelpFormatter, cpu_kernels=True)
-  _flags.add_config_flags(p, srr.SRRConfig, help=_HELP, defaults=srr_config.CLI_DEFAULTS)
+  noisy = {k: f"{v} where plain RR at --epsilon keeps under half the labels"
+           for k, v in srr_config.NOISY_LABELS_CLI_DEFAULTS.items()}
+  _flags.add_config_flags(p, srr.SRRConfig, defaults=srr_config.CLI_DEFAULTS, notes=noisy)
   p.add_argument("--workdir", default=None, help=f"default runs/srr/<dataset>{suffix}")
   p.add_argument("--resume", action="store_true", help="continue the run in --workdir")
-  p.add_argument("--no_progress", action="store_true")
+  p.add_argument("--no_progress", action="store_true", help="no progress bars")
   args = p.parse_args(argv)
   if pretrain_only and args.epsilon is None and args.target_epsilon is None:
     args.epsilon = math.inf  # pretraining asks no label query: no privacy flag needed

@@ -41,7 +41,7 @@ def parse_config(argv: list[str]) -> tuple[teacher.TeacherConfig, argparse.Names
                                    "optimizer": ["adam", "sgd"]})
   p.add_argument("--all_shards", action="store_true", help="train every shard in turn")
   p.add_argument("--workdir", default=None, help="output directory (default runs/teacher/<dataset>_<model>)")
-  p.add_argument("--no_progress", action="store_true")
+  p.add_argument("--no_progress", action="store_true", help="no progress bars")
   args = p.parse_args(argv)
   config = _flags.build_config(teacher.TeacherConfig, args)
   if args.workdir is None:
@@ -56,7 +56,8 @@ def _floats(text: str) -> tuple[float, ...]:
 def import_main(argv: list[str]) -> None:
   """`import`: a PyTorch / Keras file -> a teacher workdir (`importers.import_teacher`)."""
   p = _cli.Parser(prog="python -m experiments.teacher import", description=import_main.__doc__)
-  p.add_argument("--from", dest="framework", required=True, choices=sorted(importers.FRAMEWORKS))
+  p.add_argument("--from", dest="framework", required=True, choices=sorted(importers.FRAMEWORKS),
+                 help="the framework that wrote --checkpoint")
   p.add_argument("--arch", required=True, help="resnet18, resnet34, vgg11_bn, vgg16_bn, "
                  "mobilenet_v2 (torch), lenet5, small_cnn (torch, keras)")
   p.add_argument("--checkpoint", required=True, help="the .pt state_dict or .keras file")

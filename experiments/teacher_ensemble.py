@@ -21,11 +21,6 @@ from dpkd_jax import teacher_ensemble
 from experiments import _cli
 from experiments import _flags
 
-_HELP = {
-    "data_dir": "directory of <dataset>.npz (else $DPKD_DATA_DIR/tfds)",
-    "seed": "seed of the teachers' init, shuffles and augmentation (public: teachers are not "
-            "private)",
-}
 
 
 def parse_config(argv: list[str]
@@ -33,7 +28,7 @@ def parse_config(argv: list[str]
   """Flags -> (validated config, flags); bad values exit 2 with one line."""
   p = _cli.Parser(prog="python -m experiments.teacher_ensemble", description=__doc__,
                   formatter_class=argparse.RawDescriptionHelpFormatter, cpu_kernels=True)
-  _flags.add_config_flags(p, teacher_ensemble.TeacherEnsembleConfig, help=_HELP)
+  _flags.add_config_flags(p, teacher_ensemble.TeacherEnsembleConfig)
   p.add_argument("--workdir", default=None,
                  help="the teachers directory (default runs/teacher_ensemble/"
                       "<dataset>_<teacher_model><num_teachers>)")

@@ -55,7 +55,7 @@ class DPSGDConfig:
       multiple with overflow probability <= 1e-9 per step.
     l2_clip_norm: C, the norm each example's gradient is clipped to.
     noise_multiplier: z, the noise std in units of C; None: calibrate it for target_epsilon.
-    secure_noise: refused here. Discrete Gaussian noise needs an accountant of
+    secure_noise: refused: DP-SGD has no accountant for discrete Gaussian noise. It would need
       Poisson-subsampled zCDP under replace-one, which dp_accounting lacks (docs/privacy.md).
     target_epsilon: instead of z: the budget (replace-one ε); z is calibrated for the whole run.
     delta: δ of every reported ε.

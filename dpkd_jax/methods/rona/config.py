@@ -27,9 +27,10 @@ class RONAConfig:
       non-private compression run (ε = ∞).
     target_epsilon: the ε budget σ is calibrated for.
     delta: δ of every reported ε.
-    accounting: "sound" (dp_accounting calibrates σ for `target_epsilon`) or "paper" (the
-      paper's Theorem 2 reconstruction does, `paper_accounting.paper_rona_composed_epsilon`;
-      needs `target_epsilon`; the sound ε of the same run is reported and kept by the ledger).
+    accounting: what calibrates σ for `target_epsilon`: "sound" or "paper". "sound":
+      dp_accounting; "paper": the paper's Theorem 2 reconstruction
+      (`paper_accounting.paper_rona_composed_epsilon`; needs `target_epsilon`; the sound ε of
+      the same run is reported and kept by the ledger).
     bound_mode: how the knowledge is bounded: "adaptive", "fixed" or "none". "adaptive": the
       auxiliary teacher's running mean norm; "fixed": `hint_l2_bound` and `distill_l2_bound`;
       "none": raw knowledge (σ = 0 only).
