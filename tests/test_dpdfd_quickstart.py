@@ -155,8 +155,9 @@ def test_flag_defaults_resolution():
 
 def test_bad_input_is_one_line_exit_2(capsys, tmp_path, monkeypatch):
   monkeypatch.chdir(tmp_path)
+  (tmp_path / "mnist.npz").write_bytes(b"")  # the data is there: the privacy flags are asked
   assert "give noise_multiplier, target_epsilon" in _exit_2(
-      ["--dataset=mnist", "--teacher_dirs=t"], capsys)
+      ["--dataset=mnist", "--teacher_dirs=t", f"--data_dir={tmp_path}"], capsys)
   assert "unknown model 'gpt'" in _exit_2(["--dataset=digits", "--teacher_model=gpt"], capsys)
   assert "epochs must be >= 1" in _exit_2(["--dataset=digits", "--teacher_epochs=0"], capsys)
   assert "--steps" in _exit_2(["--dataset=digits", "--steps=x"], capsys)

@@ -25,8 +25,9 @@ STUDENT_LOSSES = ("kl", "rr_likelihood")
 STUDENT_SCHEDULES = ("cosine", "constant")
 # The defaults of `python -m experiments.srr`: the engine of best test accuracy, selected on
 # the test split (optimistic; docs/privacy.md "Selection and tuning") (docs/RESULTS.md#engine-
-# and-student; MNIST and Fashion-MNIST at ε = 10 and 1 per query): 4 stages of 12,800 queries, 10 student epochs on each, the RR-likelihood student loss
-# (post-processing: the known channel), a small_cnn student, a generator of width 64.
+# and-student; MNIST and Fashion-MNIST at ε = 10 and 1 per query): 4 stages of 12,800
+# queries, 10 student epochs on each, the RR-likelihood student loss (post-processing: the
+# known channel), a small_cnn student, a generator of width 64.
 # `SRRConfig`'s own defaults stay the paper's (10 stages of 2,560, KL, lenet5, width 128),
 # which the library's callers get.
 CLI_DEFAULTS = {"generator_channels": 64, "stages": 4, "samples_per_stage": 12800,
@@ -58,13 +59,12 @@ def labels_mostly_noise(epsilon: float | None, num_classes: int) -> bool:
 def cli_noisy_label_defaults(epsilon: float | None, num_classes: int) -> dict[str, Any]:
   """The CLI's engine changes at `epsilon` per query (flags the user gives win over them).
 
-  Where the labels are mostly noise (`labels_mostly_noise`): `NOISY_LABELS_CLI_DEFAULTS`. A
-  small_cnn student at Adam 1e-3 fit the noise (it collapsed to chance on Fashion-MNIST at
-  ε = 1 and trailed 3e-4 on MNIST; at ε = 10 1e-3 was better on both), and at ε = 1 8 stages
-  of 25,600 queries beat 4 and 16 beat 8 on both datasets as the student's prior, which
-  selects each later stage's candidate set, keeps improving; fine-tuning the generator on
-  those labels cost CPU and gained nothing over two MNIST seeds (docs/RESULTS.md, SRR sessions
-  20 to 23). Elsewhere none: CLI_DEFAULTS and the config's.
+  Where the labels are mostly noise (`labels_mostly_noise`): `NOISY_LABELS_CLI_DEFAULTS`, a
+  slower student rate (a faster one fits the noise), more stages of more queries (the
+  student's prior, which selects each later stage's candidate set, keeps improving) and no
+  generator fine-tuning on those labels; the runs that chose them are the ε = 1 rows of
+  docs/RESULTS.md (SRR, "Engine and student") and their records. Elsewhere none:
+  CLI_DEFAULTS and the config's.
   """
   return dict(NOISY_LABELS_CLI_DEFAULTS) if labels_mostly_noise(epsilon, num_classes) else {}
 
