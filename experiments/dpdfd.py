@@ -67,6 +67,8 @@ def parse_config(argv: list[str], *, check_data: bool = False
   if check_data:
     data.check_available(a.dataset, data_dir=a.data_dir)
   a.workdir = a.workdir or os.path.join("runs", "dpdfd", a.dataset)
+  a.target_epsilon = quickstart.default_target_epsilon(a.dataset, a.noise_multiplier,
+                                                       a.target_epsilon)
   a.teacher_dirs, a.teacher_config = quickstart.cli_teachers(
       a.dataset, teacher_dirs=a.teacher_dirs, teacher_ensemble_dir=a.teacher_ensemble_dir,
       teacher_model=a.teacher_model, teacher_epochs=a.teacher_epochs, data_dir=a.data_dir,

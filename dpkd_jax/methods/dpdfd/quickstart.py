@@ -163,7 +163,7 @@ def cli_defaults(dataset: str | None, given: Mapping[str, Any]) -> dict[str, Any
   out = flag_defaults(dataset, given)
   target = default_target_epsilon(dataset, given.get("noise_multiplier"),
                                   given.get("target_epsilon"))
-  if "target_epsilon" not in given and target is not None:
+  if given.get("target_epsilon") is None and target is not None:
     out["target_epsilon"] = target
   return out
 
