@@ -11,8 +11,9 @@ Every field becomes `--<field>`, typed from its annotation:
   bool (or bool | None)      `--f`, `--nof` / `--no-f`, or `--f=true|false|1|0`
   tuple[str, ...]            comma-separated: `--f=a,b` (empty items dropped)
 A field without a default is a required flag unless `defaults` gives one. Help comes from
-`help`, else from the "Attributes:" section of the class docstring. Fields of other types
-(nested configs, `Any`) must be listed in `skip` and handled by the CLI.
+`help`, else from the field's own entry in the "Attributes:" section of the class docstring
+(its first sentence), then "(default: <the value the run uses>[; `notes`])". Fields of other
+types (nested configs, `Any`) must be listed in `skip` and handled by the CLI.
 """
 
 from __future__ import annotations
