@@ -40,6 +40,7 @@ _TENSORSTORE_WRITE = re.compile(r"Failed (?:writing|to write)[^\"]*\"(?P<path>[^
                                 r"\[os_error_code='(?P<code>\d+)'\]")
 _written: list[str] = []  # the file most recently opened for writing (`_note_writes`)
 _hooked: list[bool] = []  # the audit hook is installed (once per process: it stays)
+_running_commands: list[str] = []  # the `entry_point` commands running now (innermost last)
 _T = TypeVar("_T")
 
 
@@ -100,7 +101,9 @@ class Parser(argparse.ArgumentParser):
 
   def parse_args(self, *args: Any, **kwargs: Any) -> argparse.Namespace:  # type: ignore[override]
     parsed = super().parse_args(*args, **kwargs)
-    if self._cpu_kernels:
+    # Only a running command switches the kernels (for its own duration: `entry_point`); a
+    # caller that parses flags in-process (a notebook, a test) keeps its own ops.
+    if self._cpu_kernels and _running_commands:
       if parsed.cpu_kernels:
         kernels.use_cpu_kernels_on_cpu_backend()
       else:
@@ -276,6 +279,10 @@ def entry_point(main: Callable[..., Any]) -> Callable[..., Any]:
     # The command's kernel choice (`--cpu_kernels`) lasts as long as the command: a caller that
     # runs it in-process (a notebook, a test) gets its own ops back.
     with user_errors(), kernels.using(kernels.active()):
-      return main(sys.argv[1:] if argv is None else argv)
+      _running_commands.append(main.__module__)
+      try:
+        return main(sys.argv[1:] if argv is None else argv)
+      finally:
+        _running_commands.pop()
 
   return wrapped

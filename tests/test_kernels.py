@@ -164,3 +164,22 @@ def test_the_one_opt_in_call_sets_the_xla_option_and_the_kernels(tmp_path):
   # XLA CPU's default hands this convolution to YNNPACK (a fusion named ynn_fusion); with
   # the option set before the backend starts, it stays XLA's own convolution.
   assert _fresh_process(_OPT_IN, tmp_path) == "True xla_cpu False"
+
+
+def test_a_command_runs_with_the_cpu_kernels_on_the_cpu_backend_and_gives_them_back():
+  from experiments import _cli  # pylint: disable=g-import-not-at-top
+  seen = []
+
+  @_cli.entry_point
+  def main(argv):
+    _cli.Parser(prog="x", cpu_kernels=True).parse_args(argv)
+    seen.append(kernels.active().name)
+
+  main([])
+  main(["--nocpu_kernels"])
+  main(["--cpu_kernels=false"])
+  assert seen == ["xla_cpu", "reference", "reference"]
+  assert kernels.active() is kernels.REFERENCE
+  # Flags parsed outside a running command (a notebook, a test) switch nothing.
+  _cli.Parser(prog="x", cpu_kernels=True).parse_args([])
+  assert kernels.active() is kernels.REFERENCE
