@@ -197,3 +197,18 @@ def test_dpdfd_step_with_user_apply_functions():
                        generator_apply=generate, student_tx=optax.sgd(0.1),
                        generator_tx=optax.sgd(0.1), gamma=1.0, latent_dim=2,
                        student_loss="kl")
+
+
+def test_the_clis_plan_drives_the_privatizer_and_the_accountant():
+  from dpkd_jax.methods import dpsgd  # pylint: disable=import-outside-toplevel
+  config = dpsgd.DPSGDConfig(dataset="digits", model="small_cnn", norm="group",
+                             expected_batch_size=64, l2_clip_norm=0.5, noise_multiplier=0.0,
+                             steps=4)
+  plan = dpsgd.make_plan(config, num_examples=1000, num_devices=1)
+  tx = privacy.dpsgd_privatizer(plan, key=jax.random.key(0))
+  ones = {"w": jnp.ones(3)}
+  out, _ = tx.update(ones, tx.init(ones))
+  np.testing.assert_allclose(out["w"], 1 / 64, rtol=1e-6)  # z = 0: the sum / B
+  accountant = privacy.PlanAccountant(plan)
+  accountant.step(plan.steps)
+  assert accountant.event() == plan.event(plan.steps)
