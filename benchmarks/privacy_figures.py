@@ -174,7 +174,8 @@ def dpsgd_relations() -> None:
         noise_multiplier=z, sampling_rate=q, steps=steps, relation=relation), delta=DELTA)
            for relation in ("add-remove", "replace-one")]
     row.append(accounting.epsilon(accounting.dpsgd_event(
-        noise_multiplier=z, sampling_rate=q, steps=steps, relation="add-remove"), delta=DELTA, accountant="rdp"))
+        noise_multiplier=z, sampling_rate=q, steps=steps,
+        relation="add-remove"), delta=DELTA, accountant="rdp"))
     print(f"| {q:.5f} | {z:g} | {steps} | " + " | ".join(f"{e:.3f}" for e in row) + " |")
   print()
 

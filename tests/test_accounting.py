@@ -301,7 +301,8 @@ def test_rr_composes_with_gaussian(accountant):
 @pytest.mark.parametrize("accountant", ["pld", "rdp"])
 def test_rr_with_poisson_sampling_is_rejected(accountant):
   mixed = dp_event.ComposedDpEvent([
-      accounting.dpsgd_event(noise_multiplier=1.0, sampling_rate=0.1, steps=3, relation="add-remove"),
+      accounting.dpsgd_event(noise_multiplier=1.0, sampling_rate=0.1, steps=3,
+                             relation="add-remove"),
       accounting.srr_event(epsilon_per_query=1.0, num_queries=2)])
   with pytest.raises(ValueError, match="neighbouring relations"):
     accounting.epsilon(mixed, delta=DELTA, accountant=accountant)

@@ -136,8 +136,8 @@ def test_accountant_charges_the_plan_event_and_stops_at_its_steps():
 
 
 def test_event_builders_ask_for_the_relation():
-  with pytest.raises(TypeError):
-    privacy.dpsgd_event(noise_multiplier=1.0, sampling_rate=0.1, steps=1)  # pylint: disable=missing-kwoa
+  with pytest.raises(TypeError):  # pylint: disable-next=missing-kwoa
+    privacy.dpsgd_event(noise_multiplier=1.0, sampling_rate=0.1, steps=1)
   assert neighbouring.relation_of(_plan().event(3)) == "replace-one"
   assert neighbouring.relation_of(privacy.dpdfd_event(
       noise_multiplier=1.0, batch_size=4, steps=2)) == "replace-one"

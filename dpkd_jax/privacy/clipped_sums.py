@@ -92,8 +92,8 @@ class ClippedGrad:
       return self.sum_fn(params, batch_args, other_args, mask, self.l2_clip_norm)
     if size % m:
       raise ValueError(f"the batch of {size} examples is not divisible by microbatch_size={m}")
-    split = lambda v: v.reshape((size // m, m) + v.shape[1:])  # noqa: E731  (b, ...) -> (b/m, m, ...)
-    chunks = jax.tree.map(split, (batch_args, mask))
+    # (b, ...) -> (b/m, m, ...): `lax.map` runs one chunk of m examples at a time.
+    chunks = jax.tree.map(lambda v: v.reshape((size // m, m) + v.shape[1:]), (batch_args, mask))
 
     def one(chunk):
       return self.sum_fn(params, chunk[0], other_args, chunk[1], self.l2_clip_norm)
