@@ -65,6 +65,11 @@ def test_clipped_grad_is_the_mechanisms_clipped_sum(model):
   by_ghost = ghost.clipped_grad(graphdef, l2_clip_norm=0.1, loss_fn=lambda out, t: (
       optax.softmax_cross_entropy_with_integer_labels(out, t)))
   _close(jax.jit(by_ghost)(params, x, y, mask=mask), expected, 1e-5)
+  ghost_total, (losses, outputs) = ghost.clipped_grad(
+      graphdef, l2_clip_norm=0.1, has_aux=True, loss_fn=lambda out, t: (
+          optax.softmax_cross_entropy_with_integer_labels(out, t)))(params, x, y, mask=mask)
+  _close(ghost_total, expected, 1e-5)
+  assert losses.shape == (8,) and outputs.shape == (8, 3)
   # Padding rows contribute nothing: the sum over the 5 real rows alone.
   _close(clipped(params, x[:5], y[:5])[0], expected, 1e-6)
 
@@ -85,6 +90,16 @@ def test_clipped_grad_arguments_and_sensitivity(model):
                          microbatch_size=3)(params, x, y)
   with pytest.raises(ValueError, match="mask"):
     clipped(params, x, y, mask=jnp.ones(3, bool))
+  # has_aux: per-example aux rows beside the sum, also through microbatches and ghost.
+  def with_aux(p, xi, yi):
+    return loss_fn(p, xi, yi), yi * 10
+  for micro in (None, 4):
+    total, aux, norms = privacy.clipped_grad(
+        with_aux, l2_clip_norm=0.5, batch_argnums=(1, 2), has_aux=True, return_norms=True,
+        microbatch_size=micro)(params, x, y)
+    _close(total, clipped(params, x, y), 1e-6)
+    np.testing.assert_array_equal(aux[:, 0], y * 10)
+    assert norms.shape == (8,)
   # keep_batch_dim=False hands the loss one unbatched example; a shared argument stays whole.
   def unbatched(p, xi, scale):
     return scale * jnp.sum(p["w"] * xi)

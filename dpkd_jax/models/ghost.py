@@ -342,7 +342,8 @@ def ghost_clip_and_sum(graphdef: nnx.GraphDef, params: PyTree, batch_stats: PyTr
 def clipped_grad(graphdef: nnx.GraphDef, *, loss_fn: Callable[[Any, Any], jax.Array],
                  l2_clip_norm: float, batch_stats: PyTree | None = None,
                  train: bool | None = None, microbatch_size: int | None = None,
-                 return_norms: bool = False) -> clipped_sums.ClippedGrad:
+                 has_aux: bool = False, return_norms: bool = False
+                 ) -> clipped_sums.ClippedGrad:
   """`privacy.clipped_grad` by ghost clipping: `clipped(params, x, targets, mask=None)`.
 
   The same clipped sum (to float rounding) and sensitivity (C add-remove, 2C replace-one) as
@@ -356,6 +357,8 @@ def clipped_grad(graphdef: nnx.GraphDef, *, loss_fn: Callable[[Any, Any], jax.Ar
     loss_fn: (one example's model output (no batch axis), its target) -> scalar.
     l2_clip_norm, microbatch_size, return_norms: as `privacy.clipped_grad`.
     train: the model's `train` argument, or None for a model called as `model(x)`.
+    has_aux: the call also returns (losses (B,), the model's outputs, one row per example):
+      noiseless, not covered by ε.
 
   Returns:
     A `privacy.ClippedGrad` (its `.sensitivity(relation)` is C or 2C).
@@ -366,8 +369,8 @@ def clipped_grad(graphdef: nnx.GraphDef, *, loss_fn: Callable[[Any, Any], jax.Ar
     del other_args  # the call's only arguments are x and targets, both batched
     out = ghost_clipped_sum(graphdef, params, stats, *batch_args, mask, loss_fn=loss_fn,
                             l2_clip_norm=clip_norm, train=train, allow_gram=False)
-    return out.clipped_sum, out.norms
+    return out.clipped_sum, out.norms, (out.losses, out.outputs) if has_aux else None
 
   return clipped_sums.clipped_grad(None, l2_clip_norm=l2_clip_norm, batch_argnums=(1, 2),
-                                       microbatch_size=microbatch_size,
+                                       microbatch_size=microbatch_size, has_aux=has_aux,
                                        return_norms=return_norms, sum_fn=sum_fn)

@@ -31,12 +31,12 @@ from dpkd_jax.privacy import validation
 
 PyTree = Any
 # (params, batch args (a tuple, leaves (b, ...)), the other args (a tuple, None where batched),
-#  mask (b,), C) -> (clipped sum: params' pytree, pre-clip norms (b,))
-SumFn = Callable[[PyTree, tuple, tuple, jax.Array, float], tuple[PyTree, jax.Array]]
+#  mask (b,), C) -> (clipped sum: params' pytree, pre-clip norms (b,), per-example aux or None)
+SumFn = Callable[[PyTree, tuple, tuple, jax.Array, float], tuple[PyTree, jax.Array, Any]]
 
 
-def _vmap_sum_fn(loss_fn: Callable, batch_argnums: tuple[int, ...], keep_batch_dim: bool
-                 ) -> SumFn:
+def _vmap_sum_fn(loss_fn: Callable, batch_argnums: tuple[int, ...], keep_batch_dim: bool,
+                 has_aux: bool) -> SumFn:
   """Per-example gradients by `vmap(grad)`, clipped and summed by `dpsgd_clip_and_sum`."""
 
   def example_loss(params, batch_args, other_args):
@@ -46,9 +46,11 @@ def _vmap_sum_fn(loss_fn: Callable, batch_argnums: tuple[int, ...], keep_batch_d
     return loss_fn(params, *args)
 
   def sum_fn(params, batch_args, other_args, mask, l2_clip_norm):
-    grads = jax.vmap(jax.grad(example_loss), in_axes=(None, 0, None))(
-        params, batch_args, other_args)  # params' pytree, leaves (b, ...)
-    return dpsgd_mechanism.dpsgd_clip_and_sum(grads, mask, l2_clip_norm=l2_clip_norm)
+    out = jax.vmap(jax.grad(example_loss, has_aux=has_aux), in_axes=(None, 0, None))(
+        params, batch_args, other_args)  # params' pytree, leaves (b, ...) (and aux (b, ...))
+    grads, aux = out if has_aux else (out, None)
+    total, norms = dpsgd_mechanism.dpsgd_clip_and_sum(grads, mask, l2_clip_norm=l2_clip_norm)
+    return total, norms, aux
 
   return sum_fn
 
@@ -61,13 +63,16 @@ class ClippedGrad:
     l2_clip_norm: C, the bound of every example's gradient (L2 over the whole pytree).
     batch_argnums: positions in `args` (counting `params` as 0) of the batched arguments.
     microbatch_size: examples per `lax.map` step, or None for the whole batch at once.
-    return_norms: also return the (B,) pre-clip norms (diagnostics, not covered by ε).
+    has_aux: `loss_fn` returns (loss, aux); the call also returns aux, one row per example.
+    return_norms: also return the (B,) pre-clip norms.
+  Aux and norms are noiseless functions of the private batch: not covered by ε.
   """
 
   sum_fn: Callable
   l2_clip_norm: float
   batch_argnums: tuple[int, ...]
   microbatch_size: int | None = None
+  has_aux: bool = False
   return_norms: bool = False
 
   def sensitivity(self, relation: str) -> float:
@@ -83,8 +88,9 @@ class ClippedGrad:
     mask = jnp.ones((size,), bool) if mask is None else jnp.asarray(mask, bool)
     if mask.shape != (size,):
       raise ValueError(f"mask must have shape ({size},), got {mask.shape}")
-    total, norms = self._sum(params, batch_args, other_args, mask, size)
-    return (total, norms) if self.return_norms else total
+    total, norms, aux = self._sum(params, batch_args, other_args, mask, size)
+    out = (total,) + ((aux,) if self.has_aux else ()) + ((norms,) if self.return_norms else ())
+    return out if len(out) > 1 else total
 
   def _sum(self, params, batch_args, other_args, mask, size):
     m = self.microbatch_size
@@ -98,26 +104,31 @@ class ClippedGrad:
     def one(chunk):
       return self.sum_fn(params, chunk[0], other_args, chunk[1], self.l2_clip_norm)
 
-    sums, norms = jax.lax.map(one, chunks)  # leaves (b/m, ...), norms (b/m, m)
-    return jax.tree.map(lambda s: jnp.sum(s, axis=0), sums), norms.reshape(size)
+    sums, norms, aux = jax.lax.map(one, chunks)  # leaves (b/m, ...); norms, aux (b/m, m, ...)
+    unchunk = lambda v: v.reshape((size,) + v.shape[2:])  # noqa: E731
+    return (jax.tree.map(lambda s: jnp.sum(s, axis=0), sums), unchunk(norms),
+            jax.tree.map(unchunk, aux))
 
 
 def clipped_grad(loss_fn: Callable, *, l2_clip_norm: float,
                  batch_argnums: int | Sequence[int] = 1, keep_batch_dim: bool = True,
-                 microbatch_size: int | None = None, return_norms: bool = False,
-                 sum_fn: Callable | None = None) -> ClippedGrad:
+                 microbatch_size: int | None = None, has_aux: bool = False,
+                 return_norms: bool = False, sum_fn: Callable | None = None) -> ClippedGrad:
   """The clipped-sum gradient of `loss_fn` (module docstring).
 
   Args:
-    loss_fn: `loss_fn(params, *args) -> scalar`, the loss of a batch (of one example here).
+    loss_fn: `loss_fn(params, *args) -> scalar` (or (scalar, aux) with `has_aux`), the loss of
+      a batch (of one example here).
     l2_clip_norm: C > 0.
     batch_argnums: the positions (params = 0) of the arguments whose leading axis is the
       examples; the others are passed unchanged to every example.
     keep_batch_dim: pass each example as a batch of one ((1, ...)); False passes it unbatched.
     microbatch_size: examples per step of a `lax.map` over the batch (None: all at once).
-    return_norms: the call returns (sum, (B,) pre-clip norms) instead of the sum.
+    has_aux: the call returns (sum, aux) with aux per example ((B, ...) leaves, noiseless:
+      diagnostics, not covered by ε), as jax.grad's `has_aux`.
+    return_norms: the call also returns the (B,) pre-clip norms, last.
     sum_fn: a model-aware clipped sum `(params, batch_args, other_args, mask, C) -> (sum,
-      norms)` of the same sensitivity (e.g. ghost clipping), replacing `vmap(grad)`.
+      norms, aux or None)` of the same sensitivity (e.g. ghost clipping), replacing `vmap(grad)`.
 
   Returns:
     A `ClippedGrad`: call it inside `jit`; `.sensitivity(relation)` gives C or 2C.
@@ -128,6 +139,6 @@ def clipped_grad(loss_fn: Callable, *, l2_clip_norm: float,
     raise ValueError(f"batch_argnums must be positions >= 1 (0 is params), got {batch_argnums!r}")
   if microbatch_size is not None:
     validation.check_int("microbatch_size", microbatch_size, minimum=1)
-  return ClippedGrad(sum_fn or _vmap_sum_fn(loss_fn, argnums, keep_batch_dim),
+  return ClippedGrad(sum_fn or _vmap_sum_fn(loss_fn, argnums, keep_batch_dim, has_aux),
                      l2_clip_norm=l2_clip_norm, batch_argnums=argnums,
-                     microbatch_size=microbatch_size, return_norms=return_norms)
+                     microbatch_size=microbatch_size, has_aux=has_aux, return_norms=return_norms)
