@@ -7,10 +7,9 @@ every ε comes from `accounting.epsilon` over the `DpEvent` of the noise actuall
 chex, optax and dp_accounting, so it can be used on its own inside any JAX code: `clipped_grad`,
 `dpsgd_privatizer` (an optax transform) and `dpdfd_step` are DP-SGD and DPDFD for a user's own
 models and loop, each built from a frozen plan (`dpsgd_plan`, `dpdfd_plan`) that a
-`PlanAccountant` charges. `__all__` is the
-public API (each name has an entry with an example in docs/MECHANISMS.md); the submodules
-hold more (e.g. `dpsgd_mechanism.clip_per_example_gradients`, the sensitivities of
-`query_model_releases`).
+`PlanAccountant` charges. `__all__` is the public API (each name has an entry with an
+example in docs/MECHANISMS.md); the submodules hold more (e.g.
+`dpsgd_mechanism.clip_per_example_gradients`, the sensitivities of `query_model_releases`).
 """
 
 from dpkd_jax.privacy.accounting import (
