@@ -60,6 +60,8 @@ class ClippedGrad:
   """`clipped(params, *args, mask=None) -> clipped sum` (params' pytree, no batch axis).
 
   Attributes:
+    sum_fn: the clipped sum of one (micro)batch (`SumFn`): `vmap(grad)` + `dpsgd_clip_and_sum`,
+      or a model-aware one of the same sensitivity (ghost clipping).
     l2_clip_norm: C, the bound of every example's gradient (L2 over the whole pytree).
     batch_argnums: positions in `args` (counting `params` as 0) of the batched arguments.
     microbatch_size: examples per `lax.map` step, or None for the whole batch at once.
