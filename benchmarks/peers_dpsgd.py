@@ -77,7 +77,8 @@ GHOST = "ours DP-SGD ghost"
 
 def ours_epsilons(z: float, q: float, steps: int, delta: float = DELTA) -> dict[str, float]:
   """Our ε: PLD at the library's 1e-3 grid, PLD at jax-privacy's 1e-4 grid, and RDP."""
-  event = accounting.dpsgd_event(noise_multiplier=z, sampling_rate=q, steps=steps)
+  event = accounting.dpsgd_event(noise_multiplier=z, sampling_rate=q, steps=steps,
+                                 relation="add-remove")
   return {"ours_pld": accounting.epsilon(event, delta=delta),
           "ours_pld_1e-4": accounting.epsilon(event, delta=delta,
                                               value_discretization_interval=1e-4),

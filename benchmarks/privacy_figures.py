@@ -143,9 +143,9 @@ def grid_step() -> None:
       "SRR eps=1 n=1000 (exact lattice)": accounting.srr_event(epsilon_per_query=1.0,
                                                                 num_queries=1000),
       "DP-SGD q=0.01 z=1 T=10000, add/remove": accounting.dpsgd_event(
-          noise_multiplier=1.0, sampling_rate=0.01, steps=10_000),
+          noise_multiplier=1.0, sampling_rate=0.01, steps=10_000, relation="add-remove"),
       "DP-SGD q=0.0011 z=2.72 T=6089, add/remove": accounting.dpsgd_event(
-          noise_multiplier=2.72, sampling_rate=0.0011, steps=6089),
+          noise_multiplier=2.72, sampling_rate=0.0011, steps=6089, relation="add-remove"),
       "DP-SGD q=0.0011 z=2.72 T=6089, replace-one": accounting.dpsgd_event(
           noise_multiplier=2.72, sampling_rate=0.0011, steps=6089, relation="replace-one"),
       "DP-SGD q=256/60000 z=0.3 T=2344, replace-one": accounting.dpsgd_event(
@@ -174,7 +174,8 @@ def dpsgd_relations() -> None:
         noise_multiplier=z, sampling_rate=q, steps=steps, relation=relation), delta=DELTA)
            for relation in ("add-remove", "replace-one")]
     row.append(accounting.epsilon(accounting.dpsgd_event(
-        noise_multiplier=z, sampling_rate=q, steps=steps), delta=DELTA, accountant="rdp"))
+        noise_multiplier=z, sampling_rate=q, steps=steps,
+        relation="add-remove"), delta=DELTA, accountant="rdp"))
     print(f"| {q:.5f} | {z:g} | {steps} | " + " | ".join(f"{e:.3f}" for e in row) + " |")
   print()
 

@@ -223,7 +223,7 @@ def test_our_rr_epsilon_grows_with_number_of_queries(accountant):
     lambda t: accounting.laplace_counts_event(epsilon_per_round=0.2, rounds=t),
     lambda t: accounting.rona_event(noise_multiplier=20.0, num_queries=t),
     lambda t: accounting.dpsgd_event(noise_multiplier=1.1, sampling_rate=0.01,
-                                     steps=t),
+                                     steps=t, relation="add-remove"),
 ])
 def test_composition_grows_with_steps(make_event):
   eps = [accounting.epsilon(make_event(t), delta=DELTA) for t in (10, 20)]
@@ -260,7 +260,7 @@ def test_rona_event_and_query_count():
 @pytest.mark.parametrize("event", [
     accounting.dpdfd_event(noise_multiplier=0.0, batch_size=8, steps=3),
     accounting.rona_event(noise_multiplier=0.0, num_queries=1),
-    accounting.dpsgd_event(noise_multiplier=0.0, sampling_rate=0.1, steps=2),
+    accounting.dpsgd_event(noise_multiplier=0.0, sampling_rate=0.1, steps=2, relation="add-remove"),
     dp_event.ComposedDpEvent([
         dp_event.NonPrivateDpEvent(),
         accounting.srr_event(epsilon_per_query=1.0, num_queries=2)]),
@@ -301,7 +301,8 @@ def test_rr_composes_with_gaussian(accountant):
 @pytest.mark.parametrize("accountant", ["pld", "rdp"])
 def test_rr_with_poisson_sampling_is_rejected(accountant):
   mixed = dp_event.ComposedDpEvent([
-      accounting.dpsgd_event(noise_multiplier=1.0, sampling_rate=0.1, steps=3),
+      accounting.dpsgd_event(noise_multiplier=1.0, sampling_rate=0.1, steps=3,
+                             relation="add-remove"),
       accounting.srr_event(epsilon_per_query=1.0, num_queries=2)])
   with pytest.raises(ValueError, match="neighbouring relations"):
     accounting.epsilon(mixed, delta=DELTA, accountant=accountant)
@@ -327,9 +328,9 @@ def test_rr_with_poisson_sampling_is_rejected(accountant):
     (lambda: accounting.laplace_counts_event(epsilon_per_round=-1.0, rounds=1),
      "epsilon_per_round"),
     (lambda: accounting.dpsgd_event(noise_multiplier=1.0, sampling_rate=0.0,
-                                    steps=1), "sampling_rate"),
+                                    steps=1, relation="add-remove"), "sampling_rate"),
     (lambda: accounting.dpsgd_event(noise_multiplier=1.0, sampling_rate=1.5,
-                                    steps=1), "sampling_rate"),
+                                    steps=1, relation="add-remove"), "sampling_rate"),
     (lambda: accounting.epsilon(dp_event.NoOpDpEvent(), delta=0.0), "delta"),
     (lambda: accounting.epsilon(dp_event.NoOpDpEvent(), delta=1.0), "delta"),
     (lambda: accounting.epsilon(dp_event.NoOpDpEvent(), delta=DELTA,

@@ -74,7 +74,8 @@ def test_rr_entries_grow_epsilon_with_count():
     dp_event.RandomizedResponseDpEvent(noise_parameter=0.3, num_buckets=7),
     dp_event.NoOpDpEvent(),
     dp_event.NonPrivateDpEvent(),
-    accounting.dpsgd_event(noise_multiplier=1.1, sampling_rate=0.01, steps=9),
+    accounting.dpsgd_event(noise_multiplier=1.1, sampling_rate=0.01, steps=9,
+                           relation="add-remove"),
     accounting.dpsgd_event(noise_multiplier=1.1, sampling_rate=0.01, steps=9,
                            relation=accounting.REPLACE_ONE),
     dp_event.ComposedDpEvent([
@@ -201,7 +202,8 @@ def test_ledger_keeps_one_neighbouring_relation(tmp_path):
   assert ledger.relation is None
   ledger.record(STEP_EVENT, step=1)
   assert ledger.relation == accounting.REPLACE_ONE
-  add_remove = accounting.dpsgd_event(noise_multiplier=1.0, sampling_rate=0.01, steps=5)
+  add_remove = accounting.dpsgd_event(noise_multiplier=1.0, sampling_rate=0.01, steps=5,
+                                      relation="add-remove")
   for call in (lambda: ledger.check(add_remove), lambda: ledger.record(add_remove, step=2)):
     with pytest.raises(ValueError, match="replace-one relation"):
       call()
@@ -237,7 +239,8 @@ def test_version_1_ledgers_still_load_and_get_their_relation():
   loaded = ledger_lib.PrivacyLedger.from_json(json.dumps(old))
   assert loaded.relation == accounting.ADD_REMOVE
   assert loaded.spent_epsilon() == pytest.approx(accounting.epsilon(accounting.dpsgd_event(
-      noise_multiplier=1.1, sampling_rate=0.01, steps=9), delta=DELTA), rel=1e-12)
+      noise_multiplier=1.1, sampling_rate=0.01, steps=9,
+      relation="add-remove"), delta=DELTA), rel=1e-12)
   old["relation"] = accounting.REPLACE_ONE  # a relation that its events contradict
   with pytest.raises(ValueError, match="altered"):
     ledger_lib.PrivacyLedger.from_json(json.dumps(old))

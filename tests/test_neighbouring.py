@@ -35,7 +35,9 @@ def test_every_builder_is_tagged_with_its_relation():
     assert isinstance(event, accounting.TaggedDpEvent), name
     assert accounting.relation_of(event) == REPLACE, name
   assert accounting.relation_of(accounting.dpsgd_event(
-      noise_multiplier=1.0, sampling_rate=0.1, steps=2)) == ADD_REMOVE  # the default
+      noise_multiplier=1.0, sampling_rate=0.1, steps=2, relation="add-remove")) == ADD_REMOVE
+  with pytest.raises(TypeError):  # no default relation: the caller names it
+    accounting.dpsgd_event(noise_multiplier=1.0, sampling_rate=0.1, steps=2)
   assert accounting.relation_of(_dpsgd(REPLACE)) == REPLACE
   # Still a SelfComposedDpEvent: .event / .count read as before, and dp_accounting's own
   # accountants accept it.

@@ -48,7 +48,8 @@ def test_rdp_equals_direct_dp_accounting(z, q, steps):
   direct = rdp_privacy_accountant.RdpAccountant(neighboring_relation=_ADD_REMOVE)
   direct.compose(_subsampled_gaussian(z, q), steps)
   ours = accounting.epsilon(accounting.dpsgd_event(noise_multiplier=z, sampling_rate=q,
-                                                   steps=steps), delta=DELTA, accountant="rdp")
+                                                   steps=steps, relation="add-remove"),
+                            delta=DELTA, accountant="rdp")
   np.testing.assert_allclose(ours, direct.get_epsilon(DELTA), rtol=1e-9)
 
 
@@ -60,7 +61,7 @@ def test_pld_equals_direct_dp_accounting(z, q, steps, interval):
                                                 value_discretization_interval=interval)
   direct.compose(_subsampled_gaussian(z, q), steps)
   ours = accounting.epsilon(accounting.dpsgd_event(noise_multiplier=z, sampling_rate=q,
-                                                   steps=steps),
+                                                   steps=steps, relation="add-remove"),
                             delta=DELTA, value_discretization_interval=interval)
   np.testing.assert_allclose(ours, direct.get_epsilon(DELTA), rtol=1e-9)
 
@@ -80,7 +81,8 @@ def test_full_batch_matches_analytic_gaussian(z, steps):
   """q = 1: T Gaussians of std z are one of std z/sqrt(T), whose exact ε is known. PLD is
   pessimistic by its grid (<= 2 % at 1e-3 here); RDP is a valid, looser upper bound."""
   exact = _exact_gaussian_epsilon(z / math.sqrt(steps), DELTA)
-  event = accounting.dpsgd_event(noise_multiplier=z, sampling_rate=1.0, steps=steps)
+  event = accounting.dpsgd_event(noise_multiplier=z, sampling_rate=1.0, steps=steps,
+                                 relation="add-remove")
   pld = accounting.epsilon(event, delta=DELTA)
   rdp = accounting.epsilon(event, delta=DELTA, accountant="rdp")
   assert exact * (1 - 1e-9) <= pld <= exact * 1.02, (pld, exact)
@@ -111,7 +113,8 @@ def test_rdp_is_sound_against_quadrature(z, q, steps):
   exact_eps, _ = rdp_privacy_accountant.compute_epsilon(
       orders, steps * _quadrature_rdp(z, q, orders), DELTA)
   ours = accounting.epsilon(accounting.dpsgd_event(noise_multiplier=z, sampling_rate=q,
-                                                   steps=steps), delta=DELTA, accountant="rdp")
+                                                   steps=steps, relation="add-remove"),
+                            delta=DELTA, accountant="rdp")
   assert exact_eps * (1 - 1e-6) <= ours <= exact_eps * 1.05, (ours, exact_eps)
 
 

@@ -161,7 +161,8 @@ def test_noise_too_small_for_any_grid_falls_back_to_a_sound_closed_form():
 
 
 def test_explicit_interval_is_used_as_given():
-  event = accounting.dpsgd_event(noise_multiplier=2.72, sampling_rate=0.0011, steps=6089)
+  event = accounting.dpsgd_event(noise_multiplier=2.72, sampling_rate=0.0011, steps=6089,
+                                 relation="add-remove")
   for interval in (1e-3, 1e-2):
     assert accounting.epsilon(event, delta=DELTA, value_discretization_interval=interval) == (
         pytest.approx(_direct_dpsgd(0.0011, 2.72, 6089, accounting.ADD_REMOVE, interval),

@@ -44,6 +44,7 @@ from flax import nnx, traverse_util
 
 from dpkd_jax.errors import UserError
 from dpkd_jax.models import example_mixing, ghost_taps
+from dpkd_jax.privacy import clipped_sums
 from dpkd_jax.privacy import ghost_clipping, validation
 
 PyTree = Any
@@ -108,11 +109,12 @@ def classify(graphdef: nnx.GraphDef, params: PyTree,
 
 
 def _forward(recorder: ghost_taps.Recorder, graphdef: nnx.GraphDef, params: PyTree,
-             batch_stats: PyTree, x: jax.Array, *, tapped: tuple[set, set], train: bool) -> Any:
-  """The whole batch's forward pass through the taps."""
+             batch_stats: PyTree, x: jax.Array, *, tapped: tuple[set, set],
+             train: bool | None) -> Any:
+  """The whole batch's forward pass through the taps (`train=None`: a model called `m(x)`)."""
   module = nnx.merge(graphdef, params, batch_stats)
   recorder.install(module, *tapped)
-  return module(x, train=train)
+  return module(x) if train is None else module(x, train=train)
 
 
 def _abstract(tree: PyTree) -> PyTree:
@@ -266,7 +268,7 @@ def _affine_grads(small_paths: list[Path], inputs: dict, grads: dict) -> dict[Pa
 def ghost_clipped_sum(graphdef: nnx.GraphDef, params: PyTree, batch_stats: PyTree,
                       x: jax.Array, targets: PyTree, mask: jax.Array, *,
                       loss_fn: Callable[[Any, Any], jax.Array], l2_clip_norm: float,
-                      train: bool = True, allow_gram: bool = True) -> GhostOutputs:
+                      train: bool | None = True, allow_gram: bool = True) -> GhostOutputs:
   """Σ_i mask_i clip_C(∇θ loss_i) and the (B,) norms, by ghost norms and book-keeping.
 
   Equal to float rounding to `dpsgd_clip_and_sum(vmap(grad(loss_i)), mask, l2_clip_norm=C)`,
@@ -285,7 +287,8 @@ def ghost_clipped_sum(graphdef: nnx.GraphDef, params: PyTree, batch_stats: PyTre
       logits, (F,) features, hint). It is `vmap`ped over the batch's outputs.
     l2_clip_norm: C > 0 (may be traced).
     train: passed to the model (GroupNorm and no-norm models do not depend on it; BatchNorm
-      is only accepted with train=False, when it uses its running averages).
+      is only accepted with train=False, when it uses its running averages); None calls a
+      model without a `train` argument as `model(x)`.
     allow_gram: False never uses the Gram (ghost-norm) form, whose rounding grows with
       cancellation (`privacy.ghost_clipping`): layers that would use it materialise their
       (B, layer) per-example gradients instead.
@@ -334,3 +337,40 @@ def ghost_clip_and_sum(graphdef: nnx.GraphDef, params: PyTree, batch_stats: PyTr
   out = ghost_clipped_sum(graphdef, params, batch_stats, x, targets, mask, loss_fn=loss_fn,
                           l2_clip_norm=l2_clip_norm, allow_gram=allow_gram)
   return out.clipped_sum, out.norms
+
+
+def clipped_grad(graphdef: nnx.GraphDef, *, loss_fn: Callable[[Any, Any], jax.Array],
+                 l2_clip_norm: float, batch_stats: PyTree | None = None,
+                 train: bool | None = None, microbatch_size: int | None = None,
+                 has_aux: bool = False, return_norms: bool = False
+                 ) -> clipped_sums.ClippedGrad:
+  """`privacy.clipped_grad` by ghost clipping: `clipped(params, x, targets, mask=None)`.
+
+  The same clipped sum (to float rounding) and sensitivity (C add-remove, 2C replace-one) as
+  the `vmap` path, without the (B, num_params) per-example gradients, for any nnx model this
+  module accepts (Linear, Conv and per-channel norm layers, no example mixing: module
+  docstring). The Gram form is never used (`allow_gram=False`, as DP-SGD's step).
+
+  Args:
+    graphdef: from `nnx.split(model, nnx.Param, ...)`; `params` are the pure dict of its Param
+      state (`nnx.to_pure_dict`, as `core.split` gives them); batch_stats: the rest ({}).
+    loss_fn: (one example's model output (no batch axis), its target) -> scalar.
+    l2_clip_norm, microbatch_size, return_norms: as `privacy.clipped_grad`.
+    train: the model's `train` argument, or None for a model called as `model(x)`.
+    has_aux: the call also returns (losses (B,), the model's outputs, one row per example):
+      noiseless, not covered by ε.
+
+  Returns:
+    A `privacy.ClippedGrad` (its `.sensitivity(relation)` is C or 2C).
+  """
+  stats = {} if batch_stats is None else batch_stats
+
+  def sum_fn(params, batch_args, other_args, mask, clip_norm):
+    del other_args  # the call's only arguments are x and targets, both batched
+    out = ghost_clipped_sum(graphdef, params, stats, *batch_args, mask, loss_fn=loss_fn,
+                            l2_clip_norm=clip_norm, train=train, allow_gram=False)
+    return out.clipped_sum, out.norms, (out.losses, out.outputs) if has_aux else None
+
+  return clipped_sums.clipped_grad(None, l2_clip_norm=l2_clip_norm, batch_argnums=(1, 2),
+                                       microbatch_size=microbatch_size, has_aux=has_aux,
+                                       return_norms=return_norms, sum_fn=sum_fn)

@@ -4,9 +4,9 @@ Conventions (read them before adding a builder):
 
 * Every builder returns a `TaggedDpEvent` (`neighbouring.py`): a `SelfComposedDpEvent` that
   also names the neighbouring relation its sensitivity was derived under. All of them are
-  replace-one except `dpsgd_event`, which takes the relation as an argument. Trees whose
-  parts disagree are refused by `epsilon` (and by the ledger): a replace-one ε composed with
-  an add/remove one is neither.
+  replace-one except `dpsgd_event`, which requires the relation as an argument (no default).
+  Trees whose parts disagree are refused by `epsilon` (and by the ledger): a replace-one ε
+  composed with an add/remove one is neither.
 * The `noise_multiplier` of every non-subsampled Gaussian/Laplace event built here is the
   noise std (Laplace scale) divided by the distance between the released query values on
   two neighbouring datasets (L2 for Gaussian, L1 for Laplace), under the event's relation.
@@ -247,13 +247,13 @@ def rona_num_queries(*, hint_epochs: int, distillation_epochs: int,
 
 
 def dpsgd_event(*, noise_multiplier: float, sampling_rate: float, steps: int,
-                relation: str = ADD_REMOVE) -> dp_event.DpEvent:
+                relation: str) -> dp_event.DpEvent:
   """DP-SGD: Poisson rate q, per-example clip C, noise N(0, z²C²), T steps.
 
-  Relation (say which: the two figures differ, e.g. 1.10 vs 1.76 for q = 256/60000, z = 1,
-  T = 2344):
-  * `ADD_REMOVE` (default, the DP-SGD literature's and Opacus' figure): a record joins or
-    leaves the Poisson sample; the clipped sum moves by <= C.
+  Relation (required, no default: the two figures differ, e.g. 1.10 vs 1.76 for
+  q = 256/60000, z = 1, T = 2344):
+  * `ADD_REMOVE` (the DP-SGD literature's and Opacus' figure): a record joins or leaves the
+    Poisson sample; the clipped sum moves by <= C.
   * `REPLACE_ONE` (the relation of every other method here, so of the comparison tables):
     the record in one sample slot changes; its clipped gradient moves from g to g',
     ||g − g'|| <= 2C, and the worst case is the mixture pair (1 − q)N(0) + qN(∓C)

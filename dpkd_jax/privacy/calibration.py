@@ -5,8 +5,16 @@ Both searches go through `dp_accounting.mechanism_calibration.calibrate_dp_mecha
 A cheap geometric bracket is found first (with RDP where dp-accounting has it: not for Poisson
 sampling under replace-one), so the PLD evaluations stay few; each of them is bounded in time
 and memory anyway (`pld_grid`), and pure-Gaussian events are closed forms.
+
+The RDP bracket evaluates fractional orders far from the answer, where dp_accounting's series
+for a large sampling rate stops after 1000 terms and logs (absl) that it "failed to converge",
+then leaves that order out: the bracket stays a valid upper bound, so inside the searches those
+lines are dropped (`_quiet_rdp`); a user's own `epsilon(..., accountant="rdp")` still logs them.
 """
 
+import contextlib
+import functools
+import logging
 from typing import Callable
 
 from dp_accounting import dp_event
@@ -26,6 +34,33 @@ def _has_rdp(event: dp_event.DpEvent, delta: float) -> bool:
   except ValueError:
     return False
   return True
+
+
+class _DropNonConvergence(logging.Filter):
+  def filter(self, record: logging.LogRecord) -> bool:
+    return "failed to converge" not in record.getMessage()
+
+
+@contextlib.contextmanager
+def _quiet_rdp_logs():
+  """Drops the RDP series' "failed to converge" lines of absl's logger while inside."""
+  absl_logger, drop = logging.getLogger("absl"), _DropNonConvergence()
+  absl_logger.addFilter(drop)
+  try:
+    yield
+  finally:
+    absl_logger.removeFilter(drop)
+
+
+def _quiet_rdp(search: Callable) -> Callable:
+  """`search` with `_quiet_rdp_logs` around it (module docstring)."""
+
+  @functools.wraps(search)
+  def quiet(*args, **kwargs):
+    with _quiet_rdp_logs():
+      return search(*args, **kwargs)
+
+  return quiet
 
 
 class _EventTreeAccountant(privacy_accountant.PrivacyAccountant):
@@ -80,6 +115,7 @@ def _bracket_noise(eps_of: Callable[[float], float], target: float,
                          f"ε={eps_of(hi)}; give a larger target_epsilon")
 
 
+@_quiet_rdp
 def calibrate_noise_multiplier(
     make_event: Callable[[float], dp_event.DpEvent], *, target_epsilon: float,
     delta: float, accountant: accounting.AccountantName = "pld",
@@ -122,6 +158,7 @@ def calibrate_noise_multiplier(
       tol=relative_tolerance * hi))
 
 
+@_quiet_rdp
 def calibrate_steps(
     make_event: Callable[[int], dp_event.DpEvent], *, target_epsilon: float,
     delta: float, max_steps: int, accountant: accounting.AccountantName = "pld",

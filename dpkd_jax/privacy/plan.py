@@ -24,8 +24,10 @@ from typing import Any
 
 from dp_accounting import dp_event
 
+from dpkd_jax.privacy import accounting
 from dpkd_jax.privacy import ledger as ledger_lib
 from dpkd_jax.privacy import neighbouring
+from dpkd_jax.privacy import validation
 
 ACCOUNTINGS = ("sound", "paper")
 
@@ -85,6 +87,36 @@ class Plan:
     out = dataclasses.asdict(self)
     out["plan"] = type(self).__name__
     return out
+
+
+class PlanAccountant:
+  """The releases a user's loop has made under a plan, and their ε: the plan's `event(n)`.
+
+  `step()` after each release (DP-SGD step, DPDFD step); it refuses to pass the plan's
+  `releases`, the count its noise was calibrated for. `epsilon()` is at the plan's δ.
+  """
+
+  def __init__(self, plan: Plan):
+    self.plan, self.steps = plan, 0
+
+  def step(self, count: int = 1) -> None:
+    """Counts `count` more releases; raises `BudgetExceededError` past the plan's."""
+    count = validation.check_int("count", count, minimum=0)
+    if self.steps + count > self.plan.releases:
+      raise ledger_lib.BudgetExceededError(
+          f"the plan allows {self.plan.releases} releases; {self.steps + count} would exceed it")
+    self.steps += count
+
+  def event(self, *, relation: str | None = None) -> dp_event.DpEvent:
+    """The event of the releases so far, under the plan's relation unless `relation` is given
+    (only plans whose events exist under both relations, e.g. DP-SGD's, accept it)."""
+    if relation is None:
+      return self.plan.event(self.steps)
+    return self.plan.event(self.steps, relation=relation)
+
+  def epsilon(self, *, relation: str | None = None) -> float:
+    """ε at the plan's δ of the releases so far (0 before the first)."""
+    return accounting.epsilon(self.event(relation=relation), delta=self.plan.delta)
 
 
 def budget(*, target_epsilon: float | None, accounting: str, sound_epsilon: float) -> float | None:

@@ -36,6 +36,7 @@ from dpkd_jax.methods.dpdfd import config as config_lib
 from dpkd_jax.methods.dpdfd import privacy
 from dpkd_jax.methods.dpdfd import step as step_lib
 from dpkd_jax.models import core
+from dpkd_jax.privacy import dpdfd_update
 from dpkd_jax.privacy import paper_accounting
 from dpkd_jax.privacy import seeds
 from dpkd_jax.train import evaluate
@@ -69,7 +70,7 @@ def build_direct_step(plan: privacy.DirectPlan, config: config_lib.DirectConfig)
     row_ce = lambda s, y: optax.softmax_cross_entropy_with_integer_labels(s, y)  # noqa: E731
     grads = jax.vmap(jax.grad(row_ce))(logits, labels)
     release = step_lib.release_rows(plan, key, grads)  # A_{C,σ}, the plan's σ
-    target = jax.lax.stop_gradient(logits - config.gamma * release.noisy)
+    target = dpdfd_update.dpdfd_student_target(logits, release.noisy, config.gamma)
     weights = mask.astype(jnp.float32)
     row_weights = weights / jnp.maximum(weights.sum(), 1.0)  # (M,)
 

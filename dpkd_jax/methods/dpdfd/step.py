@@ -27,6 +27,7 @@ from __future__ import annotations
 
 from typing import Any, NamedTuple
 
+import chex
 import flax.struct
 import jax
 import jax.numpy as jnp
@@ -39,6 +40,7 @@ from dpkd_jax.methods.dpdfd import probes as probes_lib
 from dpkd_jax.methods.dpdfd import replay as replay_lib
 from dpkd_jax.models import core
 from dpkd_jax.models import generators
+from dpkd_jax.privacy import dpdfd_update
 from dpkd_jax.privacy import mechanisms
 from dpkd_jax.train.state import TrainState
 
@@ -164,12 +166,9 @@ def private_output_gradients(plan: privacy.DPDFDPlan, key: jax.Array,
 def student_loss_rows(kind: str, logits: jax.Array, target: jax.Array) -> jax.Array:
   """L_S per row, (B,): CE(logits, softmax(target)), 0.5||logits - target||² or the L1
   distance ||logits - target||₁ (DFME's student loss: its gradient, sign(γ g~), is the sign of
-  the released row, whatever the row's size)."""
-  if kind == "ce":
-    return losses.soft_cross_entropy(logits, jax.nn.softmax(target))
-  if kind == "l1":
-    return jnp.sum(jnp.abs(logits - target), axis=-1)
-  return 0.5 * jnp.sum(jnp.square(logits - target), axis=-1)
+  the released row, whatever the row's size). The public `privacy.dpdfd_update` function."""
+  chex.assert_rank([logits, target], 2)
+  return dpdfd_update.student_loss_rows(kind, logits, target)
 
 
 def student_loss(config: config_lib.DPDFDConfig, logits: jax.Array,
@@ -261,7 +260,7 @@ def _generator_grad(config: config_lib.DPDFDConfig, stu: TrainState, target: jax
     div_loss, d_div = _diversity_grad(config, stu, jax.lax.stop_gradient(x))
     terms["diversity"] = div_loss
     g_loss, d_images = g_loss + div_loss, d_images + d_div
-  released_targets = jax.lax.stop_gradient(s_queries - config.gamma * noisy)
+  released_targets = dpdfd_update.dpdfd_student_target(s_queries, noisy, config.gamma)
   if config.released_balance_weight:  # class balance as the release shows it
     entropy, d_entropy = probes_lib.released_balance_ascent(released_targets, directions,
                                                             step=config.probe_step)
@@ -348,7 +347,7 @@ def build_train_step(plan: privacy.DPDFDPlan, config: config_lib.DPDFDConfig,
     # 4. The only private release: bounded rows + Gaussian noise, R = B·(1 + m) rows at once.
     release = private_output_gradients(plan, noise_key, grads)
     noisy = release.noisy[:plan.batch_size]
-    target = jax.lax.stop_gradient(s_logits - config.gamma * noisy)
+    target = dpdfd_update.dpdfd_student_target(s_logits, noisy, config.gamma)
 
     # 5a. Student update on (x, y_s) and the replayed pairs: L_S's gradient w.r.t. the
     # logits, pulled back.
