@@ -35,8 +35,9 @@ _TORCHVISION_LAYERS = _TWIN_LAYERS | {"AdaptiveAvgPool2d", "ReLU6"}
 StateDict = "collections.OrderedDict[str, np.ndarray]"
 
 
-def _first_line(error: Exception) -> str:
-  return f"{type(error).__name__}: {(str(error).strip().splitlines() or [''])[0][:200]}"
+def _first_line(error: Exception, lines: int = 1) -> str:
+  text = " ".join(line.strip() for line in str(error).strip().splitlines()[:lines])
+  return f"{type(error).__name__}: {text[:240]}"
 
 
 def _arrays(loaded: dict[str, Any]) -> StateDict:
@@ -177,8 +178,8 @@ def _built(path: str, twin: bool, builder: str, kwargs: dict[str, Any]):
   try:
     missing, unexpected = model.load_state_dict(tensors, strict=False)
   except Exception as error:  # pylint: disable=broad-except
-    raise errors.UserError(f"--checkpoint: the state_dict does not load into {builder}"
-                           f"(**{kwargs}) ({_first_line(error)})") from error
+    raise errors.UserError(f"--checkpoint: the state_dict does not fit {builder}(**{kwargs}) "
+                           f"({_first_line(error, lines=2)})") from error
   missing = [k for k in missing if not k.endswith("num_batches_tracked")]
   if missing or unexpected:
     raise errors.UserError(f"--checkpoint: the state_dict does not fit {builder}(**{kwargs}): "
