@@ -17,6 +17,7 @@ from dpkd_jax.data.sources import DATA_DIR_ENV_VAR
 from dpkd_jax.data.sources import DataNotFoundError
 from dpkd_jax.data.sources import DATASETS
 from dpkd_jax.data.sources import load
+from dpkd_jax.data.sources import PREPROCESSING
 from dpkd_jax.data.splits import partition
 from dpkd_jax.data.splits import private_public_split
 from dpkd_jax.data.splits import shard_dataset
@@ -29,6 +30,7 @@ __all__ = [
     "DATASETS",
     "DATA_DIR_ENV_VAR",
     "DataNotFoundError",
+    "PREPROCESSING",
     "DatasetInfo",
     "FeatureDataset",
     "augment",
