@@ -171,8 +171,10 @@ def _built(path: str, twin: bool, builder: str, kwargs: dict[str, Any]):
     build = getattr(importlib.import_module(module_name), attribute)
     model = build(**kwargs)
   except Exception as error:  # pylint: disable=broad-except
+    hint = ("; torch and torchvision come from different indexes: docs/TEACHERS.md, "
+            "Commands" if "torchvision::" in str(error) else "")
     raise errors.UserError(f"--torch_module: cannot build {builder}(**{kwargs}) "
-                           f"({_first_line(error)})") from error
+                           f"({_first_line(error)}){hint}") from error
   tensors = {k[len("module."):] if k.startswith("module.") else k: v
              for k, v in _state_dict_tensors(path).items()}
   try:
