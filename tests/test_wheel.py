@@ -4,7 +4,7 @@
 Built from a copy of the tracked files with `pip wheel --no-build-isolation` (the setuptools
 already installed: no network), which runs the same setuptools build as `python -m build`.
 Installing it into a fresh virtualenv and importing it from outside the clone is
-`docs/INSTALL.md`'s "Check a wheel" (too slow for the suite: it installs every dependency).
+`.ci/check_wheel` (too slow for the suite: it installs every dependency).
 """
 
 import pathlib
