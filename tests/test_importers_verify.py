@@ -2,17 +2,23 @@
 small_cnn's shapes but which computes something else (SiLU, adaptive average pooling, dropout)
 is refused with one line and nothing written; the runnable formats (torch.export program,
 TorchScript, a state_dict with the code that builds it) import with the measured difference on
-the card; a bare state_dict imports only with --unverified_state_dict. Skipped without PyTorch."""
+the card (torchvision's ResNet-18 too); a bare state_dict imports only with
+--unverified_state_dict. Skipped without PyTorch."""
 
 import json
 import os
 
+import numpy as np
 import pytest
 
 torch = pytest.importorskip("torch")
 nn = torch.nn
 
 # pylint: disable=wrong-import-position
+from dpkd_jax import data
+from dpkd_jax.importers import common
+from dpkd_jax.importers import torch as torch_importer
+from dpkd_jax.importers import verify
 from experiments import teacher as teacher_cli
 from torch_fixtures import randomise_batch_norms
 from torch_fixtures import small_cnn_lookalike
@@ -93,3 +99,18 @@ def test_torch_module_errors_are_one_line(tmp_path, capsys):
   assert "does not fit torch_fixtures:small_cnn_twin" in err
   err = _refusal(capsys, path, str(tmp_path / "w"), "--torch_module_kwargs=[1]")
   assert "expected a JSON object" in err
+
+
+def test_a_torchvision_program_imports_and_checks(tv_models, tmp_path):
+  """torchvision's ResNet-18 saved as a torch.export program: names mapped, then checked."""
+  info = data.DATASETS["cifar10"]
+  torch.manual_seed(0)
+  model = randomise_batch_norms(tv_models.resnet18(num_classes=10))
+  torch.export.save(torch.export.export(model, (torch.zeros(2, 3, 32, 32),)), tmp_path / "r.pt2")
+  converted = torch_importer.convert(str(tmp_path / "r.pt2"), "resnet18", info)
+  assert converted.reference.kind == "torch.export program"
+  assert converted.reference.unrepresented == ()
+  parts = common.assemble(converted, info)
+  pixels = verify.check_pixels(np.zeros((0, 32, 32, 3), np.uint8), info)[:5]  # batch 2: chunks
+  measured = verify.compare(converted.reference, parts, pixels, info, info.mean, info.std)
+  assert measured["max_relative_logit_difference"] < 1e-5 and measured["argmax_agreement"] == 1.0
