@@ -76,8 +76,7 @@ def compare(reference: Reference, parts: core.ModelParts, pixels: np.ndarray,
   difference = float(np.abs(got - want).max()) / (scale if scale > 0 else 1.0)
   return {"max_relative_logit_difference": difference,
           "argmax_agreement": float(np.mean(got.argmax(-1) == want.argmax(-1))),
-          "num_inputs": int(len(pixels)),
-          "num_dataset_inputs": int(len(pixels) - NUM_RANDOM_INPUTS)}
+          "num_inputs": int(len(pixels))}
 
 
 def _significant(value: float) -> float:
@@ -101,13 +100,16 @@ def check(reference: Reference | None, parts: core.ModelParts, test_images: np.n
     unverified: without a reference, why it cannot be checked; None refuses the import.
 
   Raises:
-    errors.UserError: no reference and no `unverified` consent, or logits beyond `tolerance`.
+    errors.UserError: logits beyond `tolerance` (or of another shape than the teacher's).
+    RuntimeError: no reference and no `unverified` reason (the caller refuses such an import
+      unless the user consented: `run.import_teacher`).
   """
   if reference is None:
     if unverified is None:
       raise RuntimeError("a converter without a reference must say why")
     return {"verified": False, "reason": unverified}
   measured = compare(reference, parts, check_pixels(test_images, info), info, *teacher_norm)
+  measured["num_dataset_inputs"] = min(len(test_images), NUM_DATASET_INPUTS)
   difference = measured["max_relative_logit_difference"]
   if not difference <= tolerance:  # NaN refuses too
     layers = (f"; source layers {model} has no counterpart for: "
