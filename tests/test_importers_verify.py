@@ -27,7 +27,9 @@ from torch_fixtures import small_cnn_twin
 pytestmark = pytest.mark.filterwarnings("ignore:`torch.jit:DeprecationWarning")
 
 
-def _save(model, path, kind):
+def _save(model, folder, kind):
+  """`model` saved as `kind` in `folder`, under the file name PyTorch expects for it."""
+  path = folder / {"export": "m.pt2", "torchscript": "m.ts.pt", "state_dict": "m.pt"}[kind]
   model = model.eval()
   if kind == "export":
     torch.export.save(torch.export.export(model, (torch.zeros(4, 1, 28, 28),)), path)
@@ -58,7 +60,7 @@ def _refusal(capsys, checkpoint, workdir, *flags):
 @pytest.mark.parametrize("kind", ["export", "torchscript"])
 def test_a_lookalike_is_refused_naming_the_difference(kind, tmp_path, capsys):
   torch.manual_seed(0)
-  path = _save(small_cnn_lookalike(), tmp_path / "m.bin", kind)
+  path = _save(small_cnn_lookalike(), tmp_path, kind)
   err = _refusal(capsys, path, str(tmp_path / "w"))
   assert "does not compute what the" in err and "largest relative logit difference" in err
   assert "no counterpart for: SiLU, AdaptiveAvgPool2d" in err
@@ -66,7 +68,7 @@ def test_a_lookalike_is_refused_naming_the_difference(kind, tmp_path, capsys):
 
 def test_a_lookalike_state_dict_is_refused_unless_unverified(tmp_path, capsys):
   torch.manual_seed(0)
-  path = _save(small_cnn_lookalike(), tmp_path / "m.pt", "state_dict")
+  path = _save(small_cnn_lookalike(), tmp_path, "state_dict")
   err = _refusal(capsys, path, str(tmp_path / "w"))
   assert "is a bare state_dict" in err and "--unverified_state_dict" in err
   err = _refusal(capsys, path, str(tmp_path / "w"), "--torch_module=torch_fixtures:"
@@ -83,7 +85,7 @@ def test_a_lookalike_state_dict_is_refused_unless_unverified(tmp_path, capsys):
     ids=["export", "torchscript", "torch_module"])
 def test_a_twin_imports_with_the_difference_on_its_card(kind, flags, tmp_path, capsys):
   torch.manual_seed(1)
-  path = _save(randomise_batch_norms(small_cnn_twin(batch_norm=True)), tmp_path / "m.bin", kind)
+  path = _save(randomise_batch_norms(small_cnn_twin(batch_norm=True)), tmp_path, kind)
   check = _import(path, str(tmp_path / "w"), *flags)["check"]
   assert check["verified"] and check["max_relative_logit_difference"] < 1e-5
   assert check["argmax_agreement"] == 1.0 and check["tolerance"] == 1e-4
@@ -91,7 +93,7 @@ def test_a_twin_imports_with_the_difference_on_its_card(kind, flags, tmp_path, c
 
 
 def test_torch_module_errors_are_one_line(tmp_path, capsys):
-  path = _save(small_cnn_twin(batch_norm=False), tmp_path / "m.pt", "state_dict")
+  path = _save(small_cnn_twin(batch_norm=False), tmp_path, "state_dict")
   err = _refusal(capsys, path, str(tmp_path / "w"), "--torch_module=torch_fixtures:nope")
   assert "--torch_module: cannot build torch_fixtures:nope" in err
   err = _refusal(capsys, path, str(tmp_path / "w"), "--torch_module=torch_fixtures:small_cnn_twin",
