@@ -4,7 +4,7 @@ Every reported run is one JSON record in docs/results/ (schema: dpkd_jax/train/r
 
   render            regenerates every marked table of the generated docs (DOCS: docs/RESULTS.md,
                     docs/SUPPORTING_RUNS.md, README.md's headline table) and the rows of
-                    notebooks/data/paper_results.json (the paper-tables notebook) from the records
+                    dpkd_jax/resources/paper_results.json (the paper-tables notebook's data) from the records
   render --check    writes nothing; exits 1 if a generated file differs from its records
   publish           copies a finished run's <workdir>/record.json to docs/results/<name>.json,
                     with the paper's figures and the table rows it fills:
@@ -212,7 +212,7 @@ def _parser() -> argparse.ArgumentParser:
   r.add_argument("--doc", action="append", default=[],
                  help="a Markdown file to render (repeatable; default: every file of DOCS)")
   r.add_argument("--notebook_data",
-                 default=os.path.join(_ROOT, "notebooks", "data", "paper_results.json"),
+                 default=os.path.join(_ROOT, "dpkd_jax", "resources", "paper_results.json"),
                  help="the paper-tables notebook's data ('' to skip)")
   u = sub.add_parser("publish", help="copy a run's record.json into the results records")
   u.add_argument("--run", required=True, help="the run's workdir (holds record.json)")

@@ -6,8 +6,10 @@ private training split; `--num_shards=10 --all_shards` trains all of them one af
 prepared tensorflow-datasets); `--download` lets tensorflow-datasets fetch it (needs internet).
 
 Bring your own teacher (docs/TEACHERS.md): `python -m experiments.teacher import --from=torch
---arch=resnet18 --checkpoint=model.pt --dataset=cifar10 --input_norm=imagenet --workdir=DIR`
-converts a PyTorch state_dict (or, --from=keras, a Keras 3 .keras file) into a teacher workdir.
+--arch=resnet18 --checkpoint=model.pt2 --dataset=cifar10 --input_norm=imagenet --workdir=DIR`
+converts a PyTorch model (torch.export program, TorchScript, or a state_dict with the code
+that builds it) or, --from=keras, a Keras 3 .keras file into a teacher workdir, checked
+against the source model.
 """
 
 from __future__ import annotations
@@ -16,11 +18,11 @@ import argparse
 import dataclasses
 import os
 
-from dpkd_jax import importers
 from dpkd_jax import teacher
 from dpkd_jax.train import distributed
 from experiments import _cli
 from experiments import _flags
+from experiments import _teacher_import
 
 _HELP = {
     "dataset": "digits (embedded), mnist, fashion_mnist, cifar10, ...",
@@ -49,41 +51,10 @@ def parse_config(argv: list[str]) -> tuple[teacher.TeacherConfig, argparse.Names
   return config, args
 
 
-def _floats(text: str) -> tuple[float, ...]:
-  return tuple(float(v) for v in text.split(","))
-
-
-def import_main(argv: list[str]) -> None:
-  """`import`: a PyTorch / Keras file -> a teacher workdir (`importers.import_teacher`)."""
-  p = _cli.Parser(prog="python -m experiments.teacher import", description=import_main.__doc__)
-  p.add_argument("--from", dest="framework", required=True, choices=sorted(importers.FRAMEWORKS),
-                 help="the framework that wrote --checkpoint")
-  p.add_argument("--arch", required=True, help="resnet18, resnet34, vgg11_bn, vgg16_bn, "
-                 "mobilenet_v2 (torch), lenet5, small_cnn (torch, keras)")
-  p.add_argument("--checkpoint", required=True, help="the .pt state_dict or .keras file")
-  p.add_argument("--dataset", required=True, help=_HELP["dataset"])
-  p.add_argument("--workdir", required=True, help="the new teacher directory")
-  p.add_argument("--input_norm", required=True, choices=sorted(importers.INPUT_NORMS) + ["custom"],
-                 help="what the teacher was trained on: (x/255 - mean) / std of the dataset's own "
-                 "stats, ImageNet's, unit (x/255), half ((x/255 - 0.5) / 0.5), raw (0..255), custom")
-  p.add_argument("--input_mean", type=_floats, help="custom: per-channel means, comma separated")
-  p.add_argument("--input_std", type=_floats, help="custom: per-channel stds, comma separated")
-  p.add_argument("--data_dir", default=None, help=_HELP["data_dir"])
-  p.add_argument("--download", action="store_true", help=_HELP["download"])
-  args = p.parse_args(argv)
-  _cli.check_output_dir(args.workdir, "--workdir")
-  card = importers.import_teacher(
-      framework=args.framework, arch=args.arch, checkpoint=args.checkpoint, dataset=args.dataset,
-      workdir=args.workdir, input_norm=args.input_norm, input_mean=args.input_mean,
-      input_std=args.input_std, data_dir=args.data_dir, download=args.download)
-  print(f"imported {args.framework} {args.arch} as {card['model']} for {card['dataset']}: test "
-        f"accuracy {card['test_accuracy']:.4f}, {card['param_count']:,} params -> {args.workdir}")
-
-
 @_cli.entry_point
 def main(argv: list[str]) -> None:
   if argv[:1] == ["import"]:
-    return import_main(argv[1:])
+    return _teacher_import.main(argv[1:])
   distributed.initialize_from_env()  # no-op unless launched across hosts (docs/DISTRIBUTED.md)
   config, args = parse_config(argv)
   _cli.check_output_dir(args.workdir, "--workdir")

@@ -4,7 +4,8 @@
   python notebooks/build_notebooks.py --check  # exit 1 if a notebook differs from this script
 
 Each notebook starts with the same two cells: install the package when it is not importable
-(Colab), then detect the backend and set `SMALL` (True by default unless a TPU/GPU is
+(Colab: from `DPKD_JAX_SOURCE`, a variable at the top of the cell, with the JAX wheels of the
+detected runtime: TPU, CUDA 12/13 or CPU), then detect the backend and set `SMALL` (True by default unless a TPU/GPU is
 attached; `DPKD_NOTEBOOK_SMALL=0/1` overrides it). CI runs every notebook top to bottom with
 the small config (`tests/test_notebooks.py`).
 """
@@ -48,7 +49,7 @@ def build(name: str) -> nbformat.NotebookNode:
   notebook.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3",
                                      "language": "python"}
   notebook.metadata["language_info"] = {"name": "python"}
-  notebook.metadata["accelerator"] = "GPU"  # Colab: offer a GPU runtime (SMALL is off there)
+  # No accelerator is requested: the notebooks run on a CPU (SMALL) and use one when present.
   return notebook
 
 

@@ -10,8 +10,9 @@ def paper_tables() -> list[tuple[str, str]]:
 # Reproduce the papers' tables from stored results
 
 This notebook needs no training and no `runs/` directory: it reads
-`data/paper_results.json`, generated from the results records in docs/results/ (the same records
-docs/RESULTS.md's tables are generated from), each with the exact command that produced it (on
+`dpkd_jax/resources/paper_results.json` (installed with the package), generated from the
+results records in docs/results/ (the same records docs/RESULTS.md's tables are generated
+from), each with the exact command that produced it (on
 the shared 2-core CPU machine, at reduced scale). It prints each table
 beside the paper's figure where docs/RESULTS.md quotes one, and re-derives every ε column from
 the stored noise settings with the library's accountant, so a table whose privacy column no
@@ -20,21 +21,14 @@ longer follows from its settings is caught.
       ("code", INSTALL),
       ("code", DEVICE),
       ("code", '''
-import json
 import math
 import warnings
 
 from dpkd_jax import privacy
+from dpkd_jax import resources
 
-# The data file ships next to this notebook (notebooks/data/); also found from the repo root.
-candidates = [os.path.join("data", "paper_results.json"),
-              os.path.join("notebooks", "data", "paper_results.json")]
-path = next((p for p in candidates if os.path.exists(p)), None)
-if path is None:
-  raise FileNotFoundError(f"none of {candidates}: run this notebook from the repository's "
-                          "notebooks/ folder")
-with open(path) as f:
-  stored = json.load(f)
+# The data ships inside the package (dpkd_jax/resources/): no clone needed.
+stored = resources.paper_results()
 DELTA = stored["delta"]
 TABLES = {table["id"]: table for table in stored["tables"]}
 print("source:", stored["source"])

@@ -124,8 +124,23 @@ def test_cli_end_to_end_with_rescaling(tmp_path, capsys):
     card = json.load(f)
   assert card["import"]["framework_version"] == keras.__version__ and card["input_adapter"]
   assert any("Rescaling" in note for note in card["import"]["notes"])
+  assert card["import"]["check"]["verified"] and card["import"]["check"]["source"] == "Keras model"
+  assert card["import"]["check"]["max_relative_logit_difference"] < 1e-5
   loaded = teacher_lib.load_teacher(workdir, dataset="digits", num_classes=10)
   pixels = data.load("digits", "test").images[:8]
   want = _logits(model, pixels.astype(np.float32))
   got = evaluate.predict_logits(loaded.parts, pixels, DIGITS, batch_size=8)
   assert np.abs(got - want).max() < RTOL * np.abs(want).max()
+
+
+def test_reference_is_the_logits_of_a_softmax_model(tmp_path):
+  """The check compares logits: a final softmax is switched off while the Keras model runs."""
+  model = twin("small_cnn", True, softmax=True)
+  model.save(tmp_path / "m.keras")
+  reference = keras_importer.convert(str(tmp_path / "m.keras"), "small_cnn", DIGITS).reference
+  x = np.random.default_rng(0).standard_normal((2, 28, 28, 1)).astype(np.float32)
+  logits = reference.logits(x)
+  probabilities = np.array(model(x, training=False))
+  np.testing.assert_allclose(np.exp(logits) / np.exp(logits).sum(-1, keepdims=True),
+                             probabilities, rtol=1e-5)
+  assert model.layers[-1].get_config()["activation"] == "softmax"  # restored

@@ -3,6 +3,7 @@ read back by `teacher.load_teacher` and used by DPDFD. A stand-in converter serv
 LeNet-5's own arrays, so no PyTorch or Keras is needed here (they are in
 tests/test_importers_{torch,keras}.py)."""
 
+import dataclasses
 import json
 import os
 import types
@@ -18,6 +19,7 @@ from dpkd_jax import models
 from dpkd_jax import teacher as teacher_lib
 from dpkd_jax.importers import common
 from dpkd_jax.importers import run
+from dpkd_jax.importers import verify
 from dpkd_jax.methods import dpdfd
 from dpkd_jax.models import core
 from dpkd_jax.privacy import paper_accounting
@@ -42,11 +44,15 @@ def source_model():
 @pytest.fixture
 def fake_converter(monkeypatch, source_model):
   def convert(path, arch, info):
+    def logits(x):  # the source model on inputs in its own normalisation
+      return np.asarray(core.apply(source_model.graphdef, source_model.params,
+                                   source_model.batch_stats, x, train=False)[0].logits)
     sources = {}
     for kind in ("params", "batch_stats"):
       for key, value in traverse_util.flatten_dict(getattr(source_model, kind)).items():
         sources[(kind, *key)] = common.source(value, "/".join(map(str, key)))
-    return common.Converted("lenet5", "batch", sources, notes=("stand-in",))
+    return common.Converted("lenet5", "batch", sources, notes=("stand-in",),
+                            reference=verify.Reference(logits, "stand-in model"))
   module = types.SimpleNamespace(convert=convert, framework_version=lambda: "0.0-test")
   monkeypatch.setattr(run, "_converter", lambda framework: module)
 
@@ -133,3 +139,42 @@ def test_dpdfd_refuses_to_mix_adapted_and_plain_teachers(tmp_path, fake_converte
                              noise_multiplier=10.0, steps=2, batch_size=8)
   with pytest.raises(ValueError, match="share one architecture"):
     dpdfd.load_teachers(config)
+
+
+def test_card_records_the_check(tmp_path, fake_converter):
+  check = _import(tmp_path)["import"]["check"]
+  assert check["verified"] and check["source"] == "stand-in model"
+  assert check["max_relative_logit_difference"] < 1e-5 and check["argmax_agreement"] == 1.0
+  assert check["num_inputs"] == verify.NUM_DATASET_INPUTS + verify.NUM_RANDOM_INPUTS
+
+
+def test_logits_beyond_tolerance_are_refused_before_anything_is_written(
+    tmp_path, fake_converter, monkeypatch):
+  convert = run._converter("torch").convert
+
+  def wrong(path, arch, info):  # the source computes something else: logits shifted per class
+    converted = convert(path, arch, info)
+    shifted = lambda x: converted.reference.logits(x) + np.arange(10)  # noqa: E731
+    return dataclasses.replace(converted, reference=verify.Reference(shifted, "stand-in model",
+                                                                      ("SiLU",)))
+  monkeypatch.setattr(run, "_converter", lambda framework: types.SimpleNamespace(
+      convert=wrong, framework_version=lambda: "0.0-test"))
+  with pytest.raises(errors.UserError, match=r"largest relative logit difference .* \(tolerance "
+                     r"0.0001\) on 48 inputs .* no counterpart for: SiLU") as caught:
+    _import(tmp_path)
+  assert "\n" not in str(caught.value) and not os.path.exists(tmp_path / "teacher")
+  with pytest.raises(errors.UserError, match="--tolerance must be positive"):
+    _import(tmp_path, tolerance=0.0)
+
+
+def test_a_bare_state_dict_needs_consent_which_the_card_records(
+    tmp_path, fake_converter, monkeypatch):
+  convert = run._converter("torch").convert
+  monkeypatch.setattr(run, "_converter", lambda framework: types.SimpleNamespace(
+      convert=lambda *a: dataclasses.replace(convert(*a), reference=None),
+      framework_version=lambda: "0.0-test"))
+  with pytest.raises(errors.UserError, match="bare state_dict.*--unverified_state_dict"):
+    _import(tmp_path)
+  assert not os.path.exists(tmp_path / "teacher")
+  check = _import(tmp_path, unverified_state_dict=True)["import"]["check"]
+  assert check == {"verified": False, "reason": run.UNVERIFIED_STATE_DICT}

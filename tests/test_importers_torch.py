@@ -18,7 +18,8 @@ from dpkd_jax import errors
 from dpkd_jax import teacher as teacher_lib
 from dpkd_jax.importers import common
 from dpkd_jax.importers import torch as torch_importer
-from dpkd_jax.models import core
+from dpkd_jax.importers import torch_source
+from dpkd_jax.importers import verify
 from dpkd_jax.privacy import paper_accounting
 from dpkd_jax.train import evaluate
 from torch_fixtures import randomise_batch_norms
@@ -47,14 +48,15 @@ def twin(arch, batch_norm, channels=1, side=28, num_classes=10):
 
 
 def max_relative_error(model, path, arch, info):
-  """Saves `model`'s state_dict, imports it, and compares logits on random inputs."""
+  """Saves `model`'s state_dict, imports it, and measures it against `model` as every import
+  is checked (`verify.compare`), on random pixels."""
   torch.save(model.state_dict(), path)
   parts = common.assemble(torch_importer.convert(str(path), arch, info), info)
-  x = np.random.default_rng(0).standard_normal((2, *info.image_shape)).astype(np.float32)
-  with torch.no_grad():
-    want = model(torch.from_numpy(x.transpose(0, 3, 1, 2))).numpy()
-  got, _ = core.apply(parts.graphdef, parts.params, parts.batch_stats, x, train=False)
-  return float(np.abs(np.asarray(got.logits) - want).max() / np.abs(want).max())
+  reference = verify.Reference(torch_source._torch_logits(model.eval()), "module")
+  pixels = verify.check_pixels(np.zeros((0, *info.image_shape), np.uint8), info)[:4]
+  measured = verify.compare(reference, parts, pixels, info, info.mean, info.std)
+  assert measured["argmax_agreement"] == 1.0
+  return measured["max_relative_logit_difference"]
 
 
 @pytest.mark.parametrize("arch", TORCHVISION)
@@ -114,16 +116,18 @@ def test_cli_end_to_end_then_dpdfd(tmp_path, capsys):
   """`experiments.teacher import` -> a card load_teacher accepts -> an experiments.dpdfd run."""
   torch.manual_seed(1)
   model = randomise_batch_norms(twin("small_cnn", True))
-  torch.save(model.state_dict(), tmp_path / "small.pt")
+  torch.export.save(torch.export.export(model, (torch.zeros(2, 1, 28, 28),)),
+                    tmp_path / "small.pt2")
   workdir = str(tmp_path / "teacher")
   teacher_cli.main(["import", "--from=torch", "--arch=small_cnn", "--dataset=digits",
-                    f"--checkpoint={tmp_path / 'small.pt'}", "--input_norm=half",
+                    f"--checkpoint={tmp_path / 'small.pt2'}", "--input_norm=half",
                     f"--workdir={workdir}"])
   assert "imported torch small_cnn as small_cnn for digits" in capsys.readouterr().out
   with open(os.path.join(workdir, "card.json")) as f:
     card = json.load(f)
   assert card["import"]["framework"] == "torch"
   assert card["import"]["framework_version"] == torch.__version__
+  assert card["import"]["check"]["max_relative_logit_difference"] < 1e-5
   assert card["import"]["input_normalization"]["teacher_mean"] == [0.5]
   loaded = teacher_lib.load_teacher(workdir, dataset="digits")
   pixels = data.load("digits", "test").images[:8]

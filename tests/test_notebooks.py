@@ -1,8 +1,8 @@
 """Every notebook runs top to bottom on CPU with its small config (what CI executes).
 
 Each notebook is executed with nbclient in a fresh kernel of the current interpreter, in a
-temporary working directory that holds a copy of `notebooks/data/` (as next to the notebook
-in a clone), so the runs neither read nor write the repository's `runs/`. A cell that raises
+temporary working directory outside the clone (the data they read ships inside the package,
+`dpkd_jax.resources`), so the runs neither read nor write the repository's `runs/`. A cell that raises
 fails the test. The committed notebooks must equal what `build_notebooks.py` writes, with
 their outputs cleared.
 """
@@ -10,7 +10,6 @@ their outputs cleared.
 import json
 import os
 import pathlib
-import shutil
 import sys
 
 import nbformat
@@ -63,7 +62,6 @@ def test_notebooks_match_their_generator_and_have_no_outputs():
 def test_notebook_executes(tmp_path, name):
   workdir = tmp_path / "work"
   workdir.mkdir()
-  shutil.copytree(_NOTEBOOKS / "data", workdir / "data")
   notebook = nbformat.read(_NOTEBOOKS / name, as_version=4)
   client = NotebookClient(notebook, km=_kernel_manager(tmp_path), timeout=_CELL_TIMEOUT_S,
                           resources={"metadata": {"path": str(workdir)}})

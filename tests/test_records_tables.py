@@ -19,7 +19,7 @@ from experiments import results as results_cli
 _REPO = pathlib.Path(__file__).resolve().parent.parent
 _RESULTS = _REPO / "docs" / "results"
 _DOCS = [_REPO / path for path in results_cli.DOCS]  # every generated Markdown file
-_NOTEBOOK = _REPO / "notebooks" / "data" / "paper_results.json"
+_NOTEBOOK = _REPO / "dpkd_jax" / "resources" / "paper_results.json"
 D = decimal.Decimal
 
 

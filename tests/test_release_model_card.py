@@ -154,4 +154,27 @@ def test_the_card_names_the_selection_data(tmp_path):
   assert "validation hold-out of 300 private training records" in markdown
   card, markdown = _card(_run(tmp_path / "plain"))
   assert card["selection"]["kind"] == "none"
-  assert "Selection: nothing selected by this run" in markdown
+  assert "Selection of the hyper-parameters and stopping point: nothing selected by this run" \
+      in markdown
+
+
+def test_figures_are_rounded_as_people_read_them(tmp_path):
+  # The sound epsilon rounds up (a rounded guarantee never claims more privacy than the run
+  # has); the paper's figure, not a guarantee, to 3 significant digits; the JSON keeps both.
+  card, markdown = _card(_run(tmp_path, epsilon=0.6071706342363071,
+                              paper_epsilon=0.6071706342363071))
+  assert card["privacy"]["paper"]["epsilon"] == 0.6071706342363071
+  assert "Sound epsilon = 0.608, delta = 1e-05" in markdown and "epsilon 0.607" in markdown
+  assert "0.6071" not in markdown and "(0.608, 1e-05)" in card["guarantee"]["covers"]
+  assert [model_card._significant(v, up=True) for v in (2.5, 1000.5, 0.1)] == [
+      "2.5", "1.01e+03", "0.1"]
+
+
+def test_the_card_says_how_inputs_were_made_and_the_sensitivity_in_words(tmp_path):
+  card, markdown = _card(_run(tmp_path))
+  assert card["io"]["input"]["preprocessing"] == data.PREPROCESSING["digits"]
+  assert ("images before normalisation: scikit-learn's 8x8 handwritten digits (values 0..16) "
+          "scaled to 0..255, upsampled 3x bilinearly to 24x24") in markdown
+  assert "zero-padded by 2 pixels on each side to 28x28x1" in markdown
+  assert "2C*m*sqrt(B) in L2 norm" in card["privacy"]["sensitivity"]
+  assert "Sensitivity, in words: one private record may change" in markdown

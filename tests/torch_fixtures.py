@@ -54,3 +54,25 @@ def randomise_batch_norms(model, seed=0):
         module.weight.copy_(torch.rand(n, generator=generator) + 0.5)
         module.bias.copy_(torch.rand(n, generator=generator) * 0.6 - 0.3)
   return model.eval()
+
+
+def small_cnn_twin(batch_norm=False, channels=1, side=28, num_classes=10):
+  """The PyTorch twin of classifiers.SmallCNN (importable: --torch_module=torch_fixtures:...)."""
+  import torch  # pylint: disable=g-import-not-at-top
+  nn = torch.nn
+  norm = (lambda c: [nn.BatchNorm2d(c)]) if batch_norm else (lambda c: [])
+  return nn.Sequential(
+      nn.Conv2d(channels, 32, 3, padding=1), *norm(32), nn.ReLU(), nn.MaxPool2d(2),
+      nn.Conv2d(32, 64, 3, padding=1), *norm(64), nn.ReLU(), nn.MaxPool2d(2), nn.Flatten(),
+      nn.Linear((side // 4) ** 2 * 64, 128), nn.ReLU(), nn.Linear(128, num_classes)).eval()
+
+
+def small_cnn_lookalike():
+  """A digits network whose arrays have small_cnn's shapes but which computes something else:
+  SiLU instead of ReLU, adaptive average pooling to 7x7 instead of two max-pools, dropout."""
+  import torch  # pylint: disable=g-import-not-at-top
+  nn = torch.nn
+  return nn.Sequential(
+      nn.Conv2d(1, 32, 3, padding=1), nn.SiLU(), nn.Conv2d(32, 64, 3, padding=1), nn.SiLU(),
+      nn.AdaptiveAvgPool2d(7), nn.Flatten(), nn.Dropout(0.5), nn.Linear(7 * 7 * 64, 128),
+      nn.SiLU(), nn.Linear(128, 10)).eval()

@@ -18,6 +18,7 @@ from dpkd_jax.data.sources import DATA_DIR_ENV_VAR
 from dpkd_jax.data.sources import DataNotFoundError
 from dpkd_jax.data.sources import DATASETS
 from dpkd_jax.data.sources import load
+from dpkd_jax.data.sources import PREPROCESSING
 from dpkd_jax.data.splits import partition
 from dpkd_jax.data.splits import private_public_split
 from dpkd_jax.data.splits import shard_dataset
@@ -30,6 +31,7 @@ __all__ = [
     "DATASETS",
     "DATA_DIR_ENV_VAR",
     "DataNotFoundError",
+    "PREPROCESSING",
     "DatasetInfo",
     "FeatureDataset",
     "augment",

@@ -93,6 +93,18 @@ DATASETS: dict[str, DatasetInfo] = {
     )
 }
 
+# How each dataset's images were made before they reach a model, in words (the model card's).
+PREPROCESSING = {
+    "digits": "scikit-learn's 8x8 handwritten digits (values 0..16) scaled to 0..255, "
+              "upsampled 3x bilinearly to 24x24, rounded to uint8 and zero-padded by 2 pixels "
+              "on each side to 28x28x1",
+    "mnist": "MNIST's 28x28 grayscale images as stored (uint8), unchanged",
+    "fashion_mnist": "Fashion-MNIST's 28x28 grayscale images as stored (uint8), unchanged",
+    "cifar10": "CIFAR-10's 32x32 RGB images as stored (uint8), unchanged",
+    "svhn_cropped": "SVHN's cropped 32x32 RGB digits as stored (uint8), unchanged",
+    "cifar100": "CIFAR-100's 32x32 RGB images as stored (uint8), unchanged",
+}
+
 
 def _read_only(images: np.ndarray, labels: np.ndarray,
                info: DatasetInfo) -> ArrayDataset:

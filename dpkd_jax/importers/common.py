@@ -61,6 +61,8 @@ class Converted:
     rescale: (a, b), per channel or scalar, of a source layer `a · x + b` applied to the
       teacher's input before its first layer (Keras `Rescaling`), or None.
     notes: what the conversion changed that a reader of the card should know.
+    reference: the runnable source model (`verify.Reference`) the import is checked against,
+      or None when the file cannot run (a bare PyTorch state_dict).
   """
 
   model: str
@@ -68,6 +70,7 @@ class Converted:
   sources: Sources
   rescale: tuple[np.ndarray, np.ndarray] | None = None
   notes: tuple[str, ...] = ()
+  reference: Any = None
 
 
 def source(value: Any, name: str, shape: Sequence[int] | None = None) -> SourceArray:

@@ -7,7 +7,8 @@ is folded into the moving mean. Unlike a PyTorch state_dict, a `.keras` file rec
 network, so every layer is checked against the twin: padding, strides, pooling, activations and
 the place of each BatchNormalization (after its convolution, before the ReLU). A leading
 `Rescaling` layer becomes part of the input adapter; Dropout is identity at inference; a final
-softmax is dropped (its input is the logits). Keras is imported only when a file is read (with
+softmax is dropped (its input is the logits). The model itself is the `verify.Reference` the
+import is checked against. Keras is imported only when a file is read (with
 the JAX backend unless KERAS_BACKEND says otherwise: no TensorFlow needed).
 """
 
@@ -22,6 +23,7 @@ from dpkd_jax import data
 from dpkd_jax import errors
 from dpkd_jax.importers import common
 from dpkd_jax.importers import twins
+from dpkd_jax.importers import verify
 
 ARCHS = tuple(twins.TWINS)
 # Each twin's network with the norms left out: what the layers must spell, in order.
@@ -168,6 +170,23 @@ def _load(path: str) -> Any:
                            "with model.save('teacher.keras')") from error
 
 
+def _reference(model: Any) -> verify.Reference:
+  """The Keras model's logits: a final softmax is switched off while it runs."""
+  import keras  # pylint: disable=import-outside-toplevel
+  last = [layer for layer in model.layers if not isinstance(layer, keras.layers.InputLayer)][-1]
+  softmax = last.get_config().get("activation") == "softmax"
+
+  def logits(x: np.ndarray) -> np.ndarray:
+    saved = last.activation
+    if softmax:
+      last.activation = keras.activations.linear
+    try:
+      return np.asarray(model(x, training=False), np.float32)
+    finally:
+      last.activation = saved
+  return verify.Reference(logits, "Keras model")
+
+
 def convert(path: str, arch: str, info: data.DatasetInfo) -> common.Converted:
   """Reads a `.keras` file and maps it onto the zoo twin `arch` for dataset `info`.
 
@@ -191,4 +210,4 @@ def convert(path: str, arch: str, info: data.DatasetInfo) -> common.Converted:
     notes.append(f"leading Rescaling(scale={rescale[0].tolist()}, offset={rescale[1].tolist()}) "
                  "applied by the input adapter")
   return common.Converted(converted.model, converted.norm, converted.sources, rescale=rescale,
-                          notes=tuple(notes))
+                          notes=tuple(notes), reference=_reference(model))

@@ -1,7 +1,8 @@
 """`import_teacher`: a PyTorch or Keras file -> a teacher workdir that `teacher.load_teacher`
 reads like a trained one (checkpoints/ + card.json).
 
-Sections: checks -> convert -> input normalisation -> assemble -> evaluate and save. The
+Sections: checks -> convert -> input normalisation -> assemble -> check against the source
+model (`verify.py`) -> evaluate and save. The
 teacher is not private (one record may change it arbitrarily) and neither is its test
 accuracy, a diagnostic as for trained teachers. Where the teacher's training data came from is
 unknown, so its card records no partition: several imported teachers count as all reachable
@@ -23,12 +24,16 @@ from dpkd_jax import data
 from dpkd_jax import errors
 from dpkd_jax import teacher as teacher_lib
 from dpkd_jax.importers import common
+from dpkd_jax.importers import verify
 from dpkd_jax.models import adapter as adapter_lib
 from dpkd_jax.train import checkpoint as checkpoint_lib
 from dpkd_jax.train import workdir as workdir_lib
 from dpkd_jax.train.state import TrainState
 
 FRAMEWORKS = {"torch": "PyTorch", "keras": "Keras 3"}
+UNVERIFIED_STATE_DICT = ("a bare state_dict holds no forward function: the activations, pooling, "
+                         "padding and dropout of the source were assumed to be the zoo model's, "
+                         "not checked")
 
 
 def _converter(framework: str):
@@ -73,7 +78,7 @@ def input_affine(info: data.DatasetInfo, mean: Sequence[float], std: Sequence[fl
 
 def _provenance(framework: str, arch: str, checkpoint: str, converted: common.Converted,
                 info: data.DatasetInfo, norm: tuple[str, Sequence[float], Sequence[float]],
-                version: str) -> dict[str, Any]:
+                version: str, check: dict[str, Any]) -> dict[str, Any]:
   preset, mean, std = norm
   return {
       "framework": framework,
@@ -86,6 +91,7 @@ def _provenance(framework: str, arch: str, checkpoint: str, converted: common.Co
                               "teacher_std": list(std), "dataset_mean": list(info.mean),
                               "dataset_std": list(info.std)},
       "notes": list(converted.notes),
+      "check": check,
       "dpkd_jax_version": dpkd_jax.__version__,
   }
 
@@ -100,11 +106,15 @@ def _unknown_split() -> dict[str, Any]:
 def import_teacher(*, framework: str, arch: str, checkpoint: str, dataset: str, workdir: str,
                    input_norm: str, input_mean: Sequence[float] | None = None,
                    input_std: Sequence[float] | None = None, data_dir: str | None = None,
-                   download: bool = False) -> dict[str, Any]:
+                   download: bool = False, torch_module: str | None = None,
+                   torch_module_kwargs: dict[str, Any] | None = None,
+                   unverified_state_dict: bool = False,
+                   tolerance: float = verify.TOLERANCE) -> dict[str, Any]:
   """Converts `checkpoint` into the zoo and writes a teacher workdir (checkpoint + card).
 
   Args:
-    framework: "torch" (a state_dict file) or "keras" (a Keras 3 `.keras` file).
+    framework: "torch" (a torch.export program, TorchScript or state_dict file) or "keras"
+      (a Keras 3 `.keras` file).
     arch: the source architecture (`importers.torch.ARCHS`, `importers.keras.ARCHS`).
     checkpoint: the source file.
     dataset: a name in `data.DATASETS`: the classes and input shape the teacher must have, and
@@ -114,37 +124,58 @@ def import_teacher(*, framework: str, arch: str, checkpoint: str, dataset: str, 
       ("dataset", "imagenet", "unit", "half", "raw") or "custom" with `input_mean` and
       `input_std`; the teacher gets an `InputAdapter` unless it is the dataset's own.
     data_dir, download: where the test split comes from (as for `TeacherConfig`).
+    torch_module, torch_module_kwargs: for a state_dict, "package.module:callable" and its
+      keyword arguments building the module it loads into, so that the import can be checked.
+    unverified_state_dict: import a bare state_dict unchecked (the card says so).
+    tolerance: the largest relative logit difference to the source model accepted.
 
   Returns:
     The card (also `<workdir>/card.json`), with `import` (provenance) and `input_adapter`.
 
   Raises:
     errors.UserError: one line for every expected mistake (unknown arch or dataset, missing
-      framework, unreadable file, unsupported layer, shapes that do not fit the dataset).
+      framework, unreadable file, unsupported layer, shapes that do not fit the dataset, logits
+      that differ from the source model's, a bare state_dict without `unverified_state_dict`).
   """
   # 1. Checks, before any compute.
   if dataset not in data.DATASETS:
     raise errors.UserError(f"--dataset: unknown {dataset!r}; choose one of {sorted(data.DATASETS)}")
   info = data.DATASETS[dataset]
   _check_paths(checkpoint, workdir)
+  if not tolerance > 0:
+    raise errors.UserError(f"--tolerance must be positive, got {tolerance}")
   norm = common.input_norm(input_norm, info, input_mean, input_std)
   module = _converter(framework)
+  if torch_module is not None and framework != "torch":
+    raise errors.UserError("--torch_module is for --from=torch state_dict files")
   # 2. Convert, 3. normalisation, 4. assemble (every shape checked).
-  converted = module.convert(checkpoint, arch, info)
+  converted = (module.convert(checkpoint, arch, info) if torch_module is None else
+               module.convert(checkpoint, arch, info, builder=torch_module,
+                              builder_kwargs=torch_module_kwargs))
+  if converted.reference is None and not unverified_state_dict:
+    raise errors.UserError(
+        f"--checkpoint: {checkpoint!r} is a bare state_dict: it holds arrays but no forward "
+        "function, so whether the imported model computes what yours does (activations, "
+        "pooling, padding, dropout) cannot be verified; save a runnable model (torch.export."
+        "save or TorchScript), or name its code with --torch_module=package.module:callable, or "
+        "import it unchecked with --unverified_state_dict")
   affine = input_affine(info, *norm, converted.rescale)
   parts = common.assemble(converted, info, affine)
+  test = data.load(dataset, "test", data_dir=data_dir, download=download)
+  # 4b. The source model and the imported one agree on the same inputs, or nothing is written.
+  check = verify.check(converted.reference, parts, test.images, info, norm, model=converted.model,
+                       tolerance=tolerance, unverified=UNVERIFIED_STATE_DICT)
   # 5. Evaluate and save, in the layout of `teacher.train_teacher` (SGD: the smallest
   # optimizer state that `load_teacher`'s template restores; it is never used).
   config = teacher_lib.TeacherConfig(dataset=dataset, model=converted.model,
                                      norm=converted.norm, optimizer="sgd", data_dir=data_dir,
                                      download=download)
-  test = data.load(dataset, "test", data_dir=data_dir, download=download)
   config_json = dataclasses.asdict(config)
   run = workdir_lib.open_run(workdir, kind="teacher import", config=config_json, resume=False,
                              resumable=False)
   state = TrainState.create(parts, teacher_lib.make_optimizer(config, 1))
   provenance = _provenance(framework, arch, checkpoint, converted, info,
-                           (input_norm, *norm), module.framework_version())
+                           (input_norm, *norm), module.framework_version(), check)
   run.save(0, state.arrays(), {"epoch": 0, "config": config_json, "import": provenance})
   card = teacher_lib.make_card(config, state, test, split=_unknown_split(), seconds=(0.0, 0.0))
   card.update({"import": provenance, "input_adapter": affine is not None})

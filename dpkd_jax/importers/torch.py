@@ -1,5 +1,6 @@
-"""PyTorch `state_dict` -> zoo model: torchvision ResNet-18/34, VGG-11/16-BN, MobileNetV2 and
-the PyTorch twins of `lenet5` / `small_cnn`.
+"""PyTorch model (a torch.export program, TorchScript or a state_dict; `torch_source`) -> zoo
+model: torchvision ResNet-18/34, VGG-11/16-BN, MobileNetV2 and the twins of `lenet5` /
+`small_cnn`.
 
 Layouts: NCHW -> NHWC. Conv weights (O, I/groups, kh, kw) -> Flax (kh, kw, I/groups, O);
 linear weights (out, in) -> (in, out), and the first linear layer after a flatten of a
@@ -8,12 +9,14 @@ BatchNorm weight/bias -> scale/bias, running_mean/var -> batch_stats (eval mode;
 eps 1e-5 is the zoo's, a state_dict does not record eps so the default is assumed);
 `num_batches_tracked` is dropped. torchvision's names are mapped one by one (`_resnet`,
 `_vgg`, `_mobilenet_v2`); a twin's layers, whatever their names, are taken in state_dict
-order (`twins.py`). torch is imported only when a file is read.
+order (`twins.py`); a runnable file is then checked against them (`verify.py`). torch is
+imported only when a file is read.
 """
 
 from __future__ import annotations
 
 import collections
+import dataclasses
 from typing import Any
 
 import numpy as np
@@ -21,6 +24,7 @@ import numpy as np
 from dpkd_jax import data
 from dpkd_jax import errors
 from dpkd_jax.importers import common
+from dpkd_jax.importers import torch_source
 from dpkd_jax.importers import twins
 from dpkd_jax.models import tv
 
@@ -28,7 +32,6 @@ from dpkd_jax.models import tv
 TORCHVISION = {"resnet18": "tv_resnet18", "resnet34": "tv_resnet34", "vgg11_bn": "tv_vgg11_bn",
                "vgg16_bn": "tv_vgg16_bn", "mobilenet_v2": "tv_mobilenet_v2"}
 ARCHS = tuple(TORCHVISION) + tuple(twins.TWINS)
-_WRAPPERS = ("state_dict", "model_state_dict", "model")  # common checkpoint-dict keys
 
 
 def framework_version() -> str:
@@ -36,36 +39,7 @@ def framework_version() -> str:
   return torch.__version__
 
 
-def load_state_dict(path: str) -> "collections.OrderedDict[str, np.ndarray]":
-  """The file's state_dict as float32 NumPy arrays, in saved order.
-
-  Accepts `torch.save(model.state_dict())`, a dict holding it under "state_dict",
-  "model_state_dict" or "model", and DataParallel's "module." prefixes. Loads with
-  `weights_only=True`: no pickled code runs.
-  """
-  import torch  # pylint: disable=import-outside-toplevel
-  try:
-    loaded = torch.load(path, map_location="cpu", weights_only=True)
-  except Exception as error:  # pylint: disable=broad-except
-    first = (str(error).strip().splitlines() or [""])[0][:200]
-    raise errors.UserError(f"--checkpoint: {path!r} is not a PyTorch state_dict file readable "
-                           f"with weights_only=True ({type(error).__name__}: {first}); save "
-                           "it with torch.save(model.state_dict(), path)") from error
-  for key in _WRAPPERS:
-    if isinstance(loaded, dict) and isinstance(loaded.get(key), dict):
-      loaded = loaded[key]
-      break
-  if not isinstance(loaded, dict) or not loaded or not all(
-      isinstance(v, torch.Tensor) for v in loaded.values()):
-    raise errors.UserError(f"--checkpoint: {path!r} holds no state_dict of tensors; save it "
-                           "with torch.save(model.state_dict(), path)")
-  state = collections.OrderedDict()
-  for key, value in loaded.items():
-    key = key[len("module."):] if key.startswith("module.") else key
-    if key.endswith("num_batches_tracked"):
-      continue  # BatchNorm's step counter: not used in eval mode
-    state[key] = value.detach().to(torch.float32).cpu().numpy()
-  return state
+load_state_dict = torch_source.load_state_dict
 
 
 def conv_kernel(state: dict[str, np.ndarray], key: str) -> common.SourceArray:
@@ -204,8 +178,12 @@ def _twin_layers(state: dict[str, np.ndarray], arch: str) -> list[twins.Layer]:
   return layers
 
 
-def convert(path: str, arch: str, info: data.DatasetInfo) -> common.Converted:
-  """Reads a state_dict file and maps it onto the zoo model of `arch` for dataset `info`.
+def convert(path: str, arch: str, info: data.DatasetInfo, *, builder: str | None = None,
+            builder_kwargs: dict[str, Any] | None = None) -> common.Converted:
+  """Reads a PyTorch file (`torch_source`) and maps it onto the zoo model of `arch` for `info`.
+
+  The result's `reference` runs the source model (a torch.export program, TorchScript, or a
+  state_dict loaded into `builder(**builder_kwargs)`), None for a bare state_dict.
 
   Raises:
     errors.UserError: unreadable file, unknown arch, missing or unsupported layers, or shapes
@@ -215,14 +193,19 @@ def convert(path: str, arch: str, info: data.DatasetInfo) -> common.Converted:
   if arch not in ARCHS:
     raise errors.UserError(f"--arch: unknown {arch!r} for --from=torch; choose one of "
                            f"{list(ARCHS)}")
-  state = load_state_dict(path)
+  height, width, channels = info.image_shape
+  state, reference = torch_source.load(path, twin=arch in twins.TWINS,
+                                       chw=(channels, height, width), builder=builder,
+                                       builder_kwargs=builder_kwargs)
   if arch in twins.TWINS:
-    return twins.convert(arch, _twin_layers(state, arch), info)
-  m = _Mapper(state, arch)
-  if arch.startswith("resnet"):
-    _resnet(m, (2, 2, 2, 2) if arch == "resnet18" else (3, 4, 6, 3))
-  elif arch.startswith("vgg"):
-    _vgg(m, "A" if arch == "vgg11_bn" else "D")
+    converted = twins.convert(arch, _twin_layers(state, arch), info)
   else:
-    _mobilenet_v2(m)
-  return common.Converted(TORCHVISION[arch], "batch", m.done())
+    m = _Mapper(state, arch)
+    if arch.startswith("resnet"):
+      _resnet(m, (2, 2, 2, 2) if arch == "resnet18" else (3, 4, 6, 3))
+    elif arch.startswith("vgg"):
+      _vgg(m, "A" if arch == "vgg11_bn" else "D")
+    else:
+      _mobilenet_v2(m)
+    converted = common.Converted(TORCHVISION[arch], "batch", m.done())
+  return dataclasses.replace(converted, reference=reference)

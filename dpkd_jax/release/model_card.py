@@ -13,13 +13,16 @@ hold the seed) or the config (it holds the seed and the private data's location)
   released      the student and its public-test accuracy: what (ε, δ) covers
   selection     the record's `selection` and the data it was made on (a validation hold-out
                 of N private records, the test split, a paper's recipe, or nothing)
-  privacy       sound ε ("inf" when there is no guarantee), δ, relation, accounting, accountant,
-                the paper's own figure beside, labelled as not a guarantee, warnings; on an
+  privacy       sound ε ("inf" when there is no guarantee; rounded up to 3 significant digits
+                in model_card.md), δ, relation, accounting, accountant, the sensitivity in
+                words, the paper's own figure beside (3 significant digits in the Markdown),
+                labelled as not a guarantee, warnings; on an
                 export, the checkpoint step exported and the ε covering it
                 (`students.covered_epsilon`: never below that checkpoint's ledger)
   guarantee     what it covers and does NOT cover (tuning on private data, private
                 diagnostics, a chosen seed, the non-private teacher, public splits)
-  input/output  shape, dtype, layout, normalisation (mean/std), class names
+  input/output  shape, dtype, layout, how the images were made (`data.PREPROCESSING`),
+                normalisation (mean/std), class names
   provenance    library version, the commit that ran, the commit that wrote the card
   exports       files with sha256 and their check against JAX (export command only)
   measured      latency with the load average (export command only)
@@ -27,12 +30,14 @@ hold the seed) or the config (it holds the seed and the private data's location)
 
 from __future__ import annotations
 
+import decimal
 import json
 import math
 import os
 from typing import Any
 
 import dpkd_jax
+from dpkd_jax import data
 from dpkd_jax.release import students
 from dpkd_jax.train import records
 
@@ -56,10 +61,33 @@ def _read(path: str) -> dict[str, Any]:
     return json.load(f)
 
 
+# What one private record can change in a release, in words (the formula is the accountant's).
+_SENSITIVITY = {
+    "dpdfd": "one private record may change a (non-private) teacher arbitrarily, so each of the "
+             "B rows a step releases (the teacher's output gradients on synthetic images, each "
+             "clipped to L2 norm C) can move by up to 2C, or 2C*m when the record reached m "
+             "teachers whose rows are summed; one step's release then moves by at most "
+             "2C*m*sqrt(B) in L2 norm, and the Gaussian noise is scaled to that",
+    "dpsgd": "each example's gradient is clipped to L2 norm C, so one record moves the summed "
+             "gradient of a step by at most C when it is added or removed, 2C when it is "
+             "replaced by another; the Gaussian noise is scaled to that",
+}
+
+
+def _significant(value: float, digits: int = 3, up: bool = False) -> str:
+  """`value` to `digits` significant digits; `up`: never below it (an epsilon is rounded up:
+  a rounded guarantee must not claim more privacy than the run has)."""
+  text = f"{value:.{digits - 1}e}"
+  rounded = decimal.Decimal(text)
+  if up and float(rounded) < value:
+    rounded += decimal.Decimal(1).scaleb(rounded.as_tuple().exponent)
+  return f"{float(rounded):.{digits}g}"
+
+
 def _epsilon_text(value: Any) -> str:
   if value in ("inf", None) or (isinstance(value, float) and math.isinf(value)):
     return "inf" if value is not None else "n/a"
-  return f"{float(value):.4g}"
+  return _significant(float(value), up=True)
 
 
 def _seed(results: dict[str, Any]) -> dict[str, str]:
@@ -108,6 +136,7 @@ def _privacy(record: dict[str, Any], results: dict[str, Any],
                                 "above is always the sound one (dp_accounting events of the "
                                 "noise executed)",
           "accountant": accountant if isinstance(accountant, str) else None,
+          "sensitivity": _SENSITIVITY.get(record.get("method")),
           "paper": _paper(record, results), "warnings": list(record.get("warnings") or [])}
 
 
@@ -152,7 +181,9 @@ def _io(spec: students.StudentSpec | None) -> dict[str, Any] | None:
   inside = ("; the model computes their ScatterNet features (J = 2, L = 8) itself"
             if spec.features == "scatternet" else "")
   return {"input": {"name": "images", "shape": ["batch", *info.image_shape], "dtype": "float32",
-                    "layout": "NHWC", "normalisation": "(pixels / 255 - mean) / std per "
+                    "layout": "NHWC",
+                    "preprocessing": data.PREPROCESSING.get(info.name, "not stated"),
+                    "normalisation": "(pixels / 255 - mean) / std per "
                     f"channel, pixels uint8 in [0, 255]{inside}", "mean": list(info.mean),
                     "std": list(info.std)},
           "output": {"name": "logits", "shape": ["batch", info.num_classes], "dtype": "float32",
@@ -189,6 +220,11 @@ def build_card(workdir: str, *, exports: list[dict[str, Any]] | None = None,
   }
 
 
+def _figure(value: Any) -> Any:
+  """A paper's figure as people read it: 3 significant digits (None stays None)."""
+  return _significant(float(value)) if isinstance(value, (int, float)) else value
+
+
 def _number(value: Any, spec: str = ".4g") -> str:
   """A figure of the (JSON-ready) card: numbers formatted, "inf"/"nan" as they are."""
   return format(value, spec) if isinstance(value, (int, float)) else str(value)
@@ -210,10 +246,14 @@ def _md_privacy(card: dict[str, Any]) -> list[str]:
                  f"checkpoint (step {privacy['checkpoint_step']}).")
   if privacy["accountant"]:
     lines.append(f"Accountant: {privacy['accountant']}.")
+  if privacy.get("sensitivity"):
+    lines.append(f"Sensitivity, in words: {privacy['sensitivity']}.")
   paper = privacy["paper"]
   if paper:
-    figure = ", ".join(f"{k} {paper[k]}" for k in ("epsilon", "row", "accuracy", "scope")
-                       if paper.get(k) is not None)
+    shown = {**paper, "epsilon": _figure(paper.get("epsilon")),
+             "accuracy": _figure(paper.get("accuracy"))}
+    figure = ", ".join(f"{k} {shown[k]}" for k in ("epsilon", "row", "accuracy", "scope")
+                       if shown.get(k) is not None)
     lines.append(f"Beside it, {paper['label']}: {figure}."
                  + (f" ({paper['warning']})" if paper.get("warning") else ""))
   lines += [f"Warning: {w}" for w in privacy["warnings"]]
@@ -230,6 +270,7 @@ def _md_io(card: dict[str, Any]) -> list[str]:
   return ["## Input and output", "",
           f"- input `{x['name']}`: {x['dtype']} {x['layout']} of shape {x['shape']}, "
           f"normalised {x['normalisation']}, mean {x['mean']}, std {x['std']}",
+          f"- images before normalisation: {x['preprocessing']}",
           f"- output `{y['name']}`: {y['dtype']} of shape {y['shape']}: {y['meaning']}; "
           f"classes {y['class_names']}", ""]
 
@@ -291,7 +332,8 @@ def render_markdown(card: dict[str, Any]) -> str:
   lines = [f"# Model card: {card['method']} on {card['dataset']}", "",
            f"Student: {what}. Test accuracy: "
            f"{'n/a' if accuracy is None else f'{accuracy:.4f}'} ({card['released']['evaluated_on']}).",
-           "", f"Selection: {card['selection']['data']}.", "", *_md_privacy(card),
+           "", f"Selection of the hyper-parameters and stopping point: "
+           f"{card['selection']['data']}.", "", *_md_privacy(card),
            *_md_io(card), *_md_exports(card), *_md_measured(card),
            "## Provenance", ""]
   prov = card["provenance"]

@@ -287,7 +287,7 @@ def _plain(value: Any) -> Any:
 
 
 def render_notebook_data(data: dict[str, Any], records: dict[str, Record]) -> dict[str, Any]:
-  """`data` (notebooks/data/paper_results.json) with every table's `rows` regenerated.
+  """`data` (dpkd_jax/resources/paper_results.json) with every table's `rows` regenerated.
 
   Each table maps the notebook's row fields to record keys in `row_fields` (a key ending in
   `?` is left out of a row whose record lacks it); its rows are the records listing
