@@ -92,3 +92,16 @@ def cpu_kernels():
   from dpkd_jax import kernels  # pylint: disable=g-import-not-at-top
   with kernels.using(kernels.xla_cpu_ops()) as ops:
     yield ops
+
+
+@pytest.fixture(autouse=True)
+def _reference_ops_after_each_test():
+  """Every test starts and ends on the reference ops (what a library user gets): a test or a
+  command that leaves the CPU kernels switched on fails here, and the next test is unaffected."""
+  from dpkd_jax import kernels  # pylint: disable=g-import-not-at-top
+  yield
+  leaked = kernels.active()
+  if leaked is not kernels.REFERENCE:
+    kernels.use(kernels.REFERENCE)
+    pytest.fail(f"the test left the {leaked.name} kernels active (use kernels.using or the "
+                "cpu_kernels fixture)")
