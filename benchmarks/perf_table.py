@@ -58,9 +58,14 @@ from dpkd_jax.methods import dpdfd  # noqa: E402
 from dpkd_jax.methods.dpdfd import step as dpdfd_step  # noqa: E402
 from dpkd_jax import kernels  # noqa: E402
 from dpkd_jax.kernels import reference  # noqa: E402
+from dpkd_jax.kernels.xla_cpu import flags as xla_flags  # noqa: E402
 from dpkd_jax.models import core  # noqa: E402
 from dpkd_jax.privacy import mechanisms  # noqa: E402
 from dpkd_jax.train.state import TrainState  # noqa: E402
+
+# The CPU kernels' XLA option for the whole process (both columns), set before JAX starts its
+# backend, as `kernels.use_cpu_kernels()` and the commands set it on a CPU backend.
+XLA_OPTION_ADDED = xla_flags.apply_defaults()
 
 DOC = pathlib.Path(__file__).resolve().parent.parent / "docs" / "PERFORMANCE.md"
 RECORD = DOC.parent / "results" / "benchmarks" / "perf_table__cpu.json"
