@@ -183,3 +183,19 @@ def test_a_command_runs_with_the_cpu_kernels_on_the_cpu_backend_and_gives_them_b
   # Flags parsed outside a running command (a notebook, a test) switch nothing.
   _cli.Parser(prog="x", cpu_kernels=True).parse_args([])
   assert kernels.active() is kernels.REFERENCE
+
+
+def test_memoized_steps_are_built_per_set_of_ops():
+  # A jitted step keeps the trace of the ops it first ran with: a memoized builder must hand
+  # each set of ops its own step, or a step built on the reference ops would run them under the
+  # CPU kernels too.
+  from dpkd_jax.methods import dpsgd  # pylint: disable=g-import-not-at-top
+  from dpkd_jax.train import sharding  # pylint: disable=g-import-not-at-top
+  config = dpsgd.DPSGDConfig(dataset="digits", model="lenet5_half", noise_multiplier=1.0,
+                             steps=1, expected_batch_size=8)
+  plan = dpsgd.make_plan(config, num_examples=100, num_devices=1)
+  mesh = sharding.data_mesh(jax.devices()[:1])
+  reference = dpsgd.make_train_step(plan, config.info, mesh)
+  assert dpsgd.make_train_step(plan, config.info, mesh) is reference
+  with kernels.using(kernels.xla_cpu_ops()):
+    assert dpsgd.make_train_step(plan, config.info, mesh) is not reference

@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import functools
 from collections.abc import Callable, Iterator
 
 import jax
@@ -104,6 +105,24 @@ def use_cpu_kernels_on_cpu_backend() -> bool:
     return False
   use(xla_cpu_ops())
   return True
+
+
+def cache_per_ops(build: Callable) -> Callable:
+  """`functools.cache` for a builder of jitted functions, with one entry per active `Ops`.
+
+  A jitted function keeps the trace of the ops that were active when it was first called, and
+  jax's cache does not know about this seam: a memoized step built under the reference ops and
+  reused under the CPU kernels would silently run the reference ops. Keyed by the ops too, each
+  set of ops gets its own jitted function (call it with the ops it was built under).
+  """
+  cached = functools.cache(lambda ops, *args, **kwargs: build(*args, **kwargs))
+
+  @functools.wraps(build)
+  def wrapper(*args, **kwargs):
+    return cached(_ACTIVE[0], *args, **kwargs)
+
+  wrapper.cache_clear = cached.cache_clear  # type: ignore[attr-defined]
+  return wrapper
 
 
 # The seam's ops, as the model zoo calls them: each runs the active implementation.

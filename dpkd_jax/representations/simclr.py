@@ -22,6 +22,7 @@ import tqdm
 from flax import nnx
 
 from dpkd_jax import config_checks
+from dpkd_jax import kernels
 from dpkd_jax.representations import augment
 from dpkd_jax.representations import base
 
@@ -132,7 +133,7 @@ def _views(key: jax.Array, images: jax.Array, config: SimCLRConfig) -> jax.Array
   return views
 
 
-@functools.cache
+@kernels.cache_per_ops
 def _make_train_step(graphdef: nnx.GraphDef, config: SimCLRConfig):
   """(tx, jitted `(params, opt_state, images, key) -> (params, opt_state, loss)`, donated).
 

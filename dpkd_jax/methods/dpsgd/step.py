@@ -26,6 +26,7 @@ from flax import nnx
 from jax.sharding import Mesh, PartitionSpec as P
 
 from dpkd_jax import data
+from dpkd_jax import kernels
 from dpkd_jax import models
 from dpkd_jax.models import core
 from dpkd_jax.models import ghost
@@ -183,7 +184,7 @@ def make_train_step(plan: DPSGDPlan, info: data.DatasetInfo, mesh: Mesh, *,
   return _jitted_train_step(plan, info, mesh, clipping, augmult)
 
 
-@functools.cache
+@kernels.cache_per_ops
 def _jitted_train_step(plan: DPSGDPlan, info: data.DatasetInfo, mesh: Mesh,
                        clipping: str, augmult: bool) -> Callable:
   # Positional `clipping`, `augmult`: a call with and one without clipping="vmap" (or

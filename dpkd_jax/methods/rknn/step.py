@@ -17,6 +17,7 @@ import optax
 from flax import nnx
 
 from dpkd_jax import data
+from dpkd_jax import kernels
 from dpkd_jax import models
 from dpkd_jax.methods.rknn import config as config_lib
 from dpkd_jax.models import core
@@ -43,7 +44,7 @@ def init_state(key: jax.Array, config: config_lib.StudentConfig, info: data.Data
                                              total_steps))
 
 
-@functools.cache
+@kernels.cache_per_ops
 def build_train_step(config: config_lib.StudentConfig, info: data.DatasetInfo):
   """Jitted `(state, images_uint8, labels, key) -> (state, metrics)`, state donated; cached
   per (config, dataset) so that every round of a run shares one compilation."""

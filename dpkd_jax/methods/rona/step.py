@@ -25,7 +25,6 @@ teacher's step), optionally on randomly shifted public images, and never touches
 
 from __future__ import annotations
 
-import functools
 from typing import Any, Callable, NamedTuple
 
 import jax
@@ -34,6 +33,7 @@ from flax import nnx
 from jax.sharding import Mesh
 
 from dpkd_jax import data
+from dpkd_jax import kernels
 from dpkd_jax import losses
 from dpkd_jax.methods.rona import sanitize
 from dpkd_jax.methods.rona.privacy import RONAPlan
@@ -175,7 +175,7 @@ def build_batch_stats_step(info: data.DatasetInfo) -> Callable:
   return step
 
 
-@functools.cache
+@kernels.cache_per_ops
 def make_batch_stats_step(info: data.DatasetInfo, mesh: Mesh) -> Callable:
   """`build_batch_stats_step` jitted, state donated, output replicated on `mesh`."""
   return jax.jit(build_batch_stats_step(info), donate_argnums=0,
@@ -195,7 +195,7 @@ def make_train_step(plan: RONAPlan, kind: str, *, temperature: float,
                               aux_graphdef=aux_graphdef, mesh=mesh)
 
 
-@functools.cache
+@kernels.cache_per_ops
 def _jitted_private_step(kind: str, config: sanitize.SanitizeConfig, *, temperature: float,
                          info: data.DatasetInfo, teacher_graphdef: nnx.GraphDef,
                          aux_graphdef: nnx.GraphDef | None, mesh: Mesh) -> Callable:
@@ -205,7 +205,7 @@ def _jitted_private_step(kind: str, config: sanitize.SanitizeConfig, *, temperat
                  donate_argnums=0, out_shardings=(replicated, replicated, replicated))
 
 
-@functools.cache
+@kernels.cache_per_ops
 def make_self_learning_step(info: data.DatasetInfo, mesh: Mesh, augment: bool = False
                             ) -> Callable:
   """`build_self_learning_step` jitted, state donated, outputs replicated on `mesh`."""

@@ -24,6 +24,7 @@ import optax
 from flax import nnx
 
 from dpkd_jax import data
+from dpkd_jax import kernels
 from dpkd_jax import models
 from dpkd_jax.methods.srr import config as config_lib
 from dpkd_jax.methods.srr import generator as generator_lib
@@ -136,7 +137,7 @@ def build_student_step(loss: str, epsilon: float, shift: int):
   return step
 
 
-@functools.cache
+@kernels.cache_per_ops
 def make_student_step(loss: str, epsilon: float, shift: int):
   """`build_student_step` jitted with the student state donated (one per setting; the static
   graphdef/tx of the state key the compilation cache across runs)."""
@@ -164,7 +165,7 @@ def build_pretrain_step(config: generator_lib.PretrainConfig, teacher_graphdef: 
   return step
 
 
-@functools.cache
+@kernels.cache_per_ops
 def make_pretrain_step(config: generator_lib.PretrainConfig, teacher_graphdef: nnx.GraphDef):
   """`build_pretrain_step` jitted with the generator state donated (one per setting, so
   repeated runs in one process reuse the compiled step)."""
@@ -195,7 +196,7 @@ def build_finetune_step(student_graphdef: nnx.GraphDef):
   return step
 
 
-@functools.cache
+@kernels.cache_per_ops
 def make_finetune_step(student_graphdef: nnx.GraphDef):
   """`build_finetune_step` jitted with the generator state donated (one per architecture)."""
   return jax.jit(build_finetune_step(student_graphdef), donate_argnums=0)
