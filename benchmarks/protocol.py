@@ -24,6 +24,7 @@ import os
 import pathlib
 import platform
 import random
+import socket
 import statistics
 import sys
 import time
@@ -84,17 +85,24 @@ def machine_id() -> str:
   return f"{model} x{os.cpu_count()}"
 
 
+def host_id() -> str:
+  """This host: its CPU model and core count, and its name. A best peak is per host: VMs of one
+  CPU model on different physical hosts (other tenants, other clocks) peak differently, so a
+  table is judged against its own host's best and by the ratios it measured side by side."""
+  return f"{machine_id()} @ {socket.gethostname()}"
+
+
 def best_peak(path: pathlib.Path = PEAK_FILE) -> float | None:
-  """The best peak (FLOP/s) recorded for this machine type, or None."""
+  """The best peak (FLOP/s) recorded for this host, or None."""
   if not path.exists():
     return None
-  return json.loads(path.read_text()).get(machine_id())
+  return json.loads(path.read_text()).get(host_id())
 
 
 def record_peak(peak: float, path: pathlib.Path = PEAK_FILE) -> None:
-  """Keeps `peak` as this machine type's best if it beats the recorded one."""
+  """Keeps `peak` as this host's best if it beats the recorded one."""
   table = json.loads(path.read_text()) if path.exists() else {}
-  key = machine_id()
+  key = host_id()
   if peak > table.get(key, 0.0):
     table[key] = peak
     path.write_text(json.dumps(table, indent=2, sort_keys=True) + "\n")
@@ -105,7 +113,7 @@ def check_peak(peak: float, best: float | None, tolerance: float = PEAK_TOLERANC
   if best is None or peak >= (1.0 - tolerance) * best:
     return None
   return (f"matmul peak {peak / 1e9:.0f} GFLOP/s is {1 - peak / best:.0%} below this machine's "
-          f"best {best / 1e9:.0f} GFLOP/s: something else is running")
+          f"best {best / 1e9:.0f} GFLOP/s on this host: something else is running")
 
 
 def ratio_interval(a: Sequence[float], b: Sequence[float], *, resamples: int = 2000,
@@ -187,7 +195,7 @@ class Conditions:
     peak_after = "?" if self.peak_after is None else f"{self.peak_after / 1e9:.0f}"
     return (f"load average {self.load_before:.2f} before (idle threshold {IDLE_LOAD}), {after} "
             f"after; matmul peak {self.peak / 1e9:.0f} GFLOP/s before, {peak_after} after "
-            f"(machine best {best} GFLOP/s); {verdict}")
+            f"(this host's best {best} GFLOP/s); {verdict}")
 
 
 def start_conditions(peak_fn: Callable[[], float], *, max_wait_s: float = 0.0,

@@ -38,7 +38,7 @@ def test_record_peak_keeps_the_best(tmp_path: pathlib.Path):
   protocol.record_peak(90e9, path)
   assert protocol.best_peak(path) == 100e9
   protocol.record_peak(120e9, path)
-  assert json.loads(path.read_text())[protocol.machine_id()] == 120e9
+  assert json.loads(path.read_text())[protocol.host_id()] == 120e9
 
 
 def test_ratio_interval_brackets_the_ratio_of_medians():
