@@ -95,8 +95,6 @@ COLUMNS = {"reference ops": kernels.REFERENCE, "CPU kernels": kernels.xla_cpu_op
 # The kernels "which kernel pays" takes out one at a time: name -> the Ops fields they fill.
 KERNEL_FIELDS = {
     "fast_conv (GEMM / banded convolution passes)": ("conv_general_dilated",),
-    "fast_pool (max-pool gradient)": ("max_pool_2x2",),
-    "fast_norm (GroupNorm)": ("group_norm", "normalised_group_norm"),
     "fused norm → ReLU → pool (fast_norm_pool, fast_batch_norm_pool)": (
         "norm_relu_max_pool", "tapped_group_norm_relu_max_pool"),
     "upsample_conv (sub-pixel upsampling convolution)": ("upsample_conv",),

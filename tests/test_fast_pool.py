@@ -124,18 +124,6 @@ def test_tiled_case_uses_no_select_and_scatter():
   assert "select_and_scatter" in reference  # the op this module exists to avoid
 
 
-@pytest.mark.parametrize("model_class", [classifiers.LeNet5, classifiers.SmallCNN,
-                                         classifiers.VGG, compact.CompactCNN])
-def test_models_pool_through_fast_pool(model_class, cpu_kernels):
-  input_shape = (12, 12, 1)
-  parts = core.split(nnx.eval_shape(lambda: model_class(
-      num_classes=3, input_shape=input_shape, norm="none", rngs=nnx.Rngs(0))))
-  x = jax.ShapeDtypeStruct((2, *input_shape), jnp.float32)
-  jaxpr = str(jax.make_jaxpr(lambda p, v: core.apply(parts.graphdef, p, parts.batch_stats, v,
-                                                     train=True)[0].logits)(parts.params, x))
-  assert "custom_jvp" in jaxpr and "reduce_window_max" not in jaxpr
-
-
 @pytest.mark.parametrize("dtype", ["float64", "bfloat16", "float16"])
 def test_other_float_widths_equal_nnx_max_pool(dtype):
   # The picked element's key is an integer as wide as the float: int64 for float64 (x64 on),

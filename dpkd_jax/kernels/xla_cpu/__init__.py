@@ -17,13 +17,9 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
+from dpkd_jax.kernels import reference
 from dpkd_jax.kernels.xla_cpu import (fast_batch_norm_pool, fast_conv, fast_norm, fast_norm_pool,
-                                      fast_pool, upsample_conv)
-
-
-def max_pool_2x2(x: jax.Array) -> jax.Array:
-  """`nnx.max_pool` 2×2/2 with a gradient free of XLA CPU's select-and-scatter (`fast_pool`)."""
-  return fast_pool.max_pool(x, window_shape=(2, 2), strides=(2, 2))
+                                      upsample_conv)
 
 
 def norm_relu_max_pool(norm: object, y: jax.Array, *, train: bool) -> jax.Array | None:
@@ -38,16 +34,6 @@ def norm_relu_max_pool(norm: object, y: jax.Array, *, train: bool) -> jax.Array 
                                                    num_groups=norm.num_groups,
                                                    epsilon=norm.epsilon)
   return None
-
-
-def normalised_group_norm(layer: nnx.GroupNorm, x: jax.Array) -> jax.Array | None:
-  """x̂, the plain GroupNorm's output with scale 1 and bias 0 (`fast_norm`'s fused form), or
-  None for another configuration."""
-  if not fast_norm.is_plain(layer, x):
-    return None
-  return fast_norm.group_norm(x, jnp.ones_like(layer.scale[...]),
-                              jnp.zeros_like(layer.bias[...]), num_groups=layer.num_groups,
-                              epsilon=layer.epsilon)
 
 
 def tapped_group_norm_relu_max_pool(
@@ -79,11 +65,14 @@ def tapped_group_norm_relu_max_pool(
       x, scale, bias, tapped, num_groups=layer.num_groups, epsilon=layer.epsilon)
 
 
-# The seam's ops (`kernels.Ops` fields) by name.
+# The seam's ops (`kernels.Ops` fields) by name. The standalone max-pool and GroupNorm stay the
+# reference ops: taken out one at a time from an idle table, neither made any step 5% faster
+# (docs/PERFORMANCE.md, "which kernel pays"); `fast_pool` and `fast_norm` remain the parts of
+# the fused norm → ReLU → pool ops that did pay.
 OPS = {"conv_general_dilated": fast_conv.conv_general_dilated,
-       "max_pool_2x2": max_pool_2x2,
-       "group_norm": fast_norm.apply_group_norm,
+       "max_pool_2x2": reference.max_pool_2x2,
+       "group_norm": reference.group_norm,
        "norm_relu_max_pool": norm_relu_max_pool,
        "upsample_conv": upsample_conv.apply,
-       "normalised_group_norm": normalised_group_norm,
+       "normalised_group_norm": reference.normalised_group_norm,
        "tapped_group_norm_relu_max_pool": tapped_group_norm_relu_max_pool}
