@@ -25,8 +25,9 @@ from torch_fixtures import randomise_batch_norms
 
 def test_torchvision_teacher_to_onnx_student(tv_models, tmp_path):
   source = randomise_batch_norms(tv_models.resnet18(num_classes=10))
-  checkpoint = str(tmp_path / "resnet18.pt")
-  torch.save(source.state_dict(), checkpoint)
+  # A runnable program (torch.export), so that the import checks its logits against it.
+  checkpoint = str(tmp_path / "resnet18.pt2")
+  torch.export.save(torch.export.export(source.eval(), (torch.zeros(1, 3, 32, 32),)), checkpoint)
   teacher_dir, run_dir = str(tmp_path / "teacher"), str(tmp_path / "run")
   data.clear_cache()
   try:

@@ -126,5 +126,9 @@ def test_cli_keeps_this_ensemble_and_fails_in_one_line(ensemble_dir, tmp_path, c
 def test_dpdfd_cli_ensemble_errors_are_one_line(argv, fragment, ensemble_dir, tmp_path, capsys,
                                                 monkeypatch):
   monkeypatch.chdir(tmp_path)
+  data_dir = tmp_path / "data"
+  data_dir.mkdir()
+  (data_dir / "mnist.npz").write_bytes(b"")  # found (never read: the ensemble is refused first)
+  monkeypatch.setenv("DPKD_DATA_DIR", str(data_dir))
   flags = _DPDFD + [a.format(ens=ensemble_dir) for a in argv]
   assert fragment in _user_error(dpdfd_cli.main, flags, capsys, tmp_path)
