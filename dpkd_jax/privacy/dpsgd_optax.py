@@ -12,7 +12,7 @@
 
 z, C and B come from the plan only, and the accountant charges `plan.event(steps)`: σ has one
 source, as in every method's plan (`plan.py`). The method's own `DPSGDPlan`
-(`methods/dpsgd/privacy.py`) has the same fields, so the transform and the accountant accept it
+(`methods/dpsgd/privacy.py`) extends `SGDPlan`, so the transform and the accountant take it
 too. B is the PUBLIC expected batch size q·N, not the sample's size (which is private).
 """
 
@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from typing import Any, NamedTuple
+from typing import NamedTuple
 
 import jax
 import optax
@@ -109,11 +109,11 @@ class PrivatizerState(NamedTuple):
   key: jax.Array
 
 
-def dpsgd_privatizer(plan: Any, *, key: jax.Array) -> optax.GradientTransformation:
+def dpsgd_privatizer(plan: SGDPlan, *, key: jax.Array) -> optax.GradientTransformation:
   """Adds N(0, z²C²) to a clipped sum and divides by B: the noisy mean gradient of DP-SGD.
 
   Args:
-    plan: an `SGDPlan` (or the method's `DPSGDPlan`): z = `noise_multiplier`,
+    plan: an `SGDPlan` (the method's `DPSGDPlan` is one): z = `noise_multiplier`,
       C = `l2_clip_norm`, B = `expected_batch_size`.
     key: a `jax.random.key`; the state splits it at every update (one fresh draw per step).
 

@@ -21,6 +21,7 @@ from dpkd_jax import data
 from dpkd_jax import errors
 from dpkd_jax.privacy import accounting
 from dpkd_jax.privacy import calibration
+from dpkd_jax.privacy import dpsgd_optax
 from dpkd_jax.privacy import feature_moments
 from dpkd_jax.privacy import plan as plan_lib
 from dpkd_jax.methods.dpsgd.config import DPSGDConfig
@@ -43,12 +44,14 @@ def _with_setup(setup_noise_multiplier: float | None, event: dp_event.DpEvent,
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
-class DPSGDPlan(plan_lib.Plan):
+class DPSGDPlan(dpsgd_optax.SGDPlan):
   """A config resolved for N records on a mesh: what the step executes and the ledger charges.
 
-  `releases` is T, the number of steps (one noisy clipped sum each); `sound_epsilon` is the
-  replace-one ε at δ of all T steps (inf for z = 0), `budget_epsilon` the ledger's budget
-  (`privacy.plan.budget`: target_epsilon if given, else the planned ε; None for z = 0).
+  The drop-in `SGDPlan` (its N, q, B, z, C, target ε, `steps` and `event`) plus what a run of
+  the method needs. `releases` is T, the number of steps (one noisy clipped sum each);
+  `sound_epsilon` is the replace-one ε at δ of all T steps (inf for z = 0), `budget_epsilon` the
+  ledger's budget (`privacy.plan.budget`: target_epsilon if given, else the planned ε; None for
+  z = 0).
 
   Attributes:
     num_examples: N, size of the private training split (public, as in Opacus).
@@ -65,27 +68,10 @@ class DPSGDPlan(plan_lib.Plan):
       add/remove figure compose it with the steps.
   """
 
-  num_examples: int
-  sampling_rate: float
-  expected_batch_size: int
   steps_per_epoch: int
   max_batch_size: int
-  noise_multiplier: float
-  l2_clip_norm: float
-  target_epsilon: float | None = None
   epsilon_add_remove: float
   standardize_noise_multiplier: float | None = None
-
-  @property
-  def steps(self) -> int:
-    """T: the planned steps (= `releases`)."""
-    return self.releases
-
-  def event(self, releases: int, *, relation: str | None = None) -> dp_event.DpEvent:
-    """The event of `releases` steps, under the plan's relation unless `relation` is given
-    (the add/remove figure reported beside the ledger's)."""
-    return _event(self.noise_multiplier, self.sampling_rate, releases,
-                  self.relation if relation is None else relation)
 
   def setup_event(self, *, relation: str | None = None) -> dp_event.DpEvent | None:
     """The event of the feature-moments release charged once before the first step (None
