@@ -50,6 +50,7 @@ import optax
 from flax import nnx
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
+import performance_doc  # noqa: E402  (renders docs/PERFORMANCE.md's tables from records)
 import peers_dpsgd  # noqa: E402  (a sibling benchmark script: its step builders are reused)
 import protocol  # noqa: E402  (idle check, peak check, repeat until the intervals are tight)
 
@@ -69,7 +70,6 @@ XLA_OPTION_ADDED = xla_flags.apply_defaults()
 
 DOC = pathlib.Path(__file__).resolve().parent.parent / "docs" / "PERFORMANCE.md"
 RECORD = DOC.parent / "results" / "benchmarks" / "perf_table__cpu.json"
-BEGIN, END = "<!-- perf-table:begin -->", "<!-- perf-table:end -->"
 TRAIN_BATCH = 256
 LEARNING_RATE = 0.1
 # DPDFD base configuration of the scaling rows (and of the private-vs-twin row).
@@ -542,16 +542,6 @@ def _commit() -> str | None:
     return None
 
 
-def write_section(text: str, path: pathlib.Path = DOC) -> None:
-  """Replaces the text between the BEGIN and END markers of `path` by `text`."""
-  doc = path.read_text()
-  if BEGIN not in doc or END not in doc:
-    raise ValueError(f"{path} has no {BEGIN} ... {END} section")
-  head, rest = doc.split(BEGIN, 1)
-  _, tail = rest.split(END, 1)
-  path.write_text(f"{head}{BEGIN}\n{text}\n{END}{tail}")
-
-
 def main() -> None:
   parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
   parser.add_argument("--repeats", type=int, default=5)
@@ -566,7 +556,7 @@ def main() -> None:
   parser.add_argument("--allow_busy", action="store_true",
                       help="run on a busy machine anyway: the table is marked INVALID, never written")
   parser.add_argument("--write", action="store_true",
-                      help=f"replace the {BEGIN} section of {DOC.name} and write {RECORD.name}")
+                      help=f"write {RECORD.name} and the table of {DOC.name} rendered from it")
   args = parser.parse_args()
   if args.repeats < 1 or args.warmup < 0:
     raise ValueError(f"need repeats >= 1 and warmup >= 0, got {args.repeats}, {args.warmup}")
@@ -604,9 +594,9 @@ def main() -> None:
   if args.write and not conditions.valid:
     raise protocol.MachineBusy("not writing an invalid table to the docs (see the conditions)")
   if args.write:
-    write_section(text)
     write_record(conditions.line(), header, {"comparisons": table, "which_kernel_pays": pays},
                  text)
+    DOC.write_text(performance_doc.render(DOC.read_text()))  # the section, from the record
     print(f"\nwritten to {DOC} and {RECORD}")
 
 

@@ -69,7 +69,7 @@ class Parser(argparse.ArgumentParser):
     self._cpu_kernels = cpu_kernels
     if cpu_kernels:
       self.add_argument(
-          "--cpu_kernels", nargs="?", const=True, type=_parse_bool, default=True, metavar="BOOL",
+          "--cpu_kernels", nargs="?", const=True, type=parse_bool, default=True, metavar="BOOL",
           help="on the CPU backend, run the model zoo through this library's CPU kernels and "
                "XLA CPU option (dpkd_jax.kernels: faster on XLA CPU, equal values to float "
                "rounding, reverse-mode only); --nocpu_kernels: plain jax.lax/Flax ops, as on "
@@ -111,12 +111,16 @@ class Parser(argparse.ArgumentParser):
     return parsed
 
 
-def _parse_bool(text: str) -> bool:
-  value = {"true": True, "1": True, "yes": True, "false": False, "0": False, "no": False}.get(
-      text.strip().lower())
-  if value is None:
-    raise argparse.ArgumentTypeError(f"expected true or false, got {text!r}")
-  return value
+_TRUE, _FALSE = ("true", "1", "yes"), ("false", "0", "no")
+
+
+def parse_bool(text: str) -> bool:
+  """`true/false/1/0/yes/no` (any case) -> bool; anything else is a flag error."""
+  if text.lower() in _TRUE:
+    return True
+  if text.lower() in _FALSE:
+    return False
+  raise argparse.ArgumentTypeError(f"expected true or false, got {text!r}")
 
 
 def build(cls: Callable[..., _T], /, *args: Any, **kwargs: Any) -> _T:

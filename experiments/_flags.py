@@ -28,16 +28,7 @@ from typing import Any, Callable, Iterable, Union
 from dpkd_jax import config_checks
 from experiments import _cli
 
-_TRUE, _FALSE = ("true", "1", "yes"), ("false", "0", "no")
-
-
-def parse_bool(text: str) -> bool:
-  """`true/false/1/0/yes/no` (any case) -> bool; anything else is a flag error."""
-  if text.lower() in _TRUE:
-    return True
-  if text.lower() in _FALSE:
-    return False
-  raise argparse.ArgumentTypeError(f"expected true or false, got {text!r}")
+parse_bool = _cli.parse_bool  # `true/false/1/0/yes/no` (any case) -> bool
 
 
 def _named(kind: Callable[[str], Any], name: str) -> Callable[[str], Any]:

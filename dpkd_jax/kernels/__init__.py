@@ -53,8 +53,9 @@ REFERENCE = Ops(name="reference", **{field.name: getattr(reference, field.name)
 _ACTIVE = [REFERENCE]
 
 
+@functools.cache
 def xla_cpu_ops() -> Ops:
-  """The XLA CPU kernels as an `Ops` (imported on first use)."""
+  """The XLA CPU kernels as an `Ops` (imported and built on first use)."""
   from dpkd_jax.kernels import xla_cpu  # pylint: disable=g-import-not-at-top
   return Ops(name="xla_cpu", **xla_cpu.OPS)
 
