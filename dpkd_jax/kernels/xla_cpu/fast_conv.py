@@ -36,10 +36,9 @@ Use it as
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import functools
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import jax
@@ -261,13 +260,13 @@ def _route(kind: str, lhs_shape: tuple[int, ...], rhs_shape: tuple[int, ...],
 
 
 def _run(kind: str, spec: _ConvSpec, lhs: jax.Array, rhs: jax.Array,
-         cotangent: jax.Array | None = None, *, form: str | None = None) -> jax.Array:
-  """One pass by the static rule (or by `form`, which tests pass). A form other than XLA's is
-  taken only when lowering for CPU (`lax.platform_dependent`): GPU and TPU keep XLA's (cuDNN's)
-  convolutions."""
+         cotangent: jax.Array | None = None) -> jax.Array:
+  """One pass by the static rule (or by `_FORCED_FORMS`, where the shape offers that form). A
+  form other than XLA's is taken only when lowering for CPU (`lax.platform_dependent`): GPU and
+  TPU keep XLA's (cuDNN's) convolutions."""
   static, forms = _route(kind, lhs.shape, rhs.shape, spec)
-  form = _FORCED_FORMS.get(kind, static) if form is None else form
-  form = form if form in forms else "xla"
+  form = _FORCED_FORMS.get(kind, static)
+  form = form if form in forms else static
   out_shape = _output_shape(lhs.shape, rhs.shape, spec)
   dtype = {"forward": jnp.result_type(lhs, rhs), "input_grad": lhs.dtype,
            "kernel_grad": rhs.dtype}[kind]
@@ -288,21 +287,8 @@ def _output_shape(lhs_shape: Sequence[int], rhs_shape: Sequence[int],
   return (lhs_shape[0], out_h, out_w, rhs_shape[3])
 
 
-# pass -> form name, for passes traced inside `forced_forms` (tests compare every form).
+# pass -> form name: the tests set it (monkeypatch) to run every exact form, not only the rule's.
 _FORCED_FORMS: dict[str, str] = {}
-
-
-@contextlib.contextmanager
-def forced_forms(forms: dict[str, str]) -> Iterator[None]:
-  """Passes traced inside take `forms[pass]` where that form applies to their shape (e.g.
-  {"kernel_grad": "banded"}), instead of the static rule: for tests of every form."""
-  previous = dict(_FORCED_FORMS)
-  _FORCED_FORMS.update(forms)
-  try:
-    yield
-  finally:
-    _FORCED_FORMS.clear()
-    _FORCED_FORMS.update(previous)
 
 
 @functools.partial(jax.custom_vjp, nondiff_argnums=(2,))
