@@ -8,7 +8,7 @@ Every reported run is one JSON record in docs/results/ (schema: dpkd_jax/train/r
   render --check    writes nothing; exits 1 if a generated file differs from its records
   publish           copies a finished run's <workdir>/record.json to docs/results/<name>.json,
                     with the paper's figures and the table rows it fills:
-      python -m experiments.results publish --run=runs/dpdfd/m_s10 --name=dpdfd__mnist__m_s10 \\
+      python -m experiments.results publish --run=runs/dpdfd/mnist_dkd_600steps_eps10 --name=dpdfd__mnist__dkd_600steps_eps10 \\
           --paper_row="DPDFD Table 1, MNIST, eps=10" --paper_accuracy=0.9751 --table=dpdfd_table1_short
     then `render`. A table's row template (in its begin marker) names the keys a row needs;
     give the ones the run's record lacks with --column KEY=VALUE or --text KEY=VALUE.
@@ -19,7 +19,7 @@ Every reported run is one JSON record in docs/results/ (schema: dpkd_jax/train/r
           dpsgd__mnist__a_s2 --name=dpsgd__mnist__a --table=dpsgd_full_scale
   attach            adds curves a run logged (metrics.csv) to its published record, so a
                     figure the text cites is read from the run, never typed:
-      python -m experiments.results attach --name=dpdfd__mnist__m_s10 \
+      python -m experiments.results attach --name=dpdfd__mnist__dkd_600steps_eps10 \
           --curve=train/released_agreement   # the record's own run (its `source`)
     publish takes the same --curve. A curve is the column "curve:<metric>": [[step, value]].
   report --run=DIR  (re)writes DIR/report.md (`dpkd_jax.train.report`; every run writes one
@@ -133,7 +133,7 @@ def _destination(a: argparse.Namespace) -> str:
   """docs/results/<--name>.json, after checking the name and that --force allows replacing."""
   if not _NAME.match(a.name):
     raise UserError(f"--name={a.name!r}: use letters, digits, '_', '.', '-' (e.g. "
-                    "dpdfd__mnist__m_s10)")
+                    "dpdfd__mnist__dkd_600steps_eps10)")
   dest = os.path.join(a.results_dir, a.name + ".json")
   if os.path.exists(dest) and not a.force:
     raise UserError(f"{dest} exists; pass --force to replace it")

@@ -1,5 +1,5 @@
 """Every CLI turns an expected user error into one line on stderr and exit status 2, with
-nothing written (issue 17, point 12): missing, empty, mismatching or corrupt teachers, workdirs
+nothing written: missing, empty, mismatching or corrupt teachers, workdirs
 that are files or read-only, batches larger than the data, `dpdfd sample` on a wrong workdir,
 `plot --out` into a missing folder, data not found. A bug keeps its traceback."""
 

@@ -255,7 +255,7 @@ def test_documented_rona_rknn_dfpate_commands():
 @pytest.mark.parametrize("parse", [teacher_cli.parse_config, dpsgd_cli.parse_config,
                                    rknn_cli.parse_config, rona_cli.parse_config])
 def test_no_download_unless_asked(parse):
-  """Issue 17.11: the network is used only with an explicit --download."""
+  """The network is used only with an explicit --download."""
   argv = ["--dataset=digits", "--noise_multiplier=1", "--steps=1"] if parse in (
       dpsgd_cli.parse_config, rona_cli.parse_config) else []
   argv = argv[:2] if parse is rona_cli.parse_config else argv

@@ -1,4 +1,4 @@
-"""Fault injection on the CLIs (issue 17, "Done when"): `benchmarks/fault_injection.py`.
+"""Fault injection on the CLIs: `benchmarks/fault_injection.py`.
 
 kill -9 at a random release then resume, overwritten checkpoint bytes, a concurrent start, a
 dataset missing offline, and bad input or refused writes (one line, nothing charged), each on

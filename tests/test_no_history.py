@@ -16,9 +16,11 @@ _REPO = pathlib.Path(__file__).resolve().parent.parent
 
 _PATTERNS = {
     "a numbered work session": re.compile(r"\bsessions? [0-9]|\bsession-[0-9]", re.I),
-    "an issue number": re.compile(r"\bissues? #[0-9]|#[0-9]+,? item|\(#[0-9]+[),]|\bPR #[0-9]",
+    "an issue number": re.compile(r"\bissues? #?[0-9]|#[0-9]+,? item|\(#[0-9]+[),]|\bPR #[0-9]",
                                   re.I),
     "a round of the work": re.compile(r"\bdevelopment[ ]rounds?\b|^#+ Round [0-9]+:", re.I | re.M),
+    # a record labelled by the working period that made it (`srr__mnist__s2` "0_eps10")
+    "a numbered working period in a record name": re.compile(r"__s[0-9]{2}_"),
 }
 
 # Paths left out of the check (none).
@@ -56,9 +58,12 @@ def test_the_patterns_catch_history_and_spare_genuine_uses():
   assert _findings("x.md", "see iss" "ue #" "22, item 4")
   assert _findings("x.md", "## Round 29: new table")
   assert _findings("x.py", "fixed in (" "#17)")
+  assert _findings("x.py", "as iss" "ue 17 point 11 asks")
+  assert _findings("x.md", "docs/results/srr__mnist__s" "20_eps10.json")
   for genuine in ("sess = onnxruntime.InferenceSession(path)", "x = round(y, 4)",
                   "--rounds=5 --queries_per_round=500", "T = 2 rounds (round 2 relabels)",
-                  "the rounded value", "a session of the device"):
+                  "the rounded value", "a session of the device",
+                  "dpdfd__mnist__collapse_base_paper_eps1_s0.json"):
     assert not _findings("x.py", genuine), genuine
 
 

@@ -22,7 +22,7 @@ def test_the_rerun_replaces_seed_workdir_and_hold_out_and_keeps_the_rest():
 
 
 def test_a_headline_plan_runs_three_seeds_then_combines():
-  name = "rona__mnist__s25_sound768"
+  name = "rona__mnist__sound768"
   commands, warnings = rerun_headlines.plan(name, seeds=[0, 1, 2], validation_examples=None,
                                             runs_dir="runs/r")
   runs = [c for c in commands if "experiments.rona" in c]
@@ -46,7 +46,7 @@ def test_warnings_name_a_dirty_record_and_a_teacher_that_saw_the_hold_out():
 
 
 def test_candidates_are_run_on_the_hold_out_and_the_best_validation_accuracy_wins(tmp_path):
-  name, other = "rona__mnist__s25_sound768", "rona__mnist__s25_nonprivate"
+  name, other = "rona__mnist__sound768", "rona__mnist__nonprivate"
   runs = rerun_headlines.candidate_runs(name, [other], validation_examples=None,
                                         runs_dir=str(tmp_path))
   assert list(runs) == [name, other]
@@ -64,6 +64,6 @@ def test_candidates_are_run_on_the_hold_out_and_the_best_validation_accuracy_win
 
 def test_bad_arguments_exit_2(capsys):
   assert rerun_headlines.main(["no_such_record"]) == 2
-  assert rerun_headlines.main(["rona__mnist__s25_sound768", "--seeds=0"]) == 2
-  assert rerun_headlines.main(["rona__mnist__s25_sound768", "--candidates=x"]) == 2
+  assert rerun_headlines.main(["rona__mnist__sound768", "--seeds=0"]) == 2
+  assert rerun_headlines.main(["rona__mnist__sound768", "--candidates=x"]) == 2
   assert capsys.readouterr().err.count("\n") == 3

@@ -1,4 +1,4 @@
-"""dpkd_jax.data.tfds_source and the offline paths of sources.load (issue 17, point 11):
+"""dpkd_jax.data.tfds_source and the offline paths of sources.load:
 never a network access without download=True; with it, a few-second reachability check first,
 so an offline machine gets one line naming every place looked in, not a silent hang."""
 
