@@ -208,11 +208,16 @@ def plot_privacy_utility(runs: Sequence[RunSummary], out_path: str, *,
     # A legend entry per method and kind, not per run: sweeps have many runs.
     trajectory_label = f"{method} during training (ε spent)"
     paper_label = f"{method}: paper-formula ε (NOT a guarantee)"
+    unbounded = sum(not math.isfinite(r.epsilon) for r in method_runs)
+    unbounded_label = (f"{method}: ε = ∞, no guarantee"
+                       + (f" ({unbounded} runs)" if unbounded > 1 else ""))
     for run in method_runs:
       if not math.isfinite(run.epsilon):
-        # ε = ∞ has no x position: a reference line at the run's accuracy.
+        # ε = ∞ has no x position: a reference line at the run's accuracy, one legend entry
+        # per method (record names mean nothing to a reader).
         ax.axhline(run.accuracy, linestyle="--", linewidth=1, color=color,
-                   label=f"{method} {run.label}: ε = ∞ (no guarantee)")
+                   label=unbounded_label)
+        unbounded_label = None
       if trajectories and run.trajectory:
         eps, acc = zip(*run.trajectory)
         ax.plot(eps, acc, ".:", color=color, alpha=0.7, label=trajectory_label)

@@ -18,7 +18,6 @@ from typing import Any, NamedTuple
 
 import jax
 import optax
-import tqdm
 from flax import nnx
 
 import dpkd_jax
@@ -37,6 +36,7 @@ from dpkd_jax.train import sharding
 from dpkd_jax.train import supervised
 from dpkd_jax.train import workdir as workdir_lib
 from dpkd_jax.train.state import TrainState
+from dpkd_jax.train.progress import StepBar
 
 _OPTIMIZERS = ("adam", "sgd")
 
@@ -255,7 +255,7 @@ def train_teacher(config: TeacherConfig, workdir: str, *, progress: bool = True,
   train_step = make_train_step(config)
   writer = metrics_lib.MetricsWriter(workdir, resume_step=run.step)
 
-  bar = tqdm.tqdm(total=total_steps, initial=start_epoch * steps_per_epoch, disable=not progress,
+  bar = StepBar(total=total_steps, initial=start_epoch * steps_per_epoch, disable=not progress,
                   desc=f"teacher {config.model}/{config.dataset}")
   start_time, start_cpu = time.time(), time.process_time()
   for epoch in range(start_epoch, config.epochs):

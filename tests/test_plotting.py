@@ -150,3 +150,24 @@ def test_cli(tmp_path, dpdfd_runs, capsys):
   assert _png_shape(out)[0] > 0
   with pytest.raises(SystemExit):  # argparse error, not a traceback
     plot_cli.main(["--runs", str(tmp_path / "missing"), "--out", out])
+
+
+def test_runs_without_a_guarantee_share_one_legend_entry_per_method(tmp_path, monkeypatch):
+  import matplotlib.figure  # pylint: disable=g-import-not-at-top
+  texts = []
+  save = matplotlib.figure.Figure.savefig
+
+  def spy(fig, *args, **kwargs):
+    texts.extend(t.get_text() for ax in fig.axes if ax.get_legend()
+                 for t in ax.get_legend().get_texts())
+    return save(fig, *args, **kwargs)
+
+  monkeypatch.setattr(matplotlib.figure.Figure, "savefig", spy)
+  runs = [plotting.RunSummary(label=f"dpdfd__digits__engine_{i}", method="dpdfd",
+                              epsilon=math.inf, accuracy=0.5 + i / 10, delta=1e-5,
+                              paper_epsilon=None, trajectory=()) for i in range(3)]
+  runs.append(plotting.RunSummary(label="dpdfd__digits__eps10", method="dpdfd", epsilon=10.0,
+                                  accuracy=0.8, delta=1e-5, paper_epsilon=None, trajectory=()))
+  plotting.plot_privacy_utility(runs, str(tmp_path / "utility.png"))
+  assert [t for t in texts if "∞" in t] == ["dpdfd: ε = ∞, no guarantee (3 runs)"]
+  assert not any("__" in t for t in texts)  # no record names in the legend

@@ -14,7 +14,6 @@ from typing import Any
 
 import jax
 import numpy as np
-import tqdm
 
 from dpkd_jax import data
 from dpkd_jax import models
@@ -33,6 +32,7 @@ from dpkd_jax.train import outputs
 from dpkd_jax.train import samples
 from dpkd_jax.train import selection
 from dpkd_jax.train import workdir as workdir_lib
+from dpkd_jax.train.progress import StepBar
 
 
 @dataclasses.dataclass
@@ -166,7 +166,7 @@ def train_dfpate(config: config_lib.DFPATEConfig, workdir: str, *, resume: bool 
   # 5. Train: charge -> release -> seal -> save, one round at a time
   writer = metrics_lib.MetricsWriter(workdir, resume_step=start)
   monitor = selection.Monitor(workdir, setup.test, setup.validation, resume_step=start)
-  bar = tqdm.tqdm(total=config.rounds, initial=start, disable=not progress,
+  bar = StepBar(total=config.rounds, initial=start, disable=not progress,
                   desc=f"DF-PATE {config.dataset} rounds")
   for round_index in range(start, config.rounds):
     if ledger is not None:  # account before releasing: a crash never under-counts

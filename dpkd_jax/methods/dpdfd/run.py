@@ -20,7 +20,6 @@ from typing import Any, NamedTuple
 import jax
 import jax.numpy as jnp
 import optax
-import tqdm
 
 from dpkd_jax import data
 from dpkd_jax import errors
@@ -54,6 +53,7 @@ RELEASED_ROWS_KEY = "released_rows_per_class"
 RELEASED_ROWS_FROM_KEY = "released_rows_counted_from_step"
 from dpkd_jax.train import workdir as workdir_lib
 from dpkd_jax.train.state import TrainState
+from dpkd_jax.train.progress import StepBar, readable
 
 
 class TeacherSource(NamedTuple):
@@ -190,7 +190,7 @@ def _train(run: workdir_lib.Run, plan: privacy.DPDFDPlan, config: config_lib.DPD
   (K,) counted since `meta`'s start step, or None)."""
   train_step = step_lib.make_train_step(plan, config, ensemble.graphdef)
   writer = metrics_lib.MetricsWriter(run.workdir, resume_step=start)
-  bar = tqdm.tqdm(total=plan.releases, initial=start, disable=not progress,
+  bar = StepBar(total=plan.releases, initial=start, disable=not progress,
                   desc=f"DPDFD {config.dataset}")
   accuracy = math.nan
   step = start
@@ -226,7 +226,7 @@ def _train(run: workdir_lib.Run, plan: privacy.DPDFDPlan, config: config_lib.DPD
     # A non-private run (σ = 0) has no finite ε to plot; results.json says inf.
     privacy_metrics = {"epsilon": spent} if math.isfinite(spent) else {}
     writer.write(step, {**step_metrics, **privacy_metrics}, prefix="train/")
-    bar.set_postfix(loss=f"{step_metrics['student_loss']:.3f}", acc=f"{accuracy:.4f}",
+    bar.set_postfix(loss=readable(step_metrics["student_loss"]), acc=f"{accuracy:.4f}",
                     eps=f"{spent:.3g}")
     run.save(step, host_arrays, {**meta, "step": step,
                                  "ledger": None if ledger is None else ledger.to_json()})

@@ -30,7 +30,6 @@ from typing import Any, Callable
 
 import jax
 import numpy as np
-import tqdm
 from jax.sharding import Mesh
 
 import dpkd_jax
@@ -56,6 +55,7 @@ from dpkd_jax.methods.dpsgd import config as config_lib
 from dpkd_jax.methods.dpsgd.config import DPSGDConfig
 from dpkd_jax.methods.dpsgd.privacy import DPSGDPlan
 from dpkd_jax.methods.dpsgd.privacy import make_plan
+from dpkd_jax.train.progress import StepBar, readable
 
 _LOG_EVERY_STEPS = 50
 # The validation hold-out is data bookkeeping, fixed so that tuning runs share one split.
@@ -256,7 +256,7 @@ class _Loop:
     private_writer = (outputs.PrivateDiagnosticsWriter(workdir, resume_step=self.run.step)
                       if config.log_private_diagnostics else None)
     self.step = int(state.step)
-    bar = tqdm.tqdm(total=plan.steps, initial=self.step, disable=not progress,
+    bar = StepBar(total=plan.steps, initial=self.step, disable=not progress,
                     desc=f"dpsgd {config.model}/{config.dataset}")
     test_metrics, postfix = None, {"eps": f"{self.spent():.3f}"}
     while self.step < stop:
@@ -269,7 +269,7 @@ class _Loop:
         if private_writer is not None and (self.step % _LOG_EVERY_STEPS == 0 or self.step == stop):
           step_metrics = jax.device_get(step_metrics)
           private_writer.write(self.step, step_metrics, prefix="train/")
-          postfix["loss"] = f"{step_metrics['loss']:.3f}"
+          postfix["loss"] = readable(step_metrics["loss"])
           bar.set_postfix(postfix)
       test_metrics = self._seal_evaluate_save(state, writer)
       postfix.update(eps=f"{self.spent():.3f}", test_acc=f"{test_metrics['accuracy']:.4f}")

@@ -8,7 +8,6 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 import numpy as np
-import tqdm
 
 from dpkd_jax import data
 from dpkd_jax.methods.rknn import config as config_lib
@@ -16,6 +15,7 @@ from dpkd_jax.methods.rknn import step as step_lib
 from dpkd_jax.models import core
 from dpkd_jax.train import evaluate as evaluate_lib
 from dpkd_jax.train import metrics as metrics_lib
+from dpkd_jax.train.progress import StepBar
 
 _LOG_EVERY_STEPS = 50
 
@@ -48,7 +48,7 @@ def train_student(key: jax.Array, images: np.ndarray, labels: np.ndarray, *,
   state = step_lib.init_state(init_key, config, info, total_steps=total_steps)
   train_step = step_lib.build_train_step(config, info)
   labels = np.asarray(labels, np.int32)
-  bar = tqdm.tqdm(total=total_steps, disable=not progress, desc=desc)
+  bar = StepBar(total=total_steps, disable=not progress, desc=desc)
   step = 0  # Host-side counter: reading state.step would block on every dispatch.
   for epoch in range(config.epochs):
     for indices in data.epoch_batches(jax.random.fold_in(order_key, epoch), len(images),

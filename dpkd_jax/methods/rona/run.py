@@ -27,7 +27,6 @@ from typing import Any, Callable, NamedTuple
 
 import jax
 import numpy as np
-import tqdm
 from jax.sharding import Mesh
 
 import dpkd_jax
@@ -51,6 +50,7 @@ from dpkd_jax.train import selection
 from dpkd_jax.train import sharding
 from dpkd_jax.train import workdir as workdir_lib
 from dpkd_jax.train.state import TrainState
+from dpkd_jax.train.progress import StepBar
 
 _TRAINING_PHASES = ("hint", "self", "distill")
 _PAPER_SCOPE = "all T queries (Theorem 2 reconstruction: moments accountant at sensitivity B)"
@@ -243,7 +243,7 @@ def _train_units(ctx: _Context, carry: _Carry, root_seed: seeds.ResolvedSeed, *,
   stop = len(units) if stop_after_units is None else min(len(units),
                                                          carry.unit + stop_after_units)
   writer = metrics_lib.MetricsWriter(workdir, resume_step=carry.unit)
-  bar = tqdm.tqdm(total=len(units), initial=carry.unit, disable=not show_progress,
+  bar = StepBar(total=len(units), initial=carry.unit, disable=not show_progress,
                   desc=f"rona {config.student_model}/{config.dataset}", unit="epoch")
   test_metrics = None
   while carry.unit < stop:
@@ -333,7 +333,7 @@ def _private_epoch(ctx: _Context, carry: _Carry, phase: str, note: str,
 
 
 def _log_unit(ctx: _Context, carry: _Carry, phase: str, step_metrics: Any,
-              writer: metrics_lib.MetricsWriter, bar: tqdm.tqdm) -> dict[str, float] | None:
+              writer: metrics_lib.MetricsWriter, bar: StepBar) -> dict[str, float] | None:
   """Evaluates the student (`ctx.monitor`), writes the unit's scalars; returns the test metrics
   (None with a hold-out: its figures go to the private diagnostics)."""
   parts = student.student_parts(carry.state, ctx.student_graphdef)

@@ -17,7 +17,6 @@ from typing import Any
 
 import jax
 import jax.numpy as jnp
-import tqdm
 
 from dpkd_jax import data
 from dpkd_jax import errors
@@ -28,6 +27,7 @@ from dpkd_jax.privacy import seeds
 from dpkd_jax.train import checkpoint
 from dpkd_jax.train import sharding
 from dpkd_jax.train.state import TrainState
+from dpkd_jax.train.progress import StepBar
 
 
 def public_split_card(config: RONAConfig, num_public: int) -> dict[str, Any]:
@@ -73,7 +73,7 @@ def train_public_teacher(config: teacher_lib.TeacherConfig, public: data.ArrayDa
   state = sharding.replicate(state, mesh)
   train_step = teacher_lib.make_train_step(config)
   start_time, start_cpu = time.time(), time.process_time()
-  with tqdm.tqdm(total=total_steps, disable=not progress,
+  with StepBar(total=total_steps, disable=not progress,
                  desc=f"aux teacher {config.model}/{config.dataset} (public)") as bar:
     for epoch in range(config.epochs):
       for indices in data.epoch_batches(jax.random.fold_in(order_key, epoch), len(public),

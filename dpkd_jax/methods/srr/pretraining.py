@@ -18,7 +18,6 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 import optax
-import tqdm
 
 from dpkd_jax import errors
 from dpkd_jax import models
@@ -31,6 +30,7 @@ from dpkd_jax.train import outputs
 from dpkd_jax.train import sharding
 from dpkd_jax.train import workdir as workdir_lib
 from dpkd_jax.train.state import TrainState
+from dpkd_jax.train.progress import StepBar
 
 
 def starting_generator(config: config_lib.SRRConfig, generator: core.ModelParts,
@@ -96,7 +96,7 @@ def pretrain_generator(config: generator_lib.PretrainConfig, generator: core.Mod
   step_fn = step_lib.make_pretrain_step(config, teacher.graphdef)
   # Losses of teacher(G(z)): noiseless functions of the teacher, so private diagnostics.
   writer = outputs.PrivateDiagnosticsWriter(workdir, resume_step=start if start else None)
-  bar = tqdm.tqdm(total=config.steps, initial=start, disable=not progress, desc="generator")
+  bar = StepBar(total=config.steps, initial=start, disable=not progress, desc="generator")
   step = start
   while step < config.steps:
     for _ in range(min(checkpoint_every, config.steps - step)):

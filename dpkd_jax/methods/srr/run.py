@@ -23,7 +23,6 @@ from typing import Any, NamedTuple
 
 import jax
 import numpy as np
-import tqdm
 
 from dpkd_jax import data
 from dpkd_jax import models
@@ -44,6 +43,7 @@ from dpkd_jax.train import samples
 from dpkd_jax.train import selection
 from dpkd_jax.train import sharding
 from dpkd_jax.train import workdir as workdir_lib
+from dpkd_jax.train.progress import StepBar
 
 # Sample-grid key fold_in(init_key, 2): init_models' split(init_key) holds tags 0 and 1.
 _GRID_TAG = 2
@@ -193,7 +193,7 @@ def _train_stages(config: config_lib.SRRConfig, plan: privacy.SRRPlan, run: work
   """Stages `start`..plan.stages-1; appends each stage's accuracy to `history` (of the test
   split, or of the private validation hold-out: `selection.Monitor`)."""
   writer = metrics_lib.MetricsWriter(run.workdir, resume_step=start)
-  bar = tqdm.tqdm(total=plan.stages, initial=start, disable=not progress,
+  bar = StepBar(total=plan.stages, initial=start, disable=not progress,
                   desc=f"SRR {config.dataset} stages")
   for stage in range(start, plan.stages):
     if plan.private:  # account before releasing: a crash never under-counts
