@@ -8,7 +8,7 @@ Selected on: test split
 
 patch_cnn teachers on disjoint shards (kept at runs/dfpate/teachers_mnist_pcnn250), soft votes
 and soft targets, 4 rounds of 500 queries, 15 student epochs
-(docs/RESULTS.md#queries-from-a-dp-query-model). The record is the mean of three seeds.
+(docs/RESULTS.md#dfpate-dp-query-model). The record is the mean of three seeds.
 """
 
 from dpkd_jax.methods import dfpate

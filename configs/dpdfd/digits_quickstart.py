@@ -8,10 +8,10 @@ Selected on: test split
 
 `python -m experiments.dpdfd --dataset=digits` runs it too (`BY_DATASET`). Logit-gap rows
 (`teacher_loss="logit"`) and a GroupNorm datalens_cnn student: the digits engine of best test
-accuracy (docs/RESULTS.md#the-engine-without-noise, the digits table). The teacher, trained
+accuracy (docs/RESULTS.md#dpdfd-engine, the digits table). The teacher, trained
 or reused at runs/teacher/digits_small_cnn, trains `TEACHER_EPOCHS` epochs. At sound ε = 10
 one teacher leaves too little signal for the student (the record's accuracy says how much;
-docs/privacy.md#why-a-one-teacher-student-stays-at-chance); `--noise_multiplier=0` shows the
+docs/privacy.md#one-teacher-at-chance); `--noise_multiplier=0` shows the
 pipeline learn (NOT private).
 """
 

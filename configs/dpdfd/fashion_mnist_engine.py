@@ -11,9 +11,9 @@ Selected on: test split
 configs/dpdfd/mnist_engine.py with the teacher's architecture (small_cnn) as the student,
 which learned faster than datalens_cnn here, and a class code of weight 3 with the default
 teacher (small_cnn, 5 epochs, no augmentation: the one the record used)
-(docs/RESULTS.md#the-class-conditional-generator). The record is this engine at σ = 0, the
+(docs/RESULTS.md#dpdfd-class-conditional). The record is this engine at σ = 0, the
 mean of three seeds (NOT private); at the sound ε = 10 one teacher's student stays at chance
-(docs/privacy.md#why-a-one-teacher-student-stays-at-chance). The paper-accounting recipe is
+(docs/privacy.md#one-teacher-at-chance). The paper-accounting recipe is
 configs/dpdfd/fashion_mnist_paper_eps10.py.
 """
 

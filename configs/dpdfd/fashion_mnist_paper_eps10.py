@@ -11,7 +11,7 @@ beside it). configs/dpdfd/fashion_mnist_engine.py's engine (small_cnn student, c
 weight 3) with the paper's C = 1e-10, κ = 1e-12, γ = 1e12; the record is the mean of five
 seeds (the command gives seed 0; --seed=1..4 the others). The teacher is the CLI's default
 (small_cnn, 5 epochs, no augmentation, at runs/teacher/fashion_mnist_small_cnn), the one the
-record used (docs/RESULTS.md#the-class-conditional-generator).
+record used (docs/RESULTS.md#dpdfd-class-conditional).
 """
 
 from dpkd_jax.methods import dpdfd

@@ -9,10 +9,10 @@ Selected on: test split
 `python -m experiments.dpdfd --dataset=mnist` runs it (`BY_DATASET`). The generator climbs
 the released student-teacher disagreement: logit-gap rows clipped at C = 1000 (above the
 gaps), one probe direction, a BatchNorm datalens_cnn student, 8,000 steps
-(docs/RESULTS.md#the-engine-without-noise). The record is this engine at σ = 0 (NOT private:
+(docs/RESULTS.md#dpdfd-engine). The record is this engine at σ = 0 (NOT private:
 what the engine reaches without noise). At the sound ε = 10 of the recipe one teacher's
 student stays at chance (docs/results/dpdfd__mnist__table1_disagreement_sound_eps10.json,
-docs/privacy.md#why-a-one-teacher-student-stays-at-chance); the private recipes are
+docs/privacy.md#one-teacher-at-chance); the private recipes are
 configs/dpdfd/mnist_ensemble_eps10.py (sound, many teachers) and
 configs/dpdfd/mnist_paper_eps10.py (the paper's accounting).
 """

@@ -9,7 +9,7 @@ Selected on: test split
 The teachers: `python -m experiments.teacher_ensemble --dataset=mnist --num_teachers=250
 --teacher_model=patch_cnn` at runs/teacher_ensemble/mnist_pcnn250. One record reaches one
 teacher, so the released mean row's sensitivity falls with their number while the noise
-stays (docs/RESULTS.md#many-disjoint-teachers-sound-accounting). The noise dominates the
+stays (docs/RESULTS.md#dpdfd-many-teachers). The noise dominates the
 rows' size, which the disagreement generator would climb: the paper's generator, rows
 clipped at C = 1, 2,000 steps.
 """

@@ -9,9 +9,9 @@ Selected on: test split
 NOT a sound guarantee: Theorem 3's ε prices the noise std σ·C by C²/σ², so rows scaled by
 κ = 1e-12 far below a tiny C = 1e-10, with κ·γ = 1, make its ε = 10 admit an almost
 noiseless run; the sound ε printed beside it says what that is worth
-(docs/RESULTS.md#paper-table-1-side-by-side). The engine is configs/dpdfd/mnist_engine.py's
+(docs/RESULTS.md#dpdfd-paper-table-1). The engine is configs/dpdfd/mnist_engine.py's
 with the class-conditional generator (weight 1: the MNIST seeds that collapse without it
-learn with it, docs/RESULTS.md#the-class-conditional-generator). The teacher is the record's:
+learn with it, docs/RESULTS.md#dpdfd-class-conditional). The teacher is the record's:
 small_cnn trained with crops of ±2 pixels (docs/RESULTS.md#teachers).
 """
 

@@ -8,7 +8,7 @@ Selected on: validation hold-out
 
 The private-data baseline of docs/CHOOSING.md (Tramèr & Boneh's ScatterNet + linear recipe):
 ghost clipping at C = 0.1, expected batch 4,096, learning rate 8 with momentum 0.9, 20
-epochs (docs/RESULTS.md#dp-sgd-at-full-scale-scatternet-features). The record is the mean of
+epochs (docs/RESULTS.md#dpsgd-scatternet). The record is the mean of
 several seeds; --seed=1, 2 give the others.
 """
 

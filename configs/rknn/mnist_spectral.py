@@ -7,7 +7,7 @@ Time: 24 min wall (all its seeds)
 Selected on: test split
 
 40 queries per class, k = 1, a small_cnn student; the public images' ScatterNet neighbour
-graph clustered spectrally (docs/RESULTS.md#representations-and-the-query-count). The record
+graph clustered spectrally (docs/RESULTS.md#rknn-representations). The record
 is the mean of three seeds.
 """
 

@@ -7,7 +7,7 @@ Time: 12 min wall
 Selected on: test split
 
 40% of the training split public, 5 rounds of 2,560 queries, 12 self-learning epochs with
-augmentation, a cosine rate from 0.01 (docs/RESULTS.md#rona-private-model-compression). The
+augmentation, a cosine rate from 0.01 (docs/RESULTS.md#rona). The
 teachers are the record's: small_cnn with crops of ±2 pixels (docs/RESULTS.md#teachers) and
 the auxiliary teacher trained on the public part at runs/rona25/aux_mnist_public40.
 """

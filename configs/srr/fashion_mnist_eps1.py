@@ -10,7 +10,7 @@ Plain K-ary RR at ε = 1 keeps the true label with probability e/(e + 9) < 1/2: 
 student rate (a faster one fits the noise), four times the stages of twice the queries (the
 student's prior, which selects each later stage's candidate set, keeps improving), each
 fitted for 5 epochs, and no generator fine-tuning on those labels
-(docs/RESULTS.md#engine-and-student). The same engine serves MNIST at ε = 1
+(docs/RESULTS.md#srr-engine). The same engine serves MNIST at ε = 1
 (`--dataset=mnist --teacher_dir=...`).
 """
 

@@ -9,7 +9,7 @@ Selected on: test split
 `python -m experiments.srr` runs it without `--config` (`DEFAULT`), for any `--dataset`.
 4 stages of 12,800 queries, 10 student epochs on each, the RR-likelihood student loss
 (post-processing: the known channel), a small_cnn student, a generator of width 64
-(docs/RESULTS.md#engine-and-student); the paper's engine (10 stages of 2,560, KL, lenet5,
+(docs/RESULTS.md#srr-engine); the paper's engine (10 stages of 2,560, KL, lenet5,
 width 128) is `SRRConfig`'s own defaults. The teacher is the record's (small_cnn, crops of ±2
 pixels; docs/RESULTS.md#teachers). The record-level ε w.r.t. the teacher's data is inf with
 the teacher-prior generator (printed beside the per-query ε). Where plain RR at --epsilon
