@@ -56,5 +56,6 @@ def record_commands() -> dict[str, str]:
   out = {}
   for module in recipes().values():
     found = fields(module)
-    out[found["Record"].split()[0]] = found["Command"]
+    name = found["Record"].split()[0].rsplit("/", 1)[-1].removesuffix(".json")
+    out[name] = found["Command"]
   return out
