@@ -13,8 +13,8 @@ student on every stage's released labels so far (post-processing); `--resume` co
 Recipes are files, `--config=configs/srr/<name>.py` (the record each reproduces, its command and
 time); a flag given overrides it. Without --config the run starts from configs/srr/mnist_eps10.py
 (the engine of best test accuracy at ε = 10, selected on the test split) for every --dataset;
-where plain RR at --epsilon keeps under half of the labels, configs/srr/fashion_mnist_eps1.py's
-engine learned better (the CLI says so).
+where plain RR at --epsilon keeps under half of the labels, configs/srr/mnist_eps1.py's engine
+learned better (the CLI says so).
 """
 
 from __future__ import annotations

@@ -107,7 +107,7 @@ _NOW = {
     "dpdfd --dataset=mnist --teacher_ensemble_dir=E --target_epsilon=10": [
         "--config=configs/dpdfd/mnist_ensemble_eps10.py", "--teacher_ensemble_dir=E"],
     "srr --dataset=mnist --teacher_dir=T --epsilon=1": [
-        "--config=configs/srr/fashion_mnist_eps1.py", "--dataset=mnist", "--teacher_dir=T"],
+        "--config=configs/srr/mnist_eps1.py", "--teacher_dir=T"],
     "srr --dataset=fashion_mnist --teacher_dir=T --epsilon=1": [
         "--config=configs/srr/fashion_mnist_eps1.py", "--teacher_dir=T"],
 }

@@ -97,16 +97,16 @@ def test_labels_mostly_noise(epsilon, classes, noisy):
 
 def test_the_cli_points_to_the_noisy_label_recipe_and_merges_nothing(capsys):
   base = ["--dataset=mnist", "--teacher_dir=t"]
-  default, _ = srr_cli.parse_config(base + ["--epsilon=1"])
-  assert "configs/srr/fashion_mnist_eps1.py is the engine measured there" in capsys.readouterr().out
+  default, _ = srr_cli.parse_config(base + ["--epsilon=1"])  # configs/srr/mnist_eps10.py
+  assert "configs/srr/mnist_eps1.py is the engine measured there" in capsys.readouterr().out
   engine, _ = srr_cli.parse_config(base + ["--epsilon=10"])
   assert capsys.readouterr().out == ""
   assert dataclasses.replace(default, epsilon=10.0) == engine  # the same recipe file
-  noisy, _ = srr_cli.parse_config(["--config=configs/srr/fashion_mnist_eps1.py", *base])
+  noisy, _ = srr_cli.parse_config(["--config=configs/srr/mnist_eps1.py", *base])
   assert capsys.readouterr().out == ""
   assert (noisy.student_lr, noisy.stages, noisy.samples_per_stage, noisy.student_epochs,
           noisy.generator_epochs) == (3e-4, 16, 25600, 5, 0)
-  given, _ = srr_cli.parse_config(["--config=configs/srr/fashion_mnist_eps1.py", *base,
+  given, _ = srr_cli.parse_config(["--config=configs/srr/mnist_eps1.py", *base,
                                    "--student_lr=0.001", "--stages=4"])
   assert (given.student_lr, given.stages, given.samples_per_stage) == (1e-3, 4, 25600)
   target, _ = srr_cli.parse_config(base + ["--target_epsilon=10"])

@@ -6,4 +6,4 @@ its flags (`--dataset`, `--teacher_dir`, `--epsilon`, ...) override it.
 
 DEFAULT = "configs/srr/mnist_eps10.py"
 # The recipe measured where plain RR at ε keeps under half of the labels (the CLI points to it).
-NOISY_LABELS = "configs/srr/fashion_mnist_eps1.py"
+NOISY_LABELS = "configs/srr/mnist_eps1.py"

@@ -6,12 +6,9 @@ Hardware: CPU
 Time: 77 min wall
 Selected on: test split
 
-Plain K-ary RR at ε = 1 keeps the true label with probability e/(e + 9) < 1/2: a slower
-student rate (a faster one fits the noise), four times the stages of twice the queries (the
-student's prior, which selects each later stage's candidate set, keeps improving), each
-fitted for 5 epochs, and no generator fine-tuning on those labels
-(docs/RESULTS.md#srr-engine). The same engine serves MNIST at ε = 1
-(`--dataset=mnist --teacher_dir=...`).
+configs/srr/mnist_eps1.py's engine (where plain RR keeps under half of the labels) on
+Fashion-MNIST, with the record's teacher (small_cnn, crops of ±2 pixels and flips;
+docs/RESULTS.md#teachers).
 """
 
 from dpkd_jax.methods import srr

@@ -13,8 +13,8 @@ Selected on: test split
 width 128) is `SRRConfig`'s own defaults. The teacher is the record's (small_cnn, crops of ±2
 pixels; docs/RESULTS.md#teachers). The record-level ε w.r.t. the teacher's data is inf with
 the teacher-prior generator (printed beside the per-query ε). Where plain RR at --epsilon
-keeps under half of the labels (ε < ln 9 for 10 classes), configs/srr/fashion_mnist_eps1.py's
-engine learned better.
+keeps under half of the labels (ε < ln 9 for 10 classes), configs/srr/mnist_eps1.py's engine
+learned better.
 """
 
 from dpkd_jax.methods import srr
