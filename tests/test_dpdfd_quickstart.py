@@ -107,12 +107,13 @@ def test_given_flags_always_win():
 
 def test_bad_input_is_one_line_exit_2(capsys, tmp_path, monkeypatch):
   monkeypatch.chdir(tmp_path)
-  (tmp_path / "cifar10.npz").write_bytes(b"")  # the data is there: the privacy flags are asked
+  for name in ("cifar10", "mnist"):  # the data is there: the flags are checked next
+    (tmp_path / f"{name}.npz").write_bytes(b"")
   assert "give noise_multiplier, target_epsilon" in _exit_2(
       ["--dataset=cifar10", "--teacher_dirs=t", f"--data_dir={tmp_path}"], capsys)
   # A flag against the recipe's engine: the config's one line says which to give.
-  assert "use bound_method='clip'" in _exit_2(["--dataset=mnist", "--bound_method=normalize"],
-                                              capsys)
+  assert "use bound_method='clip'" in _exit_2(
+      ["--dataset=mnist", "--bound_method=normalize", f"--data_dir={tmp_path}"], capsys)
   assert "unknown model 'gpt'" in _exit_2(["--dataset=digits", "--teacher_model=gpt"], capsys)
   assert "epochs must be >= 1" in _exit_2(["--dataset=digits", "--teacher_epochs=0"], capsys)
   assert "--steps" in _exit_2(["--dataset=digits", "--steps=x"], capsys)
