@@ -86,10 +86,18 @@ def peek(argv: list[str], flag: str) -> str | None:
   return value
 
 
-def given(argv: list[str]) -> set[str]:
-  """The names of the flags `argv` gives (`--no<flag>` counts as `<flag>`)."""
+def given(argv: list[str], cls: type | None = None) -> set[str]:
+  """The names of the flags `argv` gives (`--no<flag>` counts as `<flag>`); with a dataclass
+  `cls`, an abbreviation argparse accepts (a unique prefix of a field) counts as the field."""
   names = {token[2:].split("=", 1)[0] for token in argv if token.startswith("--")}
-  return names | {name[2:].lstrip("-") for name in names if name.startswith("no")}
+  names |= {name[2:].lstrip("-") for name in names if name.startswith("no")}
+  if cls is not None:
+    fields = [f.name for f in dataclasses.fields(cls)]
+    for name in list(names):
+      matches = [field for field in fields if field.startswith(name)]
+      if name not in fields and len(matches) == 1:
+        names.add(matches[0])
+  return names
 
 
 def _module(path: str) -> ModuleType:
@@ -147,7 +155,7 @@ def chosen(argv: list[str], cls: type,
   module, config = load(path, cls)
   values = {f.name: getattr(config, f.name) for f in dataclasses.fields(config)
             if not dataclasses.is_dataclass(getattr(config, f.name))}
-  defaults, flags = _class_defaults(cls), given(argv)
+  defaults, flags = _class_defaults(cls), given(argv, cls)
   for flag in flags:
     for partner in PARTNERS.get(flag, ()):
       if partner in values and partner not in flags:

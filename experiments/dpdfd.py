@@ -70,10 +70,10 @@ def parse_config(argv: list[str], *, check_data: bool = False
   if check_data:
     data.check_available(a.dataset, data_dir=a.data_dir)
   a.workdir = a.workdir or os.path.join("runs", "dpdfd", a.dataset)
-  own = "teacher_dirs" in _recipes.given(argv) or (recipe.config is not None and (
-      recipe.config.teacher_dirs != (quickstart.default_teacher_dir(recipe.config.dataset),)))
+  default = ("teacher_dirs" not in _recipes.given(argv, dpdfd.DPDFDConfig)
+             and quickstart.default_teacher_of(recipe.config))
   a.teacher_dirs, a.teacher_config = quickstart.cli_teachers(
-      a.dataset, teacher_dirs=a.teacher_dirs, default_teacher=not own,
+      a.dataset, teacher_dirs=a.teacher_dirs, default_teacher=default,
       teacher_ensemble_dir=a.teacher_ensemble_dir, teacher_model=a.teacher_model,
       teacher_epochs=a.teacher_epochs, data_dir=a.data_dir,
       validation_examples=a.validation_examples)

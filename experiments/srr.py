@@ -49,7 +49,7 @@ def parse_config(argv: list[str], *, pretrain_only: bool = False,
   p.add_argument("--resume", action="store_true", help="continue the run in --workdir")
   p.add_argument("--no_progress", action="store_true", help="no progress bars")
   args = p.parse_args(argv)
-  if pretrain_only and not {"epsilon", "target_epsilon"} & _recipes.given(argv):
+  if pretrain_only and not {"epsilon", "target_epsilon"} & _recipes.given(argv, srr.SRRConfig):
     args.epsilon, args.target_epsilon = math.inf, None  # no label query: no privacy flag
   config = _flags.build_config(srr.SRRConfig, args)
   if (not pretrain_only and recipe.path != srr_recipes.NOISY_LABELS

@@ -131,6 +131,8 @@ def test_a_flag_overrides_the_recipe_and_resets_its_partner():
   both, _ = _parse("dpdfd", [f"--config={path}", "--noise_multiplier=1", "--target_epsilon=3"])
   assert (both.noise_multiplier, both.target_epsilon) == (1.0, 3.0)
   assert _recipes.given(["--nocpu_kernels", "--steps", "5"]) >= {"cpu_kernels", "steps"}
+  short, _ = _parse("dpdfd", [f"--config={path}", "--noise_mult=1"])  # argparse's abbreviation
+  assert (short.noise_multiplier, short.target_epsilon) == (1.0, None)
 
 
 @pytest.mark.parametrize("argv,words", [

@@ -73,6 +73,12 @@ def cli_teachers(dataset: str, *, teacher_dirs: tuple[str, ...], default_teacher
   return (default_teacher_dir(dataset, teacher_model) + held,), config
 
 
+def default_teacher_of(recipe: config_lib.DPDFDConfig | None) -> bool:
+  """Whether a run of `recipe` (None: no recipe) gets the CLI's default teacher: the recipe
+  names no teacher, or the default teacher of its own dataset (`default_teacher_dir`)."""
+  return recipe is None or recipe.teacher_dirs == (default_teacher_dir(recipe.dataset),)
+
+
 def default_teacher_dir(dataset: str, model: str = TEACHER_MODEL, root: str = "runs") -> str:
   """Where `python -m experiments.teacher --dataset=<dataset> --model=<model>` writes."""
   return os.path.join(root, "teacher", f"{dataset}_{model}")
