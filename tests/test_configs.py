@@ -148,6 +148,12 @@ def test_a_bad_config_is_one_line_and_exit_2(argv, words, capsys):
   assert exit_info.value.code == 2 and err.count("\n") == 1 and words in err, err
 
 
+def test_a_recipe_path_resolves_from_any_working_directory(tmp_path, monkeypatch):
+  monkeypatch.chdir(tmp_path)  # no configs/ here: the installed package's module
+  config, _ = _parse("srr", ["--config", "configs/srr/mnist_eps1.py"])
+  assert config == _RECIPES["configs/srr/mnist_eps1.py"].get_config()
+
+
 def test_a_recipe_file_outside_the_package_loads(tmp_path):
   own = tmp_path / "my_recipe.py"
   own.write_text((_REPO / "configs/dpdfd/digits_quickstart.py").read_text(encoding="utf-8")
