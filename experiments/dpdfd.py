@@ -4,7 +4,6 @@ r"""DPDFD: convert a teacher into a DP student (and generator) without touching 
   python -m experiments.dpdfd --config=configs/dpdfd/mnist_paper_eps10.py  # paper accounting
   python -m experiments.dpdfd --config=configs/dpdfd/mnist_ensemble_eps10.py \
       --teacher_ensemble_dir=runs/teacher_ensemble/DIR   # sound, n disjoint-shard teachers
-  python -m experiments.dpdfd --dataset=mnist --teacher_dirs=... --noise_multiplier=...
   python -m experiments.dpdfd sample --workdir=runs/dpdfd/mnist --num=10000
   python -m experiments.dpdfd --mode=direct --dataset=mnist --noise_multiplier=...  # Table 4, NOT DP
   python -m experiments.dpdfd --dataset=cifar10 --dry_run  # per-step cost, H100/v5e time
@@ -32,7 +31,6 @@ from experiments import _dry_run
 from experiments import _flags
 from experiments import _recipes
 
-_HELP = {"teacher_dirs": "comma-separated teacher workdirs (default: experiments.teacher's)"}
 parse_direct = _dpdfd_modes.parse_direct
 
 
@@ -46,11 +44,13 @@ def _parser(recipe: _recipes.Recipe) -> _cli.Parser:
                   formatter_class=argparse.RawDescriptionHelpFormatter, cpu_kernels=True)
   _recipes.add_flag(p, recipe, "dpdfd", "--dataset=" + ", ".join(
       f"{name}: {path}" for name, path in dpdfd_recipes.BY_DATASET.items()))
-  _flags.add_config_flags(p, dpdfd.DPDFDConfig, help=_HELP, notes=recipe.notes,
+  teachers = ("experiments.teacher's" if quickstart.default_teacher_of(recipe.config) else
+              ",".join(recipe.config.teacher_dirs) or "none")
+  _flags.add_config_flags(p, dpdfd.DPDFDConfig, notes=recipe.notes, help={
+      "teacher_dirs": f"comma-separated teacher workdirs (default: {teachers})"},
                           defaults={"teacher_dirs": None, **recipe.values})
-  p.add_argument("--teacher_model", default=quickstart.TEACHER_MODEL,
-                 help="the teacher trained or reused without --teacher_dirs (default: "
-                 f"{quickstart.TEACHER_MODEL})")
+  p.add_argument("--teacher_model", default=quickstart.TEACHER_MODEL, help="the teacher trained "
+                 f"or reused without --teacher_dirs (default: {quickstart.TEACHER_MODEL})")
   epochs = getattr(recipe.module, "TEACHER_EPOCHS", quickstart.TEACHER_EPOCHS)
   p.add_argument("--teacher_epochs", type=int, default=epochs,
                  help=f"that teacher's epochs (default: {epochs})")
