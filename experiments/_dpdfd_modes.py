@@ -12,12 +12,15 @@ from dpkd_jax.methods import dpdfd
 from dpkd_jax.train import summary
 from experiments import _cli
 from experiments import _flags
+from experiments import _recipes
 
 
 def parse_direct(argv: list[str]) -> tuple[dpdfd.DirectConfig, str]:
   """`--mode=direct` flags (without it) -> (validated config, workdir)."""
   p = _cli.Parser(prog="python -m experiments.dpdfd --mode=direct", cpu_kernels=True)
-  _flags.add_config_flags(p, dpdfd.DirectConfig)
+  recipe = _recipes.chosen(argv, dpdfd.DirectConfig)
+  _recipes.add_flag(p, recipe, "dpdfd")
+  _flags.add_config_flags(p, dpdfd.DirectConfig, defaults=recipe.values, notes=recipe.notes)
   p.add_argument("--workdir", default=None,
                  help="the run's directory (default: runs/dpdfd_direct/<dataset>)")
   a = p.parse_args(argv)

@@ -211,34 +211,3 @@ def build_config(cls: type, args: argparse.Namespace, *, names: dict[str, str] |
             if hasattr(args, names.get(f.name, f.name))}
   kwargs.update(values)
   return _cli.build(cls, **kwargs)
-
-
-_UNSET = object()
-
-
-def given_flags(parser: argparse.ArgumentParser, argv: list[str],
-                parsed: argparse.Namespace) -> dict[str, Any]:
-  """{dest: value} of the flags `argv` names (`parsed`: argv parsed once, for the dests).
-
-  argparse fills a default only where the namespace lacks the attribute, so a namespace of
-  sentinels keeps them exactly where no flag was given."""
-  probe = argparse.Namespace(**{name: _UNSET for name in vars(parsed)})
-  parser.parse_known_args(argv, probe)
-  return {name: value for name, value in vars(probe).items() if value is not _UNSET}
-
-
-def peek(parser: argparse.ArgumentParser, argv: list[str]) -> dict[str, Any]:
-  """{dest: value} of the flags `argv` names, parsed before the defaults that depend on them
-  are set: without acting on --help and without requiring any flag (the real parse does)."""
-  actions = parser._actions  # pylint: disable=protected-access
-  required = [action for action in actions if action.required]
-  probe = argparse.Namespace(**{action.dest: _UNSET for action in actions
-                                if action.dest != argparse.SUPPRESS})
-  try:
-    for action in required:
-      action.required = False
-    parser.parse_known_args([x for x in argv if x not in ("-h", "--help")], probe)
-  finally:
-    for action in required:
-      action.required = True
-  return {name: value for name, value in vars(probe).items() if value is not _UNSET}

@@ -20,14 +20,17 @@ from dpkd_jax.methods import dfpate
 from dpkd_jax.train import summary
 from experiments import _cli
 from experiments import _flags
-
+from experiments import _recipes
 
 
 def parse_config(argv: list[str]) -> tuple[dfpate.DFPATEConfig, argparse.Namespace]:
   """Flags -> validated config (bad values exit 2 with the config's one-line message)."""
   p = _cli.Parser(prog="python -m experiments.dfpate", description=__doc__,
                   formatter_class=argparse.RawDescriptionHelpFormatter, cpu_kernels=True)
-  _flags.add_config_flags(p, dfpate.DFPATEConfig)
+  recipe = _recipes.chosen(argv, dfpate.DFPATEConfig)
+  _recipes.add_flag(p, recipe, "dfpate")
+  _flags.add_config_flags(p, dfpate.DFPATEConfig, defaults={**recipe.values},
+                          notes=recipe.notes)
   p.add_argument("--workdir", default=None, help="default runs/dfpate/<dataset>")
   p.add_argument("--resume", action="store_true", help="continue the run in --workdir")
   p.add_argument("--no_progress", action="store_true", help="no progress bars")

@@ -1,21 +1,18 @@
 r"""DPDFD: convert a teacher into a DP student (and generator) without touching private data.
 
-  python -m experiments.dpdfd --dataset=digits   # the Quickstart: teacher trained or reused
-  python -m experiments.dpdfd --dataset=mnist --teacher_dirs=runs/teacher/mnist_small_cnn \
-      --target_epsilon=10 --noise_multiplier=... [--accounting=sound|paper]
-  python -m experiments.dpdfd --dataset=mnist --teacher_ensemble_dir=runs/teacher_ensemble/DIR \
-      --target_epsilon=10   # n stacked disjoint-shard teachers (experiments.teacher_ensemble)
+  python -m experiments.dpdfd --config=configs/dpdfd/digits_quickstart.py  # the Quickstart
+  python -m experiments.dpdfd --config=configs/dpdfd/mnist_paper_eps10.py  # paper accounting
+  python -m experiments.dpdfd --config=configs/dpdfd/mnist_ensemble_eps10.py \
+      --teacher_ensemble_dir=runs/teacher_ensemble/DIR   # sound, n disjoint-shard teachers
   python -m experiments.dpdfd sample --workdir=runs/dpdfd/mnist --num=10000
   python -m experiments.dpdfd --mode=direct --dataset=mnist --noise_multiplier=...  # Table 4, NOT DP
   python -m experiments.dpdfd --dataset=cifar10 --dry_run  # per-step cost, H100/v5e time
 
-Without --teacher_dirs the teacher is runs/teacher/<dataset>_<teacher_model>, reused when its
-card matches, else trained. Defaults depend on --dataset: each dataset's recipe of best test
-accuracy (dpdfd/quickstart.py, docs/RESULTS.md; selected on the test split, while
---validation_examples selects on a private hold-out), changed by --accounting=paper,
---teacher_ensemble_dir and --noise_multiplier=0. Digits fits a few CPU minutes (sound target
-epsilon 10 unless --noise_multiplier/--target_epsilon). --help after --dataset (and those
-flags) shows the values that run uses; a flag you give always wins.
+Recipes are files, `--config=configs/dpdfd/<name>.py` (its docstring: the record, command and
+time); a flag given overrides it. Without --config, `--dataset=<name>` runs the file
+configs/dpdfd/__init__.py names (digits: the Quickstart, sound target ε 10, a few CPU minutes);
+--help after --dataset or --config shows the values the run uses. The default teacher is
+runs/teacher/<dataset>_<teacher_model>, reused when its card matches, else trained.
 """
 
 from __future__ import annotations
@@ -23,6 +20,7 @@ from __future__ import annotations
 import argparse
 import os
 
+from configs import dpdfd as dpdfd_recipes
 from dpkd_jax import data
 from dpkd_jax.methods import dpdfd
 from dpkd_jax.methods.dpdfd import quickstart
@@ -31,24 +29,31 @@ from experiments import _cli
 from experiments import _dpdfd_modes
 from experiments import _dry_run
 from experiments import _flags
+from experiments import _recipes
 
-_HELP = {"teacher_dirs": "comma-separated teacher workdirs (default: experiments.teacher's)"}
 parse_direct = _dpdfd_modes.parse_direct
 
 
-def _parser(defaults: dict, notes: dict[str, str]) -> _cli.Parser:
-  """The flags, their defaults and the help notes of the recipe they come from."""
+def _default_recipe(argv: list[str]) -> str | None:
+  return dpdfd_recipes.BY_DATASET.get(_recipes.peek(argv, "dataset"))
+
+
+def _parser(recipe: _recipes.Recipe) -> _cli.Parser:
+  """The flags, their defaults from `recipe` (the values the run uses)."""
   p = _cli.Parser(prog="python -m experiments.dpdfd", description=__doc__,
                   formatter_class=argparse.RawDescriptionHelpFormatter, cpu_kernels=True)
-  _flags.add_config_flags(p, dpdfd.DPDFDConfig, help=_HELP, notes=notes,
-                          defaults={"teacher_dirs": None, **defaults})
-  p.add_argument("--teacher_model", default=quickstart.TEACHER_MODEL,
-                 help="the teacher trained or reused without --teacher_dirs (default: "
-                 f"{quickstart.TEACHER_MODEL})")
-  epochs, note = defaults.get("teacher_epochs", quickstart.TEACHER_EPOCHS), notes.get(
-      "teacher_epochs")
+  _recipes.add_flag(p, recipe, "dpdfd", "--dataset=" + ", ".join(
+      f"{name}: {path}" for name, path in dpdfd_recipes.BY_DATASET.items()))
+  teachers = ("experiments.teacher's" if quickstart.default_teacher_of(recipe.config) else
+              ",".join(recipe.config.teacher_dirs) or "none")
+  _flags.add_config_flags(p, dpdfd.DPDFDConfig, notes=recipe.notes, help={
+      "teacher_dirs": f"comma-separated teacher workdirs (default: {teachers})"},
+                          defaults={"teacher_dirs": None, **recipe.values})
+  p.add_argument("--teacher_model", default=quickstart.TEACHER_MODEL, help="the teacher trained "
+                 f"or reused without --teacher_dirs (default: {quickstart.TEACHER_MODEL})")
+  epochs = getattr(recipe.module, "TEACHER_EPOCHS", quickstart.TEACHER_EPOCHS)
   p.add_argument("--teacher_epochs", type=int, default=epochs,
-                 help=f"that teacher's epochs (default: {epochs}{'; ' + note if note else ''})")
+                 help=f"that teacher's epochs (default: {epochs})")
   p.add_argument("--workdir", default=None, help="the run's directory (default: runs/dpdfd/"
                  "<dataset>)")
   p.add_argument("--no_progress", action="store_true", help="no progress bars")
@@ -58,20 +63,19 @@ def _parser(defaults: dict, notes: dict[str, str]) -> _cli.Parser:
 def parse_config(argv: list[str], *, check_data: bool = False
                  ) -> tuple[dpdfd.DPDFDConfig, argparse.Namespace]:
   """Flags -> (validated config, flags); `flags.teacher_config` is the teacher to train or
-  reuse (None when --teacher_dirs or --teacher_ensemble_dir names the teachers). With
-  `check_data`, missing data is the first error."""
-  given = _flags.peek(_parser({}, {}), argv)
-  dataset = given.get("dataset")
-  a = _parser(quickstart.cli_defaults(dataset, given),
-              quickstart.help_notes(dataset, given)).parse_args(argv)
+  reuse (None when the run names its teachers). With `check_data`, missing data is the first
+  error."""
+  recipe = _recipes.chosen(argv, dpdfd.DPDFDConfig, _default_recipe)
+  a = _parser(recipe).parse_args(argv)
   if check_data:
     data.check_available(a.dataset, data_dir=a.data_dir)
   a.workdir = a.workdir or os.path.join("runs", "dpdfd", a.dataset)
-  a.target_epsilon = quickstart.default_target_epsilon(a.dataset, a.noise_multiplier,
-                                                       a.target_epsilon)
+  default = ("teacher_dirs" not in _recipes.given(argv, dpdfd.DPDFDConfig)
+             and quickstart.default_teacher_of(recipe.config))
   a.teacher_dirs, a.teacher_config = quickstart.cli_teachers(
-      a.dataset, teacher_dirs=a.teacher_dirs, teacher_ensemble_dir=a.teacher_ensemble_dir,
-      teacher_model=a.teacher_model, teacher_epochs=a.teacher_epochs, data_dir=a.data_dir,
+      a.dataset, teacher_dirs=a.teacher_dirs, default_teacher=default,
+      teacher_ensemble_dir=a.teacher_ensemble_dir, teacher_model=a.teacher_model,
+      teacher_epochs=a.teacher_epochs, data_dir=a.data_dir,
       validation_examples=a.validation_examples)
   return _flags.build_config(dpdfd.DPDFDConfig, a), a
 

@@ -21,15 +21,17 @@ from dpkd_jax.train import distributed
 from dpkd_jax.train import summary
 from experiments import _cli
 from experiments import _flags
-
+from experiments import _recipes
 
 
 def parse_config(argv: list[str]) -> tuple[dpsgd.DPSGDConfig, argparse.Namespace]:
   """Flags -> validated config (bad values exit 2 with the config's one-line message)."""
   p = _cli.Parser(prog="python -m experiments.dpsgd", description=__doc__,
                   formatter_class=argparse.RawDescriptionHelpFormatter, cpu_kernels=True)
-  _flags.add_config_flags(p, dpsgd.DPSGDConfig,
-                          defaults={"dataset": "digits", "model": "small_cnn"})
+  recipe = _recipes.chosen(argv, dpsgd.DPSGDConfig)
+  _recipes.add_flag(p, recipe, "dpsgd")
+  _flags.add_config_flags(p, dpsgd.DPSGDConfig, notes=recipe.notes, defaults={
+      "dataset": "digits", "model": "small_cnn", **recipe.values})
   p.add_argument("--workdir", default=None, help="default runs/dpsgd/<dataset>_<model>")
   p.add_argument("--resume", action="store_true", help="continue the run in --workdir")
   p.add_argument("--stop_at_step", type=int, default=None,

@@ -21,6 +21,7 @@ import math
 import os
 import sys
 
+import configs
 from dpkd_jax import plotting
 from dpkd_jax.errors import UserError
 from dpkd_jax.train import frontier as frontier_lib
@@ -97,7 +98,7 @@ def _draw(records: dict, out_dir: str) -> list[str]:
 
 def _frontier(argv: list[str]) -> int:
   a = _frontier_parser().parse_args(argv)
-  records = records_tables.load_records(a.results_dir)
+  records = records_tables.load_records(a.results_dir, configs.record_commands())
   if not records:
     raise UserError(f"--results_dir: no results records (*.json) in {a.results_dir!r}")
   old = new = None

@@ -34,6 +34,7 @@ import os
 import re
 import sys
 
+import configs
 from dpkd_jax.errors import UserError
 from dpkd_jax.train import metrics as metrics_lib
 from dpkd_jax.train import records as records_lib
@@ -49,7 +50,8 @@ DOCS = ("docs/RESULTS.md", "docs/SUPPORTING_RUNS.md", "README.md")
 
 def _render(a: argparse.Namespace) -> int:
   docs = a.doc or [os.path.join(_ROOT, path) for path in DOCS]
-  files = records_tables.render_files(a.results_dir, docs, a.notebook_data or None)
+  files = records_tables.render_files(a.results_dir, docs, a.notebook_data or None,
+                                      configs.record_commands())
   stale = [path for path, (old, new) in files.items() if old != new]
   for path in stale:
     if not a.check:

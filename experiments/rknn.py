@@ -20,6 +20,7 @@ from dpkd_jax.train import distributed
 from dpkd_jax.train import summary
 from experiments import _cli
 from experiments import _flags
+from experiments import _recipes
 
 # The student's flags: its fields, `model` and `norm` prefixed (the run has no model of its own).
 _STUDENT_NAMES = {"model": "student_model", "norm": "student_norm"}
@@ -50,21 +51,26 @@ def parse_config(argv: list[str]) -> tuple[rknn.RKNNConfig, argparse.Namespace]:
   """Flags -> validated config (bad values exit 2 with the config's one-line message)."""
   p = _cli.Parser(prog="python -m experiments.rknn", description=__doc__,
                   formatter_class=argparse.RawDescriptionHelpFormatter, cpu_kernels=True)
-  _flags.add_config_flags(p, rknn.RKNNConfig, defaults={"dataset": "digits"},
-                          skip={"representation_config", "student"})
+  recipe = _recipes.chosen(argv, rknn.RKNNConfig)
+  _recipes.add_flag(p, recipe, "rknn")
+  _flags.add_config_flags(p, rknn.RKNNConfig, defaults={"dataset": "digits", **recipe.values},
+                          skip={"representation_config", "student"}, notes=recipe.notes)
   p.add_argument("--pca_components", type=int, default=None, help="PCA dimension")
   p.add_argument("--simclr_steps", type=int, default=None, help="SimCLR training steps")
   p.add_argument("--spectral_components", type=int, default=None, help="spectral: eigenvectors")
   p.add_argument("--graph_neighbours", type=int, default=None, help="spectral: graph degree")
   p.add_argument("--extension_neighbours", type=int, default=None,
                  help="spectral: public neighbours averaged to embed any image")
-  _flags.add_config_flags(p, rknn.StudentConfig, names=_STUDENT_NAMES)
+  _flags.add_config_flags(p, rknn.StudentConfig, names=_STUDENT_NAMES, defaults=(
+      dataclasses.asdict(recipe.config.student) if recipe.config else None))
   p.add_argument("--workdir", default=None,
                  help="default runs/rknn/<dataset>_<rep>_<mode>_s<s>_k<k>_eps<ε>[_T<rounds>]")
   p.add_argument("--no_progress", action="store_true", help="no progress bars")
   args = p.parse_args(argv)
-  try:
-    representation_config = representations.default_config(args.representation)
+  try:  # the recipe's own, unless --representation names another kind
+    representation_config = (recipe.config.representation_config if recipe.config and
+                             args.representation == recipe.config.representation else
+                             representations.default_config(args.representation))
   except ValueError as e:
     _cli.fail(f"--representation: {e}")
   representation_config = _cli.build(dataclasses.replace, representation_config,

@@ -18,12 +18,16 @@ from dpkd_jax.train import distributed
 from dpkd_jax.train import summary
 from experiments import _cli
 from experiments import _flags
+from experiments import _recipes
 
 def parse_config(argv: list[str]) -> tuple[rona.RONAConfig, argparse.Namespace]:
   """Flags -> validated config (bad values exit 2 with the config's one-line message)."""
   p = _cli.Parser(prog="python -m experiments.rona", description=__doc__,
                   formatter_class=argparse.RawDescriptionHelpFormatter, cpu_kernels=True)
-  _flags.add_config_flags(p, rona.RONAConfig)
+  recipe = _recipes.chosen(argv, rona.RONAConfig)
+  _recipes.add_flag(p, recipe, "rona")
+  _flags.add_config_flags(p, rona.RONAConfig, defaults={**recipe.values},
+                          notes=recipe.notes)
   p.add_argument("--workdir", default=None, help="default runs/rona/<dataset>_<student_model>")
   p.add_argument("--resume", action="store_true", help="continue the run in --workdir")
   p.add_argument("--stop_after_units", type=int, default=None,

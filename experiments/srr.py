@@ -10,21 +10,20 @@ record-level ε w.r.t. the teacher's private data (the composition of every labe
 with --generator_prior=teacher, whose generator is a noiseless function of the teacher).
 `--generator_terms=ce,ie,bn` picks the pretraining terms (ablation); `--student_replay` trains the
 student on every stage's released labels so far (post-processing); `--resume` continues.
-Defaults: the engine of best test accuracy, selected on the test split (srr/config.py
-CLI_DEFAULTS: 4 stages of 12,800 queries, 10 student epochs each, --student_loss=rr_likelihood,
---student_model=small_cnn, generator width 64); where plain RR at --epsilon keeps under half of
-the labels, --student_lr=3e-4, 16 stages of 25,600 queries with 5 student epochs each and no
-generator fine-tuning (srr/config.py cli_noisy_label_defaults).
-A flag you give wins.
+Recipes are files, `--config=configs/srr/<name>.py` (the record each reproduces, its command and
+time); a flag given overrides it. Without --config the run starts from configs/srr/mnist_eps10.py
+(the engine of best test accuracy at ε = 10, selected on the test split) for every --dataset;
+where plain RR at --epsilon keeps under half of the labels, configs/srr/mnist_eps1.py's engine
+learned better (the CLI says so).
 """
 
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import math
 import os
 
+from configs import srr as srr_recipes
 from dpkd_jax import errors
 from dpkd_jax import teacher
 from dpkd_jax.methods import srr
@@ -33,7 +32,7 @@ from dpkd_jax.methods.srr import summary as srr_summary
 from dpkd_jax.train import distributed
 from experiments import _cli
 from experiments import _flags
-
+from experiments import _recipes
 
 
 def parse_config(argv: list[str], *, pretrain_only: bool = False,
@@ -43,20 +42,20 @@ def parse_config(argv: list[str], *, pretrain_only: bool = False,
   suffix = "_generator" if pretrain_only else ""
   p = _cli.Parser(prog=prog, description=__doc__,
                   formatter_class=argparse.RawDescriptionHelpFormatter, cpu_kernels=True)
-  noisy = {k: f"{v} where plain RR at --epsilon keeps under half the labels"
-           for k, v in srr_config.NOISY_LABELS_CLI_DEFAULTS.items()}
-  _flags.add_config_flags(p, srr.SRRConfig, defaults=srr_config.CLI_DEFAULTS, notes=noisy)
+  recipe = _recipes.chosen(argv, srr.SRRConfig, srr_recipes.DEFAULT)
+  _recipes.add_flag(p, recipe, "srr")
+  _flags.add_config_flags(p, srr.SRRConfig, defaults=recipe.values, notes=recipe.notes)
   p.add_argument("--workdir", default=None, help=f"default runs/srr/<dataset>{suffix}")
   p.add_argument("--resume", action="store_true", help="continue the run in --workdir")
   p.add_argument("--no_progress", action="store_true", help="no progress bars")
   args = p.parse_args(argv)
-  if pretrain_only and args.epsilon is None and args.target_epsilon is None:
-    args.epsilon = math.inf  # pretraining asks no label query: no privacy flag needed
+  if pretrain_only and not {"epsilon", "target_epsilon"} & _recipes.given(argv, srr.SRRConfig):
+    args.epsilon, args.target_epsilon = math.inf, None  # no label query: no privacy flag
   config = _flags.build_config(srr.SRRConfig, args)
-  if not pretrain_only:
-    given = _flags.given_flags(p, argv, args)
-    changes = srr_config.cli_noisy_label_defaults(config.epsilon, config.info.num_classes)
-    config = dataclasses.replace(config, **{k: v for k, v in changes.items() if k not in given})
+  if (not pretrain_only and recipe.path != srr_recipes.NOISY_LABELS
+      and srr_config.labels_mostly_noise(config.epsilon, config.info.num_classes)):
+    print(f"note: plain RR at epsilon {config.epsilon:g} keeps under half of the labels; "
+          f"{srr_recipes.NOISY_LABELS} is the engine measured there")
   if pretrain_only and config.generator_prior != "teacher":
     p.error("only generator_prior='teacher' pretrains a generator")
   if args.workdir is None:

@@ -17,8 +17,9 @@ leaves is the per-sample output gradient, normalized to norm C and noised
 `dp_accounting` (sensitivity 2C√B per step, see docs/privacy.md); the paper's formula is shown
 beside it and is **not** a guarantee.
 
-This notebook runs the same function as the README's Quickstart command
-`python -m experiments.dpdfd --dataset=digits` (`dpkd_jax.methods.dpdfd.quickstart.convert`):
+This notebook runs the same function and recipe as the README's Quickstart command
+`python -m experiments.dpdfd --config=configs/dpdfd/digits_quickstart.py`
+(`dpkd_jax.methods.dpdfd.quickstart.convert`):
 (1) train or reuse a teacher on the embedded `digits` data and convert it at sound ε = 10,
 (2) read the run report every run writes, (3) add other privacy targets, (4) look at the
 synthetic samples. With `SMALL = True` everything is tiny (a few steps): the pipeline runs, the
@@ -27,31 +28,34 @@ student does not learn. Results at scale, with their commands, are in docs/RESUL
       ("code", INSTALL),
       ("code", DEVICE),
       ("code", '''
-# Configuration: the Quickstart command's digits defaults; SMALL shrinks them to seconds.
+# Configuration: the Quickstart's recipe file (configs/dpdfd/digits_quickstart.py); SMALL
+# shrinks it to seconds.
+import dataclasses
+from configs.dpdfd import digits_quickstart
 from dpkd_jax import teacher as teacher_lib
 from dpkd_jax.methods import dpdfd
 from dpkd_jax.methods.dpdfd import quickstart
 
-DEFAULTS = quickstart.flag_defaults("digits")  # steps, batch, generator width, student, ...
-TEACHER_EPOCHS = DEFAULTS.pop("teacher_epochs")
+RECIPE = digits_quickstart.get_config()  # steps, batch, generator width, student, target ε 10
+SMALL_CHANGES = {}
 if SMALL:
   TEACHER = teacher_lib.TeacherConfig(dataset="digits", model="lenet5", epochs=1, batch_size=64,
                                       learning_rate=3e-3)
-  DEFAULTS.update(student_model="lenet5_half", steps=12, eval_every=6, batch_size=16,
-                  latent_dim=16, generator_channels=16)
+  SMALL_CHANGES = dict(student_model="lenet5_half", steps=12, eval_every=6, batch_size=16,
+                       latent_dim=16, generator_channels=16)
   OTHER_TARGETS = []
 else:
   TEACHER = teacher_lib.TeacherConfig(dataset="digits", model=quickstart.TEACHER_MODEL,
-                                      epochs=TEACHER_EPOCHS)
+                                      epochs=digits_quickstart.TEACHER_EPOCHS)
   OTHER_TARGETS = [1.0, 100.0]
 # A published seed makes the noise reproducible by anyone (research only). For a release use
 # SEED = None: the library then draws a secret seed from OS entropy.
 SEED = 0
 WORKDIR = os.path.join("notebook_runs", "dpdfd_small" if SMALL else "dpdfd")
-config = dpdfd.DPDFDConfig(
-    dataset="digits", target_epsilon=quickstart.DEFAULT_TARGET_EPSILON, seed=SEED,
+config = dataclasses.replace(
+    RECIPE, seed=SEED,
     teacher_dirs=(quickstart.default_teacher_dir("digits", TEACHER.model, root=WORKDIR),),
-    **DEFAULTS)
+    **SMALL_CHANGES)
 print(config)'''),
       ("md", """
 ## 1. The main job: teacher, conversion, summary

@@ -19,7 +19,6 @@ from dpkd_jax.methods import dpsgd
 from dpkd_jax.methods import rknn
 from dpkd_jax.methods import rona
 from dpkd_jax.methods import srr
-from dpkd_jax.methods.srr import config as srr_config
 from experiments import _cli
 from experiments import _flags
 from experiments import dfpate as dfpate_cli
@@ -218,8 +217,10 @@ def test_documented_srr_commands():
   assert args.resume and args.workdir == "runs/srr/a"
   config, args = srr_cli.parse_config(
       ["--dataset=mnist", "--teacher_dir=t"], pretrain_only=True)
-  assert config == srr.SRRConfig(dataset="mnist", teacher_dir="t", epsilon=math.inf,
-                                 **srr_config.CLI_DEFAULTS)
+  assert config == srr.SRRConfig(  # configs/srr/mnist_eps10.py, with no label query
+      dataset="mnist", teacher_dir="t", epsilon=math.inf, generator_channels=64, stages=4,
+      samples_per_stage=12800, student_epochs=10, student_loss="rr_likelihood",
+      student_model="small_cnn")
   assert (config.stages, config.samples_per_stage, config.student_loss, config.student_model) == (
       4, 12800, "rr_likelihood", "small_cnn")  # the best measured engine, not the paper's
   assert args.workdir == os.path.join("runs", "srr", "mnist_generator")

@@ -72,19 +72,29 @@ def _dpdfd_help(argv: list[str], monkeypatch) -> str:
 
 def test_dpdfd_help_shows_the_named_datasets_defaults(monkeypatch):
   unnamed = _dpdfd_help([], monkeypatch)
-  assert "(default: 2000; --dataset=digits: 600, mnist/fashion_mnist: 8000; at most" in unnamed
-  assert "--dataset=digits: 10.0 unless --noise_multiplier is given" in unnamed
+  assert ("(default: --dataset=digits: configs/dpdfd/digits_quickstart.py, mnist: "
+          "configs/dpdfd/mnist_engine.py, fashion_mnist: configs/dpdfd/fashion_mnist_engine.py)"
+          in unnamed)
+  assert "(default: 2000; at most" in unnamed
   mnist = _dpdfd_help(["--dataset=mnist"], monkeypatch)
-  assert "(default: 8000; the mnist recipe; at most" in mnist
-  assert "stops at it (default: None)" in mnist
+  assert "overrides it (default: configs/dpdfd/mnist_engine.py)" in mnist
+  assert "(default: 8000; the recipe's; at most" in mnist
+  assert "stops at it (default: 10.0; the recipe's)" in mnist
   digits = _dpdfd_help(["--dataset=digits"], monkeypatch)
-  assert "(default: 600; the digits recipe; at most" in digits
-  assert "stops at it (default: 10.0; the digits recipe)" in digits
-  assert "that teacher's epochs (default: 10; the digits recipe)" in digits
-  # A rule of the recipes: the paper's accounting takes its own C.
-  paper = _dpdfd_help(["--dataset=mnist", "--accounting=paper"], monkeypatch)
-  assert "output-gradient row (default: 1e-10; the mnist recipe)" in paper
+  assert "(default: 600; the recipe's; at most" in digits
+  assert "that teacher's epochs (default: 10)" in digits
+  # The file named by --config: its values, a flag given on top of it too.
+  paper = _dpdfd_help(["--config=configs/dpdfd/mnist_paper_eps10.py"], monkeypatch)
+  assert "output-gradient row (default: 1e-10; the recipe's)" in paper
+  assert "overrides it (default: configs/dpdfd/mnist_paper_eps10.py)" in paper
   assert "(default: 200)" in _dpdfd_help(["--dataset=cifar10"], monkeypatch)
+
+
+def test_every_method_cli_takes_a_recipe_file(monkeypatch):
+  for module, words in COMMANDS:
+    if module in ("dpdfd", "srr", "dpsgd", "rknn", "rona", "dfpate") and words in ([], ["pretrain"]):
+      parser, _ = _help(module, words, monkeypatch)
+      assert "--config" in _flag_helps(parser), module
 
 
 @pytest.fixture

@@ -1,6 +1,6 @@
 """dpkd_jax.methods.dpdfd.quickstart and the Quickstart command `experiments.dpdfd --dataset=digits`:
 the teacher trained then reused, the closing summary, the chance line in every case, the
-per-dataset defaults (digits; MNIST / Fashion-MNIST and their rule) and given flags winning."""
+per-dataset recipe files (configs/dpdfd/) and given flags winning."""
 
 import contextlib
 import dataclasses
@@ -22,6 +22,7 @@ from dpkd_jax.methods.dpdfd import quickstart
 from dpkd_jax.privacy import accounting
 from dpkd_jax.train import outputs
 from dpkd_jax.train import summary
+from configs import dpdfd as dpdfd_recipes
 from experiments import dpdfd as dpdfd_cli
 
 _REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -59,48 +60,28 @@ def test_digits_defaults_fit_the_quickstart_and_other_datasets_keep_theirs():
   assert config == default and a.teacher_config is None
 
 
-def _recipe(config) -> dict:
-  return {name: getattr(config, name) for name in quickstart.ENGINE_RECIPE
-          | quickstart.PAPER_RECIPE}
+@pytest.mark.parametrize("dataset", ["digits", "mnist", "fashion_mnist"])
+def test_a_dataset_without_config_runs_its_recipe_file(dataset):
+  # The file configs/dpdfd/__init__.py names, nothing merged: the same config as --config.
+  path = dpdfd_recipes.BY_DATASET[dataset]
+  by_dataset, a = dpdfd_cli.parse_config([f"--dataset={dataset}"])
+  by_file, b = dpdfd_cli.parse_config([f"--config={path}"])
+  assert by_dataset == by_file and a.teacher_config == b.teacher_config
+  assert by_dataset.accounting == "sound" and by_dataset.target_epsilon == 10.0
 
 
-@pytest.mark.parametrize("dataset", ["mnist", "fashion_mnist"])
-def test_mnist_defaults_are_the_best_measured_recipe(dataset):
-  # Fashion-MNIST's student is the teacher's architecture and its generator asks for classes
-  # with weight 3 (both measured better there).
-  weight = {"mnist": 0.0, "fashion_mnist": 3.0}[dataset]
-  engine = {**quickstart.ENGINE_RECIPE, "teacher_loss_scale": 1.0, "gamma": 1.0,
-            "class_conditional_weight": weight,
-            "student_model": {"mnist": "datalens_cnn", "fashion_mnist": "small_cnn"}[dataset]}
-  # σ = 0 and a sound run of one teacher: the disagreement engine.
-  for flags in (["--noise_multiplier=0"], ["--target_epsilon=10"]):
-    config, _ = dpdfd_cli.parse_config([f"--dataset={dataset}", "--teacher_dirs=t", *flags])
-    assert _recipe(config) == engine and config.accounting == "sound"
-  # Sound, many disjoint teachers: the paper generator, C = 1, 2,000 steps.
-  config, a = dpdfd_cli.parse_config([f"--dataset={dataset}", "--teacher_ensemble_dir=e",
-                                      "--target_epsilon=10"])
-  assert _recipe(config) == {**engine, **quickstart.ENSEMBLE_RECIPE,
-                             "class_conditional_weight": 0.0}  # no class code on that one
+def test_the_paper_and_ensemble_recipes():
+  # The paper's accounting: C far below the rows' scale, κ·γ = 1, the class code.
+  paper, _ = dpdfd_cli.parse_config(["--config=configs/dpdfd/mnist_paper_eps10.py"])
+  assert paper.accounting == "paper" and paper.l2_norm_bound == 1e-10
+  assert paper.teacher_loss_scale * paper.gamma == pytest.approx(1.0)
+  assert paper.class_conditional_weight == 1.0 and paper.class_codes == 10
+  fashion, _ = dpdfd_cli.parse_config(["--config=configs/dpdfd/fashion_mnist_paper_eps10.py"])
+  assert fashion.class_conditional_weight == 3.0 and fashion.student_model == "small_cnn"
+  # Sound, many disjoint teachers: the paper generator, C = 1, 2,000 steps, no teacher dirs.
+  config, a = dpdfd_cli.parse_config(["--config=configs/dpdfd/mnist_ensemble_eps10.py"])
   assert (config.steps, config.l2_norm_bound, config.generator_objective) == (2000, 1.0, "paper")
   assert config.teacher_dirs == () and a.teacher_config is None
-  # The paper's accounting: C far below the rows' scale, κ·γ = 1; σ = 0 keeps the engine's C.
-  config, _ = dpdfd_cli.parse_config([f"--dataset={dataset}", "--teacher_dirs=t",
-                                      "--target_epsilon=10", "--accounting=paper"])
-  # Under the paper's accounting Fashion-MNIST's class code weighs 3; MNIST's 1.
-  weight = {"mnist": 1.0, "fashion_mnist": 3.0}[dataset]
-  assert _recipe(config) == {**engine, **quickstart.PAPER_RECIPE,
-                             "class_conditional_weight": weight}
-  assert config.teacher_loss_scale * config.gamma == pytest.approx(1.0)
-  assert config.class_conditional_weight == weight and config.class_codes == 10
-  # The paper generator has no class code: asking for it drops that default (and only it).
-  config, _ = dpdfd_cli.parse_config([f"--dataset={dataset}", "--teacher_dirs=t",
-                                      "--target_epsilon=10", "--accounting=paper",
-                                      "--generator_objective=paper"])
-  assert _recipe(config) == {**engine, **quickstart.PAPER_RECIPE, "generator_objective": "paper",
-                             "class_conditional_weight": 0.0}
-  config, _ = dpdfd_cli.parse_config([f"--dataset={dataset}", "--teacher_dirs=t",
-                                      "--noise_multiplier=0", "--accounting=paper"])
-  assert _recipe(config) == engine
 
 
 def test_given_flags_always_win():
@@ -112,52 +93,27 @@ def test_given_flags_always_win():
       2000, 1.0, "group", 256)
   assert config.generator_objective == "disagreement" and config.eval_every == 1000
   config, _ = dpdfd_cli.parse_config([
-      "--dataset=mnist", "--teacher_ensemble_dir=e", "--target_epsilon=10",
-      "--generator_objective=disagreement", "--steps=100", "--eval_every=50"])
+      "--config=configs/dpdfd/mnist_ensemble_eps10.py", "--generator_objective=disagreement",
+      "--steps=100", "--eval_every=50"])
   assert (config.generator_objective, config.steps, config.eval_every,
           config.l2_norm_bound) == ("disagreement", 100, 50, 1.0)
   config, _ = dpdfd_cli.parse_config([
-      "--dataset=mnist", "--teacher_dirs=t", "--target_epsilon=10", "--accounting=paper",
-      "--l2_norm_bound=1e-4"])
+      "--config=configs/dpdfd/mnist_paper_eps10.py", "--l2_norm_bound=1e-4"])
   assert (config.l2_norm_bound, config.gamma) == (1e-4, 1e12)
-  # Normalised rows all have norm C: the recipes' C, κ, γ and generator give way.
-  for extra in ([], ["--accounting=paper"], ["--teacher_ensemble_dir=e"]):
-    teachers = [] if extra[-1:] == ["--teacher_ensemble_dir=e"] else ["--teacher_dirs=t"]
-    config, _ = dpdfd_cli.parse_config(["--dataset=mnist", "--target_epsilon=10",
-                                        "--bound_method=normalize", *teachers, *extra])
-    assert (config.bound_method, config.generator_objective, config.l2_norm_bound,
-            config.teacher_loss_scale, config.gamma, config.class_conditional_weight) == (
-                "normalize", "paper", 1.0, 1.0, 1.0, 0.0)
-    assert config.teacher_loss == "logit" and config.batch_size == 64
-
-
-def test_flag_defaults_resolution():
-  assert quickstart.flag_defaults("cifar10") == {}
-  assert quickstart.flag_defaults("mnist") == quickstart.ENGINE_RECIPE
-  assert quickstart.flag_defaults("mnist", {"steps": 5})["eval_every"] == 1000
-  assert "steps" not in quickstart.flag_defaults("mnist", {"steps": 5})
-  ensemble = quickstart.flag_defaults("mnist", {"teacher_ensemble_dir": "e",
-                                                "noise_multiplier": 3.0})
-  assert ensemble == {**quickstart.ENGINE_RECIPE, **quickstart.ENSEMBLE_RECIPE}
-  assert quickstart.flag_defaults("mnist", {"teacher_ensemble_dir": "e", "noise_multiplier": 0.0,
-                                            }) == quickstart.ENGINE_RECIPE
-  assert quickstart.recipe_rule({"accounting": "paper", "teacher_ensemble_dir": "e"}) == \
-      quickstart.PAPER_RECIPE
-  assert quickstart.flag_defaults("fashion_mnist", {"accounting": "paper"}) == {
-      **quickstart.DATASET_DEFAULTS["fashion_mnist"], **quickstart.PAPER_RECIPE,
-      "class_conditional_weight": 3.0}
-  # The digits Quickstart is not the engine recipe: no rule applies to it.
-  assert quickstart.flag_defaults("digits", {"teacher_ensemble_dir": "e"}) == \
-      quickstart.DATASET_DEFAULTS["digits"]
-  assert quickstart.default_target_epsilon("mnist", None, None) is None
-  assert quickstart.default_target_epsilon("digits", None, None) == 10.0
+  # A given teacher is the run's own: nothing is trained.
+  config, a = dpdfd_cli.parse_config(["--dataset=digits", "--teacher_dirs=t"])
+  assert config.teacher_dirs == ("t",) and a.teacher_config is None
 
 
 def test_bad_input_is_one_line_exit_2(capsys, tmp_path, monkeypatch):
   monkeypatch.chdir(tmp_path)
-  (tmp_path / "mnist.npz").write_bytes(b"")  # the data is there: the privacy flags are asked
+  for name in ("cifar10", "mnist"):  # the data is there: the flags are checked next
+    (tmp_path / f"{name}.npz").write_bytes(b"")
   assert "give noise_multiplier, target_epsilon" in _exit_2(
-      ["--dataset=mnist", "--teacher_dirs=t", f"--data_dir={tmp_path}"], capsys)
+      ["--dataset=cifar10", "--teacher_dirs=t", f"--data_dir={tmp_path}"], capsys)
+  # A flag against the recipe's engine: the config's one line says which to give.
+  assert "use bound_method='clip'" in _exit_2(
+      ["--dataset=mnist", "--bound_method=normalize", f"--data_dir={tmp_path}"], capsys)
   assert "unknown model 'gpt'" in _exit_2(["--dataset=digits", "--teacher_model=gpt"], capsys)
   assert "epochs must be >= 1" in _exit_2(["--dataset=digits", "--teacher_epochs=0"], capsys)
   assert "--steps" in _exit_2(["--dataset=digits", "--steps=x"], capsys)
@@ -327,16 +283,6 @@ def test_chance_reason_noiseless_engine():
   assert "more --steps or another --seed" in engine and "--generator_objective" not in engine
 
 
-def test_results_anchors_exist():
-  text = open(os.path.join(_REPO, "docs", "RESULTS.md"), encoding="utf-8").read()
-  slugs = {re.sub(r"[^\w\- ]", "", h.lower()).strip().replace(" ", "-")
-           for h in re.findall(r"^#+ (.+)$", text, re.M)}
-  for anchor in (quickstart.ENGINE_ANCHOR, quickstart.DISAGREEMENT_ANCHOR,
-                 quickstart.PAPER_TABLE_ANCHOR, quickstart.ENSEMBLE_ANCHOR,
-                 quickstart.COVERAGE_ANCHOR):
-    assert anchor.split("#")[1] in slugs, anchor
-
-
 def test_coverage_line_flags_the_classes_the_generator_rarely_made():
   assert quickstart.coverage_line({}) is None
   assert quickstart.coverage_line({"released_rows_per_class": [0, 0]}) is None
@@ -349,10 +295,7 @@ def test_coverage_line_flags_the_classes_the_generator_rarely_made():
 
 
 def test_privacy_doc_anchor_and_its_figures():
-  text = open(os.path.join(_REPO, "docs", "privacy.md"), encoding="utf-8").read()
-  slugs = {re.sub(r"[^\w\- ]", "", h.lower()).strip().replace(" ", "-")
-           for h in re.findall(r"^#+ (.+)$", text, re.M)}
-  assert quickstart.PRIVACY_ANCHOR.split("#")[1] in slugs
+  # (the anchor resolves: tests/test_doc_links.py)
   # "one Gaussian step of multiplier 0.5 gives ε = 9.997"; the digits defaults' z = 12.25.
   assert round(accounting.epsilon(dp_event.GaussianDpEvent(0.5), delta=1e-5), 3) == 9.997
   config, _ = dpdfd_cli.parse_config(["--dataset=digits"])
@@ -364,7 +307,8 @@ def test_readme_quickstart_is_the_main_job_and_the_test_command():
   text = open(os.path.join(_REPO, "README.md"), encoding="utf-8").read()
   section = text.split("## Quickstart", 1)[1].split("\n## ", 1)[0]
   commands = re.findall(r"```bash\n(.*?)\n```", section, re.S)
-  assert commands == ["pip install -e . && python -m experiments.dpdfd --dataset=digits",
+  assert commands == ["pip install -e . && python -m experiments.dpdfd "
+                      "--config=configs/dpdfd/digits_quickstart.py",
                       'pip install -e ".[test,import,export]" && pip install --no-deps '
                       'jax2onnx==0.17.1 && python -m pytest -q -n 2 --dist loadfile --durations=30']
 
@@ -394,7 +338,7 @@ def test_recorded_mnist_commands_still_run_what_they_ran():
 
 
 def test_recorded_commands_that_ran_no_class_code_still_run_none():
-  # The class-conditional generator became a default (quickstart.PAPER_RECIPE) after most
+  # The class-conditional generator became a recipe's (configs/dpdfd/mnist_paper_eps10.py) after most
   # DPDFD rows ran: every recorded command that names none must still parse to none.
   checked = 0
   for path in sorted(glob.glob(os.path.join(_REPO, "docs", "results", "dpdfd__*.json"))):
@@ -402,7 +346,8 @@ def test_recorded_commands_that_ran_no_class_code_still_run_none():
     if "experiments.dpdfd" not in command:  # a benchmark script's own flags
       continue
     tail = command.split("experiments.dpdfd", 1)[1]
-    if "--class_conditional_weight" in tail or "--mode=direct" in tail or "sample" in tail[:8]:
+    named = re.search(r"--class_conditional_weight=(\S+)", tail)
+    if (named and float(named.group(1)) != 0) or "--mode=direct" in tail or "sample" in tail[:8]:
       continue
     argv = shlex.split(re.sub(r"\$\([^)]*\)", "a,b", tail))
     with warnings.catch_warnings():

@@ -31,9 +31,10 @@ def test_bad_flags_exit_with_message(main, argv, match, capsys):
 
 
 def test_dpdfd_asks_for_privacy_flags_once_the_data_is_there(tmp_path, capsys):
-  (tmp_path / "mnist.npz").write_bytes(b"")  # found (read later): the privacy flags come next
+  # found (read later): the privacy flags come next (cifar10 has no recipe file giving them)
+  (tmp_path / "cifar10.npz").write_bytes(b"")
   with pytest.raises(SystemExit) as exit_info:
-    dpdfd_cli.main(["--dataset=mnist", f"--data_dir={tmp_path}"])
+    dpdfd_cli.main(["--dataset=cifar10", f"--data_dir={tmp_path}"])
   assert exit_info.value.code == 2
   err = capsys.readouterr().err
   assert "give noise_multiplier, target_epsilon" in err and err.count("\n") == 1

@@ -8,6 +8,7 @@ import shutil
 
 import pytest
 
+import configs
 from dpkd_jax.errors import UserError
 from dpkd_jax.train import frontier as fr
 from dpkd_jax.train import frontier_doc
@@ -96,7 +97,7 @@ def test_the_setting_map_covers_every_method_with_records():
 
 
 def test_committed_choosing_md_is_generated_from_the_records_and_regenerates_to_itself():
-  records = records_tables.load_records(str(_RESULTS))
+  records = records_tables.load_records(str(_RESULTS), configs.record_commands())
   text = _DOC.read_text(encoding="utf-8")
   again = frontier_doc.render_doc(text, records)
   assert again == text, "docs/CHOOSING.md is stale: run python -m experiments.plot frontier"

@@ -11,6 +11,7 @@ import sys
 
 import pytest
 
+import configs
 from dpkd_jax.errors import UserError
 from dpkd_jax.train import records
 from dpkd_jax.train import records_tables as rt
@@ -47,8 +48,21 @@ def _rows(text):
 # ---------------------------------------------------------------- the committed files
 
 
+def test_a_record_a_recipe_reproduces_shows_the_recipe_command(tmp_path):
+  for name in ("a", "b"):
+    (tmp_path / f"{name}.json").write_text(json.dumps(_record(name, tables={"t": 1 + (name == "b")})))
+  recipe = "python -m experiments.dpdfd --config=configs/dpdfd/x.py --seed=0"
+  recs = rt.load_records(str(tmp_path), {"a": recipe})
+  assert rt.command(recs["a"]) == recipe  # the record file keeps its own command
+  assert rt.command(recs["b"]) == "python -m experiments.dpdfd --workdir=runs/b"
+  text, _ = rt.render_markdown(_doc("| {name} | {command:`} |"), recs)
+  assert f"| a | `{recipe}` |" in text and "| b | `python -m experiments.dpdfd --workdir" in text
+  assert json.loads((tmp_path / "a.json").read_text())["command"].endswith("runs/a")
+
+
 def test_committed_docs_and_notebook_data_match_their_records():
-  files = rt.render_files(str(_RESULTS), [str(d) for d in _DOCS], str(_NOTEBOOK))
+  files = rt.render_files(str(_RESULTS), [str(d) for d in _DOCS], str(_NOTEBOOK),
+                          configs.record_commands())
   for path, (current, generated) in files.items():
     assert current == generated, f"{path} is stale: run python -m experiments.results render"
 

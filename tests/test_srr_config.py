@@ -1,7 +1,9 @@
 """SRR config: every bad field fails at construction with a message naming it; the CLI turns
 it into one line and exit status 2. The CLI's defaults leave every recorded command as it ran."""
 
+import dataclasses
 import glob
+import importlib
 import json
 import math
 import os
@@ -89,54 +91,45 @@ def test_the_config_holds_no_resolved_privacy():
     (None, 10, False),              # calibrated from a target: unknown here
     (math.inf, 10, False),          # no noise
 ])
-def test_the_cli_changes_its_engine_where_most_first_stage_labels_are_noise(epsilon, classes,
-                                                                           noisy):
+def test_labels_mostly_noise(epsilon, classes, noisy):
   assert srr_config.labels_mostly_noise(epsilon, classes) == noisy
-  expected = srr_config.NOISY_LABELS_CLI_DEFAULTS if noisy else {}
-  assert srr_config.cli_noisy_label_defaults(epsilon, classes) == expected
 
 
-def test_cli_picks_the_engine_by_epsilon_unless_given():
+def test_the_cli_points_to_the_noisy_label_recipe_and_merges_nothing(capsys):
   base = ["--dataset=mnist", "--teacher_dir=t"]
-  parse = lambda argv: srr_cli.parse_config(base + argv)[0]  # noqa: E731
-  noisy = parse(["--epsilon=1"])
-  for name, value in srr_config.NOISY_LABELS_CLI_DEFAULTS.items():
-    assert getattr(noisy, name) == value, name
-  clean = parse(["--epsilon=10"])
-  assert clean.student_lr == srr.SRRConfig.student_lr
-  for name in ("stages", "samples_per_stage", "student_epochs"):
-    assert getattr(clean, name) == srr_config.CLI_DEFAULTS[name], name
-  assert clean.generator_epochs == srr.SRRConfig.generator_epochs
-  # A flag given at the config's or CLI's default still wins over the noisy-label engine.
-  given = parse(["--epsilon=1", "--student_lr=0.001", "--stages=4"])
+  default, _ = srr_cli.parse_config(base + ["--epsilon=1"])  # configs/srr/mnist_eps10.py
+  assert "configs/srr/mnist_eps1.py is the engine measured there" in capsys.readouterr().out
+  engine, _ = srr_cli.parse_config(base + ["--epsilon=10"])
+  assert capsys.readouterr().out == ""
+  assert dataclasses.replace(default, epsilon=10.0) == engine  # the same recipe file
+  noisy, _ = srr_cli.parse_config(["--config=configs/srr/mnist_eps1.py", *base])
+  assert capsys.readouterr().out == ""
+  assert (noisy.student_lr, noisy.stages, noisy.samples_per_stage, noisy.student_epochs,
+          noisy.generator_epochs) == (3e-4, 16, 25600, 5, 0)
+  given, _ = srr_cli.parse_config(["--config=configs/srr/mnist_eps1.py", *base,
+                                   "--student_lr=0.001", "--stages=4"])
   assert (given.student_lr, given.stages, given.samples_per_stage) == (1e-3, 4, 25600)
-  assert parse(["--epsilon=10", "--student_lr=0.0003"]).student_lr == 3e-4
-  target = parse(["--target_epsilon=10"])
-  assert (target.student_lr, target.stages) == (srr.SRRConfig.student_lr, 4)
+  target, _ = srr_cli.parse_config(base + ["--target_epsilon=10"])
+  assert (target.epsilon, target.target_epsilon, target.stages) == (None, 10.0, 4)
 
 
 def test_recorded_commands_name_every_flag_the_cli_defaults_changed():
-  # experiments.srr's defaults (CLI_DEFAULTS) are not the config's: a recorded run made
-  # before they changed writes out what it ran with, so its command still runs that.
+  # experiments.srr's default recipe (configs/srr/mnist_eps10.py) is not the config's defaults:
+  # a recorded run made before it changed writes out what it ran with, so its command still
+  # runs that.
+  recipe = importlib.import_module("configs.srr.mnist_eps10").get_config()
+  changed = {f.name for f in dataclasses.fields(recipe)
+             if getattr(recipe, f.name) != getattr(srr.SRRConfig, f.name, None)}
+  changed -= {"dataset", "teacher_dir", "epsilon"}  # every recorded command names them
   checked = 0
   for path in sorted(glob.glob(os.path.join(_REPO, "docs", "results", "srr__*.json"))):
     argv = shlex.split(json.load(open(path, encoding="utf-8"))["command"])
     tail = argv[argv.index("experiments.srr") + 1:]
     pretrain = tail[:1] == ["pretrain"]
     given = {flag.split("=")[0].lstrip("-") for flag in tail}
-    needed = {"generator_channels"} if pretrain else set(srr_config.CLI_DEFAULTS)
+    needed = {"generator_channels"} if pretrain else changed
     assert needed <= given, (path, needed - given)
-    config, _ = srr_cli.parse_config(tail[1:] if pretrain else tail, pretrain_only=pretrain)
-    # What the CLI picks by ε (cli_noisy_label_defaults) is written
-    # out wherever it differs from what the run ran with.
-    if not pretrain and config.student_lr != srr.SRRConfig.student_lr:
-      assert "student_lr" in given, path
-    if not pretrain:
-      assert set(srr_config.NOISY_LABELS_CLI_DEFAULTS) - {"student_lr", "generator_epochs"} \
-          <= given, path
-      noisy = srr_config.cli_noisy_label_defaults(config.epsilon, config.info.num_classes)
-      if noisy and "generator_epochs" not in given:  # ran before the default: fine-tuned
-        raise AssertionError(f"{path}: add --generator_epochs=1, which it ran with")
+    srr_cli.parse_config(tail[1:] if pretrain else tail, pretrain_only=pretrain)
     checked += 1
   assert checked >= 20
 

@@ -1,4 +1,4 @@
-"""The wheel holds the package, the CLIs and every data file the library reads at run time
+"""The wheel holds the package, the CLIs, the recipes (configs/) and every data file the library reads at run time
 (`dpkd_jax.resources`), so that `pip install dpkd_jax-*.whl` works with no clone.
 
 Built from a copy of the tracked files with `pip wheel --no-build-isolation` (the setuptools
@@ -38,7 +38,7 @@ def test_wheel_holds_the_package_and_its_data(tmp_path):
                  capture_output=True)
   (wheel,) = out.glob("dpkd_jax-*.whl")
   names = set(zipfile.ZipFile(wheel).namelist())
-  code = {n for n in tracked if n.split("/")[0] in ("dpkd_jax", "experiments")}
+  code = {n for n in tracked if n.split("/")[0] in ("dpkd_jax", "experiments", "configs")}
   assert code - names == set()  # every module and data file of the package
   assert "dpkd_jax/resources/paper_results.json" in names
   assert not [n for n in names if n.split("/")[0] in ("tests", "notebooks", "docs")]

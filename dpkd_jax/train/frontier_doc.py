@@ -83,7 +83,8 @@ def _commands_table(points: list[frontier_lib.Point]) -> list[str]:
         f"| `{p.name}` | {frontier_lib.setting_label(p.setting)} | "
         f"{frontier_lib.METHOD_LABELS[p.method]} | {eps} | "
         f"{records_tables.format_number(r['test_accuracy'])} | "
-        f"{_SELECTED_ON.get(r.get('selection'), 'not stated')} | {seeds} | {_code(r['command'])} |")
+        f"{_SELECTED_ON.get(r.get('selection'), 'not stated')} | {seeds} | "
+        f"{_code(records_tables.command(r))} |")
   return lines
 
 
@@ -114,7 +115,8 @@ def _dataset_section(dataset: str, rows: dict[str, tuple[frontier_lib.Point | No
          "itself a best-of by test accuracy over the recorded runs.", ""]
   out += _best_table(rows, grid) + [""]
   if points:
-    out += [f"Commands of the {name} runs above (as recorded):", ""]
+    out += [f"Commands of the {name} runs above (the recipe file's where one reproduces the "
+            "run, else as recorded):", ""]
     out += _commands_table(points) + [""]
   out += [f"Published anchors for {name} (hollow markers in the plot; their own accounting "
           "and relation, NOT this library's sound figures):", ""]

@@ -66,16 +66,33 @@ SELECTION_LEGEND = ("ᵗ = settings chosen by test accuracy (the figure is optim
                     "selected")
 
 
-def load_records(directory: str) -> dict[str, Record]:
-  """{file stem: record} of every `*.json` in `directory`, numbers as `Decimal`."""
+def load_records(directory: str,
+                 recipes: dict[str, str] | None = None) -> dict[str, Record]:
+  """{file stem: record} of every `*.json` in `directory`, numbers as `Decimal`.
+
+  `recipes`: {record name: the recipe command that reproduces it} (`configs.record_commands`):
+  such a record's `command` placeholder shows that command (`RECIPE_KEY`), its own stays in
+  the file.
+  """
   found = {}
   for path in sorted(glob.glob(os.path.join(directory, "*.json"))):
     record = records_lib.read_record(path, parse_float=decimal.Decimal)
     tables = record.get("tables", {})
     if not isinstance(tables, dict) or not all(isinstance(v, int) for v in tables.values()):
       raise UserError(f"{path}: tables must map table names to row positions (integers)")
-    found[os.path.splitext(os.path.basename(path))[0]] = record
+    name = os.path.splitext(os.path.basename(path))[0]
+    if recipes and name in recipes:
+      record[RECIPE_KEY] = recipes[name]
+    found[name] = record
   return found
+
+
+RECIPE_KEY = "recipe_command"  # in memory only: the command of the recipe file of a record
+
+
+def command(record: Record) -> str:
+  """The command the docs show for `record`: its recipe's, else the recorded one."""
+  return record.get(RECIPE_KEY) or record["command"]
 
 
 class _Missing(Exception):
@@ -96,6 +113,8 @@ def _lookup(record: Record, table: str, key: str) -> tuple[Any, bool]:
   columns = record.get("columns", {})
   if key in columns:
     return columns[key], False
+  if key == "command" and RECIPE_KEY in record:
+    return record[RECIPE_KEY], False
   if key in record:
     return record[key], False
   raise _Missing(key)
@@ -334,14 +353,14 @@ def unused_tables(records: dict[str, Record], rendered: set[str]) -> list[str]:
                 if t not in rendered)
 
 
-def render_files(results_dir: str, markdown_paths: list[str],
-                 notebook_path: str | None) -> dict[str, tuple[str, str]]:
+def render_files(results_dir: str, markdown_paths: list[str], notebook_path: str | None,
+                 recipes: dict[str, str] | None = None) -> dict[str, tuple[str, str]]:
   """{path: (current text, text generated from the records)} of every generated file.
 
   Raises UserError when a record lists a table that none of the files holds (a typo in
   `tables`, or a table deleted from the docs while its records stayed).
   """
-  records = load_records(results_dir)
+  records = load_records(results_dir, recipes)
   if not records:
     raise UserError(f"{results_dir}: no results records (*.json)")
   out, rendered = {}, set()

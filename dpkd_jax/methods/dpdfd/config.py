@@ -80,7 +80,7 @@ class DPDFDConfig:
   """A DPDFD run. Privacy fields first, then model/optimization, then bookkeeping.
 
   One entry per field, its first sentence the flag's `--help` line. What the engine options
-  were measured to do: docs/RESULTS.md#the-engine-without-noise and the records it links.
+  were measured to do: docs/RESULTS.md#dpdfd-engine and the records it links.
 
   Attributes:
     noise_multiplier: σ, the noise std per output coordinate in units of C; None: calibrate.
@@ -118,7 +118,7 @@ class DPDFDConfig:
     teacher_loss_scale: κ, L_T's weight: the released rows are κ·dL_T/ds. Rows and C scale
       together, so κ changes nothing under the sound accounting; κ·γ = 1 with κ far below C
       keeps rows unclipped, which the paper's Theorem 3 then prices as almost noiseless
-      (docs/RESULTS.md#paper-table-1-side-by-side).
+      (docs/RESULTS.md#dpdfd-paper-table-1).
     dkd_alpha: α of decoupled KD (the target-class term) when teacher_loss="dkd".
     dkd_beta: β of decoupled KD (the non-target-class term) when teacher_loss="dkd".
     temperature: the softmax temperature of decoupled KD.

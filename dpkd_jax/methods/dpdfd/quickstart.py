@@ -15,23 +15,14 @@
      stays in results.json's "private_diagnostics", never printed), and a line saying why
      when the student is at chance.
 
-Per-dataset flag defaults (`flag_defaults`): the recipe of each dataset with the best TEST
-accuracy among the recorded runs (docs/RESULTS.md, anchors below): selected on the test
-split, so the figures they were chosen by are optimistic; `--validation_examples` selects on
-a private hold-out instead (`train.selection`). Digits keeps the whole command within a few
-CPU minutes.
-MNIST and Fashion-MNIST get the disagreement engine (`ENGINE_RECIPE`), changed by one rule
-(`recipe_rule`) when the run adds noise: `--accounting=paper` takes `PAPER_RECIPE`, a sound run
-of `--teacher_ensemble_dir` takes `ENSEMBLE_RECIPE`. A flag the user gives always wins. A run
-that gives neither σ nor a target ε gets the sound target `DEFAULT_TARGET_EPSILON` on digits
-only. Elsewhere a sound one-teacher run at that target stays at chance after CPU hours, while
-`--noise_multiplier=0`, a paper-accounting run and an ensemble run each need a different flag:
-the user names σ or the target.
+The recipes are files (configs/dpdfd/, `--config`); without one, `--dataset=<name>` runs
+the file `configs.dpdfd.BY_DATASET` names. A recipe whose teacher is the CLI's default teacher
+(runs/teacher/<dataset>_<teacher_model>, `default_teacher_dir`) has it trained or reused there
+(`cli_teachers`).
 """
 
 from __future__ import annotations
 
-import dataclasses
 import math
 import os
 from typing import Any, Callable, Mapping
@@ -44,161 +35,32 @@ from dpkd_jax.methods.dpdfd import config as config_lib
 from dpkd_jax.methods.dpdfd import run as run_lib
 from dpkd_jax.train import summary
 
-DEFAULT_TARGET_EPSILON = 10.0  # sound (dp_accounting), never the paper's formula
-DEFAULT_TARGET_DATASETS = ("digits",)  # the Quickstart: a default target ε (module docstring)
 RESULTS = "docs/RESULTS.md#"
-ENGINE_ANCHOR = RESULTS + "the-engine-without-noise"
+ENGINE_ANCHOR = RESULTS + "dpdfd-engine"
 DISAGREEMENT_ANCHOR = ENGINE_ANCHOR
-PAPER_TABLE_ANCHOR = RESULTS + "paper-table-1-side-by-side"
-ENSEMBLE_ANCHOR = RESULTS + "many-disjoint-teachers-sound-accounting"
-PRIVACY_ANCHOR = "docs/privacy.md#why-a-one-teacher-student-stays-at-chance"
-COVERAGE_ANCHOR = RESULTS + "the-class-conditional-generator"
-
-# The engine of best test accuracy (DISAGREEMENT_ANCHOR; chosen on the test split): the
-# generator climbs the released student-teacher disagreement (clipped logit-gap rows, C above
-# the gaps, one probe direction).
-ENGINE_RECIPE: dict[str, Any] = {
-    "steps": 8000, "eval_every": 1000, "batch_size": 64, "generator_channels": 64,
-    "student_model": "datalens_cnn", "student_norm": "batch", "teacher_loss": "logit",
-    "bound_method": "clip", "l2_norm_bound": 1000.0, "generator_objective": "disagreement",
-    "probe_directions": 1}
-# Sound, many disjoint teachers (ENSEMBLE_ANCHOR): the noise dominates the rows' size, which the
-# disagreement generator climbs (and its probes double the rows of a release): the paper's
-# generator, rows clipped at C = 1, the 2,000 steps the rows there ran.
-ENSEMBLE_RECIPE: dict[str, Any] = {
-    "generator_objective": "paper", "l2_norm_bound": 1.0, "steps": 2000, "eval_every": 500}
-# --accounting=paper (PAPER_TABLE_ANCHOR): Theorem 3 prices the noise std σ·C by C²/σ², so rows
-# scaled by κ far below a tiny C, with κ·γ = 1, make its ε admit an almost noiseless run (the
-# sound ε printed beside it says what that is worth). Give the first three flags together. The
-# class-conditional generator (COVERAGE_ANCHOR: the MNIST seeds that collapse without it learn
-# with it) is post-processing of the same rows; a dataset whose defaults weigh their own class
-# code (Fashion-MNIST: 3) keeps that weight.
-PAPER_RECIPE: dict[str, Any] = {
-    "l2_norm_bound": 1e-10, "teacher_loss_scale": 1e-12, "gamma": 1e12,
-    "class_conditional_weight": 1.0}
-CLIP_RECIPE_FLAGS = ("generator_objective", "probe_directions", "l2_norm_bound",
-                     "teacher_loss_scale", "gamma", "class_conditional_weight")
-# Terms of the disagreement generator: a given other --generator_objective drops their defaults.
-DISAGREEMENT_ONLY_FLAGS = ("class_conditional_weight",)
-# Flags of `experiments.dpdfd` whose default depends on the dataset.
-DATASET_DEFAULTS: dict[str, dict[str, Any]] = {
-    # The digits recipe of best test accuracy (ENGINE_ANCHOR, the digits table; chosen on the
-    # test split): logit-gap rows and a GroupNorm datalens_cnn student.
-    "digits": {"steps": 600, "batch_size": 64, "generator_channels": 64,
-               "student_model": "datalens_cnn", "student_norm": "group",
-               "teacher_loss": "logit", "eval_every": 100, "teacher_epochs": 10},
-    "mnist": dict(ENGINE_RECIPE),
-    # Fashion-MNIST: the teacher's architecture as the student learned faster than
-    # datalens_cnn under the engine recipe (DISAGREEMENT_ANCHOR); a class code of weight 3 with
-    # the default teacher (5 epochs, no augmentation) gave the best students without noise and
-    # under the paper's accounting (COVERAGE_ANCHOR; chosen on the test split); ENSEMBLE was
-    # measured on MNIST only. Older recorded commands name --class_conditional_weight=0.
-    "fashion_mnist": {**ENGINE_RECIPE, "student_model": "small_cnn",
-                      "class_conditional_weight": 3.0},
-}
+PAPER_TABLE_ANCHOR = RESULTS + "dpdfd-paper-table-1"
+ENSEMBLE_ANCHOR = RESULTS + "dpdfd-many-teachers"
+PRIVACY_ANCHOR = "docs/privacy.md#one-teacher-at-chance"
+COVERAGE_ANCHOR = RESULTS + "dpdfd-class-conditional"
 TEACHER_MODEL = "small_cnn"
-TEACHER_EPOCHS = 5  # other datasets (the CLI's --teacher_epochs default)
+TEACHER_EPOCHS = 5  # the teacher trained without a recipe's TEACHER_EPOCHS (--teacher_epochs)
 
 Log = Callable[[str], None]
 
 
-def recipe_rule(given: Mapping[str, Any]) -> dict[str, Any]:
-  """What replaces `ENGINE_RECIPE`'s values for a run with the flags `given`: nothing when σ = 0
-  is given (the engine recipe is the noiseless one); else `PAPER_RECIPE` with
-  `--accounting=paper`; else `ENSEMBLE_RECIPE` with `--teacher_ensemble_dir`."""
-  if given.get("noise_multiplier") == 0:
-    return {}
-  if given.get("accounting") == "paper":
-    return dict(PAPER_RECIPE)
-  if given.get("teacher_ensemble_dir") is not None:
-    return dict(ENSEMBLE_RECIPE)
-  return {}
-
-
-def flag_defaults(dataset: str, given: Mapping[str, Any] | None = None) -> dict[str, Any]:
-  """The CLI defaults of `dataset` that differ from the config's, except the flags `given`.
-
-  Args:
-    dataset: the --dataset flag.
-    given: the flags the user gave, with their values ({} or None: none); they always win.
-      A given `--bound_method` other than clip keeps the config's C, κ, γ and generator: the
-      recipes' values assume clipped rows (normalised rows all have norm C). A given
-      `--generator_objective` other than disagreement, or a rule's, drops that generator's own
-      terms. A dataset whose defaults weigh a class code keeps that weight under every rule.
-  """
-  given = given or {}
-  out = dict(DATASET_DEFAULTS.get(dataset, {}))
-  if out.get("generator_objective") == "disagreement":  # the engine recipe's datasets
-    rule = recipe_rule(given)
-    # A dataset's own class code wins over the paper rule's weight 1 (Fashion-MNIST's 3 was
-    # measured with and without noise under the paper's accounting).
-    if out.get("class_conditional_weight"):
-      rule.pop("class_conditional_weight", None)
-    out.update(rule)
-    if given.get("bound_method", "clip") != "clip":
-      for name in CLIP_RECIPE_FLAGS:
-        out.pop(name, None)
-    objective = given.get("generator_objective", out.get("generator_objective"))
-    if objective != "disagreement":  # given, or a rule's (the ensemble's paper generator)
-      for name in DISAGREEMENT_ONLY_FLAGS:
-        out.pop(name, None)
-  return {name: value for name, value in out.items() if name not in given}
-
-
-def default_target_epsilon(dataset: str, noise_multiplier: float | None,
-                           target_epsilon: float | None) -> float | None:
-  """The target ε a run uses: the given one, or `DEFAULT_TARGET_EPSILON` (sound) for a
-  Quickstart dataset run that names neither σ nor a target."""
-  if (target_epsilon is None and noise_multiplier is None
-      and dataset in DEFAULT_TARGET_DATASETS):
-    return DEFAULT_TARGET_EPSILON
-  return target_epsilon
-
-
-def cli_defaults(dataset: str | None, given: Mapping[str, Any]) -> dict[str, Any]:
-  """Every CLI default of `dataset` (None: not named yet) that differs from the config's, for
-  the flags `given`: `flag_defaults` plus the Quickstart's target ε."""
-  if dataset is None:
-    return {}
-  out = flag_defaults(dataset, given)
-  target = default_target_epsilon(dataset, given.get("noise_multiplier"),
-                                  given.get("target_epsilon"))
-  if given.get("target_epsilon") is None and target is not None:
-    out["target_epsilon"] = target
-  return out
-
-
-def help_notes(dataset: str | None, given: Mapping[str, Any]) -> dict[str, str]:
-  """What `--help` says after each default a recipe sets: for a named `dataset`, that the
-  value shown is its recipe's; else each recipe dataset's own value."""
-  if dataset is not None:
-    return {name: f"the {dataset} recipe" for name in cli_defaults(dataset, given)}
-  config = {f.name: f.default for f in dataclasses.fields(config_lib.DPDFDConfig)}
-  config["teacher_epochs"] = TEACHER_EPOCHS
-  values: dict[str, dict[Any, list[str]]] = {}
-  for name in (*DATASET_DEFAULTS, *DEFAULT_TARGET_DATASETS):
-    for flag, value in cli_defaults(name, given).items():
-      if value != config.get(flag) and name not in values.setdefault(flag, {}).get(value, []):
-        values[flag].setdefault(value, []).append(name)
-  notes = {flag: "--dataset=" + ", ".join(f"{'/'.join(names)}: {value}"
-                                          for value, names in by_value.items())
-           for flag, by_value in values.items()}
-  if "target_epsilon" in notes:
-    notes["target_epsilon"] += " unless --noise_multiplier is given"
-  return notes
-
-
-def cli_teachers(dataset: str, *, teacher_dirs: tuple[str, ...] | None,
+def cli_teachers(dataset: str, *, teacher_dirs: tuple[str, ...], default_teacher: bool,
                  teacher_ensemble_dir: str | None, teacher_model: str, teacher_epochs: int,
                  data_dir: str | None, validation_examples: int,
                  ) -> tuple[tuple[str, ...], teacher_lib.TeacherConfig | None]:
   """(teacher_dirs, the teacher `convert` trains or reuses, or None) of the CLI's flags.
 
-  Given teacher_dirs: those, nothing to train; only teacher_ensemble_dir: none (the ensemble
-  holds every teacher); neither: `default_teacher_dir` (its own with a hold-out), trained or
-  reused. A bad teacher flag is a one-line `UserError`.
+  `default_teacher`: the run names no teacher of its own (no --teacher_dirs, and the recipe's,
+  if any, is the CLI's default teacher of its dataset). Then the teachers are the ensemble's
+  with --teacher_ensemble_dir (none here), else `default_teacher_dir` of the run's dataset and
+  model (its own with a hold-out), trained or reused. Otherwise `teacher_dirs`, trained by
+  nobody. A bad teacher flag is a one-line `UserError`.
   """
-  if teacher_dirs is not None:
+  if not default_teacher:
     return teacher_dirs, None
   if teacher_ensemble_dir is not None:
     return (), None
@@ -209,6 +71,12 @@ def cli_teachers(dataset: str, *, teacher_dirs: tuple[str, ...] | None,
     raise errors.UserError(str(error)) from error
   held = f"_val{validation_examples}" if validation_examples else ""  # its own teacher
   return (default_teacher_dir(dataset, teacher_model) + held,), config
+
+
+def default_teacher_of(recipe: config_lib.DPDFDConfig | None) -> bool:
+  """Whether a run of `recipe` (None: no recipe) gets the CLI's default teacher: the recipe
+  names no teacher, or the default teacher of its own dataset (`default_teacher_dir`)."""
+  return recipe is None or recipe.teacher_dirs == (default_teacher_dir(recipe.dataset),)
 
 
 def default_teacher_dir(dataset: str, model: str = TEACHER_MODEL, root: str = "runs") -> str:

@@ -23,24 +23,6 @@ FIRST_PRIORS = ("uniform", "student")
 GENERATOR_PRIORS = ("teacher", "none")
 STUDENT_LOSSES = ("kl", "rr_likelihood")
 STUDENT_SCHEDULES = ("cosine", "constant")
-# The defaults of `python -m experiments.srr`: the engine of best test accuracy, selected on
-# the test split (optimistic; docs/privacy.md "Selection and tuning") (docs/RESULTS.md#engine-
-# and-student; MNIST and Fashion-MNIST at ε = 10 and 1 per query): 4 stages of 12,800
-# queries, 10 student epochs on each, the RR-likelihood student loss (post-processing: the
-# known channel), a small_cnn student, a generator of width 64.
-# `SRRConfig`'s own defaults stay the paper's (10 stages of 2,560, KL, lenet5, width 128),
-# which the library's callers get.
-CLI_DEFAULTS = {"generator_channels": 64, "stages": 4, "samples_per_stage": 12800,
-                "student_epochs": 10, "student_loss": "rr_likelihood",
-                "student_model": "small_cnn"}
-
-
-# `python -m experiments.srr`'s engine where most of stage 1's labels are noise
-# (`cli_noisy_label_defaults`): a smaller student rate, four times the stages of twice the
-# queries, each fitted for 5 epochs (the same student steps per stage as CLI_DEFAULTS'), and
-# no generator fine-tuning on the noisy labels.
-NOISY_LABELS_CLI_DEFAULTS = {"student_lr": 3e-4, "stages": 16, "samples_per_stage": 25600,
-                             "student_epochs": 5, "generator_epochs": 0}
 MOSTLY_NOISE = 0.5  # stage 1 keeps fewer teacher labels than this: the labels are mostly noise
 
 
@@ -54,19 +36,6 @@ def labels_mostly_noise(epsilon: float | None, num_classes: int) -> bool:
   if epsilon is None:
     return False
   return float(randomized_response.keep_probability(epsilon, num_classes)) < MOSTLY_NOISE
-
-
-def cli_noisy_label_defaults(epsilon: float | None, num_classes: int) -> dict[str, Any]:
-  """The CLI's engine changes at `epsilon` per query (flags the user gives win over them).
-
-  Where the labels are mostly noise (`labels_mostly_noise`): `NOISY_LABELS_CLI_DEFAULTS`, a
-  slower student rate (a faster one fits the noise), more stages of more queries (the
-  student's prior, which selects each later stage's candidate set, keeps improving) and no
-  generator fine-tuning on those labels; the runs that chose them are the ε = 1 rows of
-  docs/RESULTS.md (SRR, "Engine and student") and their records. Elsewhere none:
-  CLI_DEFAULTS and the config's.
-  """
-  return dict(NOISY_LABELS_CLI_DEFAULTS) if labels_mostly_noise(epsilon, num_classes) else {}
 
 
 # Fields added after workdirs were first saved: left out of `to_json` at their default.

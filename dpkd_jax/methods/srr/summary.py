@@ -17,9 +17,9 @@ from dpkd_jax.methods.srr import config as config_lib
 from dpkd_jax.privacy import randomized_response
 from dpkd_jax.train import summary
 
-RESULTS_ANCHOR = "docs/RESULTS.md#dp-dfd-with-selective-randomized-response-srr"
-ABLATION_ANCHOR = "docs/RESULTS.md#the-papers-engine-at-reduced-scale"
-STUDENT_ANCHOR = "docs/RESULTS.md#engine-and-student"
+RESULTS_ANCHOR = "docs/RESULTS.md#srr"
+ABLATION_ANCHOR = "docs/RESULTS.md#srr-ablation"
+STUDENT_ANCHOR = "docs/RESULTS.md#srr-engine"
 
 
 def chance_reason(results: Mapping[str, Any]) -> str:

@@ -1,0 +1,1 @@
+"""Recipes of `python -m experiments.dfpate` (configs/__init__.py)."""

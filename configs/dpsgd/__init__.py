@@ -1,0 +1,1 @@
+"""Recipes of `python -m experiments.dpsgd` (configs/__init__.py)."""

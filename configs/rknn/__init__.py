@@ -1,0 +1,1 @@
+"""Recipes of `python -m experiments.rknn` (configs/__init__.py)."""

@@ -1,0 +1,1 @@
+"""Recipes of `python -m experiments.rona` (configs/__init__.py)."""
