@@ -10,7 +10,8 @@ from dpkd_jax import data
 from dpkd_jax.methods import rknn
 from dpkd_jax.methods.rknn import student as student_lib
 
-CONFIG = rknn.StudentConfig(model="lenet5_half", epochs=1, batch_size=8)
+STUDENT = rknn.StudentConfig(model="lenet5_half", epochs=1, batch_size=8)
+CONFIG = rknn.RKNNConfig(dataset="digits", num_queries=10, k=1, epsilon=2.0, student=STUDENT)
 INFO = data.DATASETS["digits"]
 
 
@@ -19,22 +20,22 @@ def _leaves(state):
 
 
 def test_init_state_is_a_function_of_its_key():
-  a = rknn.init_state(jax.random.key(0), CONFIG, INFO, total_steps=4)
-  again = rknn.init_state(jax.random.key(0), CONFIG, INFO, total_steps=4)
-  other = rknn.init_state(jax.random.key(1), CONFIG, INFO, total_steps=4)
+  a = rknn.init_state(CONFIG, jax.random.key(0), total_steps=4)
+  again = rknn.init_state(CONFIG, jax.random.key(0), total_steps=4)
+  other = rknn.init_state(CONFIG, jax.random.key(1), total_steps=4)
   assert all(np.array_equal(x, y) for x, y in zip(_leaves(a), _leaves(again)))
   assert not all(np.array_equal(x, y) for x, y in zip(_leaves(a), _leaves(other)))
   assert int(a.step) == 0 and a.tx is again.tx  # one optimizer object per setting
 
 
 def test_train_step_is_cached_and_updates_the_state():
-  assert rknn.build_train_step(CONFIG, INFO) is rknn.build_train_step(CONFIG, INFO)
-  state = rknn.init_state(jax.random.key(0), CONFIG, INFO, total_steps=4)
+  assert rknn.build_student_step(STUDENT, INFO) is rknn.build_student_step(STUDENT, INFO)
+  state = rknn.init_state(CONFIG, jax.random.key(0), total_steps=4)
   before = _leaves(state)
   images = data.load("digits", "test").images[:8]
   labels = np.arange(8, dtype=np.int32) % INFO.num_classes
-  state, metrics = rknn.build_train_step(CONFIG, INFO)(state, images, labels,
-                                                       jax.random.key(2))
+  state, metrics = rknn.build_student_step(STUDENT, INFO)(state, images, labels,
+                                                          jax.random.key(2))
   assert int(state.step) == 1 and set(metrics) == {"loss", "accuracy"}
   assert np.isfinite(float(metrics["loss"])) and 0.0 <= float(metrics["accuracy"]) <= 1.0
   assert any(not np.array_equal(x, y) for x, y in zip(before, _leaves(state)))
@@ -43,5 +44,4 @@ def test_train_step_is_cached_and_updates_the_state():
 def test_train_student_refuses_mismatched_labels():
   images = np.zeros((4, *INFO.image_shape), np.uint8)
   with pytest.raises(ValueError, match="4 images but 3 labels"):
-    student_lib.train_student(jax.random.key(0), images, np.zeros(3, np.int32), info=INFO,
-                              config=CONFIG)
+    student_lib.train_student(CONFIG, jax.random.key(0), images, np.zeros(3, np.int32))

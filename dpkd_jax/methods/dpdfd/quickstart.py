@@ -268,7 +268,8 @@ def convert(config: config_lib.DPDFDConfig, workdir: str, *,
   if config.teacher_ensemble_dir is not None:  # cheap: the meta only, before the run starts
     teacher_ensemble.read_meta(config.teacher_ensemble_dir, flag="--teacher_ensemble_dir",
                                dataset=config.dataset)
-  return run_lib.train_dpdfd(config, workdir, progress=progress)
+  # The CLI continues a run of the same config in its workdir (it has no --resume flag).
+  return run_lib.train_dpdfd(config, workdir, resume=True, progress=progress)
 
 
 NEGLIGIBLE_NOISE = 0.01  # noise std per coordinate of the released mean row, in units of C
