@@ -182,10 +182,9 @@ def release_rows(plan: privacy.OutputGradientPlan, key: jax.Array,
 
 def private_output_gradients(plan: privacy.DPDFDPlan, key: jax.Array,
                              grads: jax.Array) -> mechanisms.GaussianRelease:
-  """A_{C,σ} of the plan on (n, B, K) grads: one teacher uses Algorithm 1 directly, n > 1 the
-  multi-teacher aggregate (normalized rows summed over teachers, one draw per row)."""
-  if grads.shape[0] == 1:
-    return release_rows(plan, key, grads[0])
+  """A_{C,σ} of the plan on (n, B, K) grads: each teacher's rows bounded to C, summed over the
+  n teachers, one draw per row; n = 1 is Algorithm 1's mechanism itself
+  (`mechanisms.output_gradient_mechanism` is this call on one teacher)."""
   return mechanisms.multi_teacher_output_gradients(key, grads, **_mechanism_args(plan))
 
 
