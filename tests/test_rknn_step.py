@@ -1,6 +1,9 @@
-"""The reverse k-NN student's state and step (`rknn/step.py`) and its training loop
-(`rknn/student.py`): deterministic init, one compilation per setting, a step that learns
-from public images and released labels only."""
+"""The reverse k-NN rooms of `rknn/step.py` and the student's training loop (`rknn/student.py`):
+the labelling round (`build_train_step`: the queried samples relabelled, the noise from the
+plan), the student's deterministic init, one compilation per setting, a student step that
+learns from public images and released labels only."""
+
+import dataclasses
 
 import jax
 import numpy as np
@@ -45,3 +48,29 @@ def test_train_student_refuses_mismatched_labels():
   images = np.zeros((4, *INFO.image_shape), np.uint8)
   with pytest.raises(ValueError, match="4 images but 3 labels"):
     student_lib.train_student(CONFIG, jax.random.key(0), images, np.zeros(3, np.int32))
+
+
+def _round_labels(plan, queried):
+  """One labelling round on 200 random private records and 40 public samples (4-d)."""
+  rng = np.random.default_rng(0)
+  public, private = (rng.normal(size=(n, 4)).astype(np.float32) for n in (40, 200))
+  train_step = rknn.build_train_step(
+      plan, CONFIG, public_embeddings=public, private_embeddings=private,
+      private_labels=rng.integers(0, 10, 200).astype(np.int32), kmeans_key=jax.random.key(1),
+      noise_key=jax.random.key(2))
+  before = np.full(40, -1, np.int32)
+  labels, assignments = train_step(before, queried, 0)
+  assert before.tolist() == [-1] * 40 and assignments.shape == (len(queried),)
+  return labels
+
+
+def test_the_round_labels_the_queried_samples_with_the_plans_noise():
+  plan = rknn.make_plan(CONFIG)
+  queried = np.arange(0, 40, 2)
+  labels = _round_labels(plan, queried)
+  np.testing.assert_array_equal(labels, _round_labels(plan, queried))  # keys from the caller
+  assert (labels[1::2] == -1).all() and ((0 <= labels[queried]) & (labels[queried] < 10)).all()
+  # Only the plan changes: ε_r far below and far above the config's gives other labels.
+  noisy, exact = (_round_labels(dataclasses.replace(plan, epsilon_per_round=e), queried)
+                  for e in (1e-3, 1e3))
+  assert not np.array_equal(noisy, exact)
