@@ -9,6 +9,7 @@ event) is a step of the walk. Consecutive steps in one file are one crossing. Th
 table must list exactly these crossings, in order.
 """
 
+import os
 import pathlib
 import re
 import sys
@@ -33,6 +34,8 @@ HANDOFFS = {
     ("dpkd_jax/privacy/mechanisms.py", "multi_teacher_output_gradients"),
 }
 ENDS = {"record", "multi_teacher_output_gradients"}
+_FUNCTIONS = {function for _, function in HANDOFFS}
+_ROOT_TEXT = str(ROOT) + os.sep
 
 
 def _holds_sigma(value, top: bool = True) -> bool:
@@ -51,10 +54,10 @@ def _holds_sigma(value, top: bool = True) -> bool:
 
 
 def _relative(frame) -> str | None:
-  path = pathlib.Path(frame.f_code.co_filename)
-  if not path.is_absolute() or ROOT not in path.parents:
+  path = frame.f_code.co_filename
+  if not path.startswith(_ROOT_TEXT):
     return None  # library code, or a generated function ("<string>": a dataclass __init__)
-  name = path.relative_to(ROOT).as_posix()
+  name = path[len(_ROOT_TEXT):].replace(os.sep, "/")
   return None if name.startswith("tests/") else name
 
 
@@ -66,8 +69,9 @@ class _Walk:
 
   def __call__(self, frame, event, arg):
     del arg
-    if event != "call" or len(self._ended) == len(ENDS):
-      return
+    if (event != "call" or frame.f_code.co_name not in _FUNCTIONS
+        or len(self._ended) == len(ENDS)):
+      return  # the cheap tests first: this runs at every call of the run
     name = _relative(frame)
     if name is None or (name, frame.f_code.co_name) not in HANDOFFS:
       return
