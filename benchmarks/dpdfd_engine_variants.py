@@ -272,7 +272,7 @@ def main(argv: list[str]) -> None:
   plan = privacy.make_plan(config, 1)
   test = data.load(config.dataset, "test", data_dir=config.data_dir)
   init_key, train_key = jax.random.split(jax.random.key(a.seed))
-  state = run_lib.init_state(config, init_key)
+  state = step_lib.init_state(config, init_key)
   if a.generator_from:
     state = _with_pretrained_generator(state, config, a, ensemble.member(0))
   slots = max(variant.replay, 1)

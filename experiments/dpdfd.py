@@ -91,8 +91,9 @@ def main(argv: list[str]) -> None:
     return _dry_run.main(argv, parse_config)
   config, a = parse_config(argv, check_data=True)
   _cli.check_output_dir(a.workdir, "--workdir")
-  results = quickstart.convert(config, a.workdir, teacher_config=a.teacher_config,
-                               progress=not a.no_progress)
+  quickstart.prepare_teachers(config, teacher_config=a.teacher_config, progress=not a.no_progress)
+  # A run of the same config in --workdir is continued (this CLI has no --resume flag).
+  results = dpdfd.train_dpdfd(config, a.workdir, resume=True, progress=not a.no_progress)
   print("\n".join(quickstart.summary_lines(results, a.workdir)))
 
 

@@ -34,7 +34,7 @@ def resume_dpdfd(config, workdir: str):
   """Trains (resumes) `config` in `workdir`, quiet about paper accounting."""
   with warnings.catch_warnings():
     warnings.simplefilter("ignore", paper_accounting.PaperAccountingWarning)
-    return dpdfd.train_dpdfd(config, workdir, progress=False)
+    return dpdfd.train_dpdfd(config, workdir, resume=True, progress=False)
 
 
 def assert_same_dpdfd_state(workdir_a: str, workdir_b: str) -> None:

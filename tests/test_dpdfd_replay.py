@@ -190,7 +190,7 @@ def test_a_replaying_run_keeps_its_epsilon_checkpoints_the_buffer_and_resumes(te
     resumed_dir = str(tmp_path / "resumed")
     arrays, _ = interrupted_dpdfd(config, workdir, 2, resumed_dir)
     assert int(arrays["replay"]["written"]) == 16 == int(arrays["replay"]["class_written"].sum())
-    resumed = dpdfd.train_dpdfd(config, resumed_dir, progress=False)
+    resumed = dpdfd.train_dpdfd(config, resumed_dir, resume=True, progress=False)
   assert resumed["test_accuracy"] == full["test_accuracy"]
   assert_same_dpdfd_state(resumed_dir, workdir)
   # The results say which classes the generator made: 4 steps of 8 rows, all held.

@@ -151,7 +151,7 @@ def test_resume_is_bit_identical(teacher_dir, finished_run, tmp_path):
   checkpoint.save(os.path.join(other_dir, "checkpoints"), 2, arrays,
                   {**meta, "teachers_sha256": "0" * 64})
   with pytest.raises(errors.UserError, match="was run with other teachers"):
-    dpdfd.train_dpdfd(config, other_dir, progress=False)
+    dpdfd.train_dpdfd(config, other_dir, resume=True, progress=False)
 
 
 def test_resume_with_spent_budget_raises(teacher_dir, tmp_path):
@@ -164,7 +164,7 @@ def test_resume_with_spent_budget_raises(teacher_dir, tmp_path):
   checkpoint.save(os.path.join(str(tmp_path), "checkpoints"), 0, state.arrays(),
                   {"config": config.to_json(), "step": 0, "ledger": spent.to_json()})
   with pytest.raises(ledger_lib.BudgetExceededError):
-    dpdfd.train_dpdfd(config, str(tmp_path), progress=False)
+    dpdfd.train_dpdfd(config, str(tmp_path), resume=True, progress=False)
 
 
 def test_the_same_teacher_twice_is_refused(teacher_dir, tmp_path):
@@ -224,16 +224,16 @@ def test_stacked_ensemble_end_to_end_counts_one_teacher_per_record(ensemble_dir,
   assert records.read_record(str(tmp_path / "run" / "record.json"))["sound_epsilon"] == (
       pytest.approx(results["epsilon"]))
   # Resuming checks the config, and that the directory still gives the same n and m.
-  again = dpdfd.train_dpdfd(config, str(tmp_path / "run"), progress=False)
+  again = dpdfd.train_dpdfd(config, str(tmp_path / "run"), resume=True, progress=False)
   assert again["epsilon"] == pytest.approx(results["epsilon"], rel=1e-9)
   with pytest.raises(errors.UserError, match="holds a DPDFD run with another config"):
     dpdfd.train_dpdfd(_config(None, teacher_dirs=(), teacher_ensemble_dir=ensemble_dir,
-                              steps=2), str(tmp_path / "run"), progress=False)
+                              steps=2), str(tmp_path / "run"), resume=True, progress=False)
   shutil.rmtree(ensemble)
   copy_without_partition(ensemble_dir, ensemble)  # retrained since: m = n now
   capsys.readouterr()
   with pytest.raises(errors.UserError, match="was run with teachers"):
-    dpdfd.train_dpdfd(config, str(tmp_path / "run"), progress=False)
+    dpdfd.train_dpdfd(config, str(tmp_path / "run"), resume=True, progress=False)
   # The worst case is said in one line (m = n: the meta proves no partition).
   assert "DPDFD accounting: the stacked ensemble's meta does not prove" in (
       capsys.readouterr().out)

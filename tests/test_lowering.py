@@ -32,7 +32,6 @@ from dpkd_jax.methods.dfpate import student as dfpate_student
 from dpkd_jax.methods.rknn import votes
 from dpkd_jax.methods.rona import sanitize
 from dpkd_jax.methods.rona import step as rona_step
-from dpkd_jax.methods.rona import student as rona_student
 from dpkd_jax.methods.srr import stage as srr_stage
 from dpkd_jax.methods.srr import step as srr_step
 from dpkd_jax.models import core
@@ -115,8 +114,7 @@ def test_srr_stage_steps_lower_for_tpu_and_cuda():
   config = srr.SRRConfig(dataset="mnist", teacher_dir="unused", epsilon=1.0)
   plan = srr.make_plan(config)
   student, generator = jax.eval_shape(lambda: srr.init_models(config, jax.random.key(0)))
-  state = jax.eval_shape(lambda: srr.init_state(config, *srr.init_models(
-      config, jax.random.key(0)), stages=plan.stages))
+  state = jax.eval_shape(lambda: srr.init_state(config, jax.random.key(0), stages=plan.stages))
   teacher = abstract_classifier("small_cnn", MNIST)
   batch, k = config.batch_size, MNIST.num_classes
   images = spec((batch, *MNIST.image_shape))
@@ -147,9 +145,8 @@ def test_rknn_release_and_student_step_lower_for_tpu_and_cuda():
                                                     chunk_size=config.chunk_size),
           KEY, embeddings, labels, spec((config.num_queries, 64)))
   student = config.student
-  state = jax.eval_shape(lambda: rknn.init_state(jax.random.key(0), student, MNIST,
-                                                 total_steps=100))
-  lowered(rknn.build_train_step(student, MNIST), state,
+  state = jax.eval_shape(lambda: rknn.init_state(config, jax.random.key(0), total_steps=100))
+  lowered(rknn.build_student_step(student, MNIST), state,
           spec((student.batch_size, *MNIST.image_shape), jnp.uint8),
           spec((student.batch_size,), jnp.int32), KEY)
 
@@ -161,10 +158,8 @@ def test_rona_private_steps_lower_for_tpu_and_cuda(kind):
   teacher = abstract_classifier(config.teacher_model, MNIST)
   hint = jax.eval_shape(lambda p, s, x: core.apply(teacher.graphdef, p, s, x, train=False)[0],
                         teacher.params, teacher.batch_stats, spec((1, *MNIST.image_shape))).hint
-  state = jax.eval_shape(lambda: rona_student.init_state(
-      config.student_model, info=MNIST, norm=config.student_norm,
-      learning_rate=config.learning_rate, teacher_hint_shape=hint.shape[1:],
-      key=jax.random.key(0))[0])
+  state = jax.eval_shape(lambda: rona.init_state(config, jax.random.key(0),
+                                                 teacher_hint_shape=hint.shape[1:])[0])
   frozen = rona_step.FrozenModel(teacher.params, teacher.batch_stats)
   step = rona.make_train_step(plan, kind, temperature=config.temperature, info=MNIST,
                               teacher_graphdef=teacher.graphdef,

@@ -58,7 +58,7 @@ _SMALL_SPECTRAL = representations.spectral.SpectralConfig(components=6, graph_ne
 @pytest.mark.parametrize("representation,representation_config",
                          [("pca", None), ("spectral", _SMALL_SPECTRAL)])
 def test_representation_and_queries_do_not_depend_on_private_data(
-    monkeypatch, representation, representation_config):
+    monkeypatch, tmp_path, representation, representation_config):
   """The representation is fitted on public images only: altering every private record leaves
   the fitted representation and the k-means queries unchanged (the run is stopped there)."""
   fitted, queries = [], []
@@ -73,7 +73,7 @@ def test_representation_and_queries_do_not_depend_on_private_data(
     raise _StopAfterQueries
 
   monkeypatch.setattr(rknn_run.representations, "fit", spy_fit)
-  monkeypatch.setattr(rknn_run.votes, "kmeans", spy_kmeans)
+  monkeypatch.setattr(votes, "kmeans", spy_kmeans)
   real_load = data.load
   for flip_private in (False, True):
     def load(name, split, **kw):
@@ -86,7 +86,7 @@ def test_representation_and_queries_do_not_depend_on_private_data(
     with pytest.raises(_StopAfterQueries):
       rknn.train_rknn(_config(representation=representation,
                               representation_config=representation_config),
-                      f"/nonexistent/{flip_private}", progress=False)
+                      str(tmp_path / str(flip_private)), progress=False)
   test = real_load("digits", "test")
   public, _ = rknn.public_evaluation_split(len(test), len(test) // 2, seed=0)
   np.testing.assert_array_equal(fitted[0], test.images[public])  # only public images

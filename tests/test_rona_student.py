@@ -27,8 +27,9 @@ def test_adapter_maps_to_the_teacher_hint_shape(student_hint, teacher_hint, is_c
 
 
 def test_deployed_student_excludes_the_adapter():
-  state, graphdef = student.init_state("compact_5k", info=INFO, norm="batch", learning_rate=1e-3,
-                                       teacher_hint_shape=(7, 7, 64), key=jax.random.key(3))
+  state, graphdef = student.create_state("compact_5k", info=INFO, norm="batch",
+                                         learning_rate=1e-3, teacher_hint_shape=(7, 7, 64),
+                                         key=jax.random.key(3))
   assert set(state.params) == {"student", "adapter"}
   parts = student.student_parts(state, graphdef)
   assert models.count_params(parts.params) == 5026

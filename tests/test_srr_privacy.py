@@ -117,8 +117,7 @@ def test_the_step_draws_with_the_plans_epsilon():
   config = _config()  # config.epsilon = 1 throughout: only the plan changes
   plan = srr.make_plan(config)
   mesh = sharding.data_mesh()
-  student, generator = srr.init_models(config, jax.random.key(0))
-  state = srr.init_state(config, student, generator, stages=2)
+  state = srr.init_state(config, jax.random.key(0), stages=2)
   teacher = lambda queries: jnp.full((queries.shape[0],), 3, jnp.int32)  # noqa: E731
   released = {}
   for eps in (1e-3, 50.0):

@@ -82,8 +82,7 @@ def test_stage_loop_asks_each_query_once_and_reuses_the_labels(student_loss, stu
       generator_prior="none", student_loss=student_loss, student_shift=student_shift,
       query_pool=query_pool)
   mesh = sharding.data_mesh()
-  student, generator = srr.init_models(config, jax.random.key(0))
-  state = sharding.replicate(srr.init_state(config, student, generator, stages=2), mesh)
+  state = sharding.replicate(srr.init_state(config, jax.random.key(0), stages=2), mesh)
   teacher = CountingTeacher(lambda queries: jnp.arange(queries.shape[0], dtype=jnp.int32) % 10)
   train_step = srr.build_train_step(srr.make_plan(config), config, teacher, mesh=mesh)
   for stage in range(2):
@@ -108,8 +107,7 @@ def _two_stages(student_replay):
       samples_per_stage=32, batch_size=16, student_epochs=2, generator_epochs=2,
       generator_prior="none", student_loss="rr_likelihood", student_replay=student_replay)
   mesh = sharding.data_mesh()
-  student, generator = srr.init_models(config, jax.random.key(0))
-  state = sharding.replicate(srr.init_state(config, student, generator, stages=2), mesh)
+  state = sharding.replicate(srr.init_state(config, jax.random.key(0), stages=2), mesh)
   teacher = CountingTeacher(lambda queries: jnp.arange(queries.shape[0], dtype=jnp.int32) % 10)
   train_step = srr.build_train_step(srr.make_plan(config), config, teacher, mesh=mesh)
   results, first_student = [], None
@@ -247,11 +245,10 @@ def test_the_student_schedule_is_cosine_over_all_stages_or_constant():
   base = dict(dataset="digits", teacher_dir="t", epsilon=1.0, student_model="lenet5",
               generator_channels=8, latent_dim=8, stages=3, samples_per_stage=32, batch_size=16,
               student_epochs=2)
-  student, generator = srr.init_models(srr.SRRConfig(**base), jax.random.key(0))
-  cosine = srr.init_state(srr.SRRConfig(**base), student, generator, stages=3)
+  cosine = srr.init_state(srr.SRRConfig(**base), jax.random.key(0), stages=3)
   assert cosine.student.tx is step_lib.adam(1e-3, 3 * 2 * 2)  # decays to 0 at the last step
   constant_config = srr.SRRConfig(**base, student_schedule="constant")
-  constant = srr.init_state(constant_config, student, generator, stages=3)
+  constant = srr.init_state(constant_config, jax.random.key(0), stages=3)
   assert constant.student.tx is step_lib.adam(1e-3, None)
   assert "student_schedule" not in srr.SRRConfig(**base).to_json()  # older workdirs resume
   assert srr.SRRConfig.from_json(constant_config.to_json()).student_schedule == "constant"

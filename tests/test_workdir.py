@@ -94,6 +94,13 @@ def test_workdir_that_is_a_file_is_one_line(tmp_path):
     workdir.open_run(str(tmp_path / "file"), kind="test", config=CONFIG)
 
 
+def test_resume_of_a_method_that_cannot_resume_is_refused_before_anything_is_written(tmp_path):
+  with pytest.raises(errors.UserError, match="a test run cannot be resumed: use a fresh"):
+    workdir.open_run(str(tmp_path / "new"), kind="test", config=CONFIG, resume=True,
+                     resumable=False)
+  assert not os.path.exists(tmp_path / "new")
+
+
 def test_existing_run_needs_resume_and_the_same_config(tmp_path):
   _finished_run(tmp_path)
   with pytest.raises(errors.UserError, match="already holds a test checkpoint: pass resume"):

@@ -153,7 +153,10 @@ def open_run(workdir: str, *, kind: str, config: dict[str, Any], resume: bool | 
     kind: the method's name for messages ("DP-SGD", "RONA", ...).
     config: the run's JSON config; a resumed checkpoint must hold an equal one.
     resume: True: continue an existing run; False: refuse one; None: continue it if present.
-    resumable: False for methods that cannot resume: an existing run is always refused.
+      Every `train_<method>(config, workdir, *, resume=False)` passes its `resume` here: the
+      one place a run is resumed, started or refused.
+    resumable: False for methods that cannot resume: an existing run is always refused, and
+      so is `resume=True`.
 
   Returns:
     The `Run`, holding the lock until `close` (or the end of the enclosing `run_scope`).
@@ -163,6 +166,9 @@ def open_run(workdir: str, *, kind: str, config: dict[str, Any], resume: bool | 
     UserError: an existing run that may not be continued, another config, or no intact
       checkpoint left (`checkpoint.CorruptCheckpointError`).
   """
+  if resume and not resumable:  # refused before the lock: nothing is written
+    raise errors.UserError(f"a {kind} run cannot be resumed: use a fresh workdir without "
+                           "resume")
   lock = _Lock(workdir) if jax.process_index() == 0 else None
   try:
     run = Run(workdir, kind=kind, config=config, resume=resume, resumable=resumable, lock=lock)

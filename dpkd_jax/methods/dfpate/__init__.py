@@ -19,8 +19,9 @@ images or samples of a DP model of the private images. Pipeline of `train_dfpate
    the noisy margin or soft noisy mean votes, continuing across rounds.
 
 Rooms: `config` (DFPATEConfig, validated flags), `privacy` (DFPATEPlan, make_plan: the only
-place σ is resolved), `step` (init_state, build_train_step: one round), `run` (train_dfpate),
-`streams` (the run's key streams), `queries`, `query_model`, `student`, `teachers`,
+place σ is resolved), `step` (init_state, build_train_step: one round; make_train_step: the
+round as the run calls it), `run` (train_dfpate(config, workdir, *, resume=False)), `streams`
+(the run's key streams), `queries`, `query_model`, `student`, `teachers`,
 `dpkd_jax.teacher_ensemble` (the ensemble and its architectures).
 
 Data flow: flags -> `DFPATEConfig` -> `make_plan` (σ given or calibrated by PLD for the whole
@@ -49,6 +50,7 @@ from dpkd_jax.methods.dfpate.run import train_dfpate
 from dpkd_jax.methods.dfpate.step import RoundState
 from dpkd_jax.methods.dfpate.step import build_train_step
 from dpkd_jax.methods.dfpate.step import init_state
+from dpkd_jax.methods.dfpate.step import make_train_step
 from dpkd_jax.teacher_ensemble import TEACHER_MODELS
 
 __all__ = [
@@ -62,5 +64,6 @@ __all__ = [
     "build_train_step",
     "init_state",
     "make_plan",
+    "make_train_step",
     "train_dfpate",
 ]

@@ -161,8 +161,8 @@ def train_dfpate(config: config_lib.DFPATEConfig, workdir: str, *, resume: bool 
   setup = _prepare(config, plan, keys)
   # 4. State
   state, start, history = _resume(run, step_lib.init_state(config, keys["student_init"]))
-  train_step = step_lib.build_train_step(plan, config, ensemble=setup.ensemble,
-                                         query_model=setup.query_model, keys=keys)
+  train_step = step_lib.make_train_step(plan, config, ensemble=setup.ensemble,
+                                        query_model=setup.query_model, keys=keys)
   # 5. Train: charge -> release -> seal -> save, one round at a time
   writer = metrics_lib.MetricsWriter(workdir, resume_step=start)
   monitor = selection.Monitor(workdir, setup.test, setup.validation, resume_step=start)

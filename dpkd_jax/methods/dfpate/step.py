@@ -119,3 +119,13 @@ def build_train_step(plan: privacy.DFPATEPlan, config: config_lib.DFPATEConfig, 
                                                     "answered": float(weights.sum())}
 
   return train_step
+
+
+def make_train_step(plan: privacy.DFPATEPlan, config: config_lib.DFPATEConfig, *,
+                    ensemble: teacher_ensemble.Ensemble | None,
+                    query_model: query_model_lib.QueryModel | None,
+                    keys: dict[str, jax.Array]
+                    ) -> Callable[[RoundState, int], tuple[RoundState, dict[str, Any]]]:
+  """The round as the run calls it: `build_train_step`'s, as built (host code: the student's
+  and the teachers' steps are jitted and cached inside)."""
+  return build_train_step(plan, config, ensemble=ensemble, query_model=query_model, keys=keys)

@@ -10,10 +10,10 @@ Rooms:
   config.py   `DPDFDConfig`, `DirectConfig`: frozen, validated user requests (σ and/or ε).
   privacy.py  `DPDFDPlan` / `DirectPlan` and `make_plan` / `make_direct_plan`: the only place
               σ and the step count are resolved (calibration included), `event(n)`, budget.
-  step.py     the pure jittable step (`build_train_step(plan, config, teacher_graphdef)`),
-              its state and the stacked teacher ensemble.
-  run.py      `train_dpdfd`: workdir -> teachers (cards, or one stacked ensemble) -> plan ->
-              state -> train -> record.
+  step.py     `init_state(config, key)`, the pure jittable step (`build_train_step(plan,
+              config, teacher_graphdef)`; `make_train_step` jits it) and the stacked teachers.
+  run.py      `train_dpdfd(config, workdir, *, resume=False)`: workdir -> teachers (cards, or
+              one stacked ensemble) -> plan -> state -> train -> record.
   release.py  `load_run`, `sample`: the synthetic dataset of a finished run.
   direct.py   `train_direct`, `build_direct_step`: the direct mode.
   quickstart.py  `convert` (teacher trained or reused, then `train_dpdfd`), `summary_lines`:
@@ -41,12 +41,12 @@ from dpkd_jax.methods.dpdfd.privacy import make_plan
 from dpkd_jax.methods.dpdfd.release import check_run
 from dpkd_jax.methods.dpdfd.release import load_run
 from dpkd_jax.methods.dpdfd.release import sample
-from dpkd_jax.methods.dpdfd.run import init_state
 from dpkd_jax.methods.dpdfd.run import load_teachers
 from dpkd_jax.methods.dpdfd.run import restart_generator
 from dpkd_jax.methods.dpdfd.run import train_dpdfd
 from dpkd_jax.methods.dpdfd.step import build_train_step
 from dpkd_jax.methods.dpdfd.step import DPDFDState
+from dpkd_jax.methods.dpdfd.step import init_state
 from dpkd_jax.methods.dpdfd.step import make_train_step
 from dpkd_jax.methods.dpdfd.step import TeacherEnsemble
 

@@ -23,7 +23,6 @@ from dpkd_jax import kernels
 from dpkd_jax import models
 from dpkd_jax.methods.dpdfd import config as config_lib
 from dpkd_jax.methods.dpdfd import privacy
-from dpkd_jax.methods.dpdfd import run as run_lib
 from dpkd_jax.methods.dpdfd import step as step_lib
 from dpkd_jax.models import core
 from dpkd_jax.train import dry_run as dry_run_lib
@@ -45,7 +44,7 @@ def abstract_step(config: config_lib.DPDFDConfig, teacher_model: str,
   n = plan.num_teachers  # stacked on a leading axis, as `TeacherEnsemble` holds them
   stack = lambda tree: jax.tree.map(  # noqa: E731
       lambda x: jax.ShapeDtypeStruct((n, *x.shape), x.dtype), tree)
-  state = jax.eval_shape(lambda: run_lib.init_state(config, jax.random.key(0)))
+  state = jax.eval_shape(lambda: step_lib.init_state(config, jax.random.key(0)))
   key = jax.eval_shape(lambda: jax.random.key(0))
   step = step_lib.make_train_step(plan, config, teacher.graphdef)
   params = {"teacher": _count(teacher.params), "student": _count(state.student.params),

@@ -206,18 +206,11 @@ def make_plan(config: config_lib.DPDFDConfig, teachers_per_record: int | None = 
     num_teachers = len(config.teacher_dirs)
   m = num_teachers if teachers_per_record is None else teachers_per_record
   sigma, steps = _resolve(config, num_teachers=num_teachers, teachers_per_record=m)
-  plan = DPDFDPlan(
-      noise_multiplier=float(sigma), l2_norm_bound=config.l2_norm_bound,
-      stability=config.stability, bound_method=config.bound_method,
-      batch_size=config.batch_size, probes_per_sample=config.probes_per_sample,
-      num_teachers=num_teachers, teachers_per_record=m,
-      secure_noise=config.secure_noise, grid_bits=config.secure_grid_bits,
-      num_outputs=config.info.num_classes if config.secure_noise else None,
-      releases=int(steps), delta=config.delta, accounting=config.accounting,
-      budget_epsilon=None, sound_epsilon=math.inf,
-      paper_epsilon=paper_epsilon(noise_multiplier=sigma, l2_norm_bound=config.l2_norm_bound,
-                                  steps=steps, delta=config.delta))
-  sound = math.inf if sigma == 0 else accounting.epsilon(plan.event(steps), delta=config.delta)
+  # The event of the whole run, as the plan's `event(steps)` builds it.
+  sound = math.inf if sigma == 0 else accounting.epsilon(_event(
+      sigma, steps, rows=config.batch_size * (1 + config.probes_per_sample),
+      num_teachers=num_teachers, teachers_per_record=m, **_secure_args(config)),
+      delta=config.delta)
   target = config.target_epsilon
   if (target is not None and sound > target and config.secure_noise
       and config.accounting == "sound"):
@@ -228,8 +221,18 @@ def make_plan(config: config_lib.DPDFDConfig, teachers_per_record: int | None = 
     warnings.warn(f"the sound epsilon of this run is {sound:.4g} > target_epsilon="
                   f"{target:g}: accounting='{config.accounting}' bounds only the paper's"
                   " formula", paper_accounting.PaperAccountingWarning, stacklevel=2)
-  return dataclasses.replace(plan, sound_epsilon=sound, budget_epsilon=plan_lib.budget(
-      target_epsilon=target, accounting=config.accounting, sound_epsilon=sound))
+  return DPDFDPlan(
+      noise_multiplier=float(sigma), l2_norm_bound=config.l2_norm_bound,
+      stability=config.stability, bound_method=config.bound_method,
+      batch_size=config.batch_size, probes_per_sample=config.probes_per_sample,
+      num_teachers=num_teachers, teachers_per_record=m,
+      secure_noise=config.secure_noise, grid_bits=config.secure_grid_bits,
+      num_outputs=config.info.num_classes if config.secure_noise else None,
+      releases=int(steps), delta=config.delta, accounting=config.accounting,
+      sound_epsilon=sound, budget_epsilon=plan_lib.budget(
+          target_epsilon=target, accounting=config.accounting, sound_epsilon=sound),
+      paper_epsilon=paper_epsilon(noise_multiplier=sigma, l2_norm_bound=config.l2_norm_bound,
+                                  steps=steps, delta=config.delta))
 
 
 def make_direct_plan(config: config_lib.DirectConfig) -> DirectPlan:

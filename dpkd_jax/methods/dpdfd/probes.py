@@ -15,6 +15,10 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
+from dpkd_jax import losses
+from dpkd_jax.models import core
+from dpkd_jax.train.state import TrainState
+
 
 def unit_directions(key: jax.Array, x: jax.Array, count: int) -> jax.Array:
   """(count, B, ...) directions uniform on the unit sphere of one sample's space (x: (B, ...))."""
@@ -110,3 +114,13 @@ def _forward_difference_gradient(values: jax.Array, directions: jax.Array,
   base, probes = values[:batch], values[batch:].reshape(count, batch)
   slopes = (probes - base[None]) / step  # (m, B)
   return dim / count * jnp.einsum("mb,mb...->b...", slopes, directions)
+
+
+def diversity_ascent(weight: float, stu: TrainState, x: jax.Array) -> tuple[jax.Array, jax.Array]:
+  """(weight × DAFL information entropy of the student's predictions on x, its gradient
+  w.r.t. x (B, ...)): the disagreement generator's class-balance term, teacher-free."""
+  def loss_fn(images):
+    out, _ = core.apply(stu.graphdef, stu.params, stu.batch_stats, images, train=True)
+    return weight * losses.information_entropy(out.logits)
+
+  return jax.value_and_grad(loss_fn)(x)

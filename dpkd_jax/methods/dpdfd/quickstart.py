@@ -1,7 +1,8 @@
 """The Quickstart's main job: get a teacher, convert it with DPDFD, say what came out.
 
-`python -m experiments.dpdfd --dataset=digits` and the quickstart notebook both call
-`convert(config, workdir, teacher_config=...)`:
+The quickstart notebook calls `convert(config, workdir, teacher_config=...)`;
+`python -m experiments.dpdfd` runs its two parts, `prepare_teachers` and `train_dpdfd`, as the
+other CLIs call their `train_<method>`:
 
   1. the teacher: the workdirs of `config.teacher_dirs`; with a `teacher_config`, the first
      of them is reused when its card.json shows a finished teacher of that dataset and model,
@@ -113,21 +114,17 @@ def ensure_teacher(config: teacher_lib.TeacherConfig, workdir: str, *, progress:
   return teacher_lib.train_teacher(config, workdir, progress=progress)
 
 
-def convert(config: config_lib.DPDFDConfig, workdir: str, *,
-            teacher_config: teacher_lib.TeacherConfig | None = None, progress: bool = True,
-            log: Log = print) -> dict[str, Any]:
-  """The main job: (train or reuse the teacher,) check every teacher, run DPDFD.
+def prepare_teachers(config: config_lib.DPDFDConfig, *,
+                     teacher_config: teacher_lib.TeacherConfig | None = None,
+                     progress: bool = True, log: Log = print) -> None:
+  """(Trains or reuses the teacher,) checks every teacher's card before the run starts.
 
   Args:
     config: the run; `config.teacher_dirs[0]` is where `teacher_config`'s teacher lives.
-    workdir: the run's workdir.
     teacher_config: train (or reuse) the first teacher with this recipe; None: the teachers
       must exist already.
     progress: progress bars.
     log: where the one-line notes go.
-
-  Returns:
-    The run's results (results.json).
   """
   if teacher_config is not None:
     ensure_teacher(teacher_config, config.teacher_dirs[0], progress=progress, log=log)
@@ -136,7 +133,16 @@ def convert(config: config_lib.DPDFDConfig, workdir: str, *,
   if config.teacher_ensemble_dir is not None:  # cheap: the meta only, before the run starts
     teacher_ensemble.read_meta(config.teacher_ensemble_dir, flag="--teacher_ensemble_dir",
                                dataset=config.dataset)
-  return run_lib.train_dpdfd(config, workdir, progress=progress)
+
+
+def convert(config: config_lib.DPDFDConfig, workdir: str, *,
+            teacher_config: teacher_lib.TeacherConfig | None = None, progress: bool = True,
+            log: Log = print) -> dict[str, Any]:
+  """The main job, as the CLI runs it: `prepare_teachers`, then `train_dpdfd` (continuing a run
+  of the same config in `workdir`, as the CLI does). Arguments as `prepare_teachers`'; returns
+  the run's results (results.json)."""
+  prepare_teachers(config, teacher_config=teacher_config, progress=progress, log=log)
+  return run_lib.train_dpdfd(config, workdir, resume=True, progress=progress)
 
 
 NEGLIGIBLE_NOISE = 0.01  # noise std per coordinate of the released mean row, in units of C

@@ -15,7 +15,6 @@ import numpy as np
 from dpkd_jax import data
 from dpkd_jax import errors
 from dpkd_jax.methods.dpdfd import config as config_lib
-from dpkd_jax.methods.dpdfd import run as run_lib
 from dpkd_jax.methods.dpdfd import step as step_lib
 from dpkd_jax.models import core
 from dpkd_jax.privacy import seeds
@@ -53,7 +52,7 @@ def load_run(workdir: str) -> tuple[config_lib.DPDFDConfig, step_lib.DPDFDState,
   meta = checkpoint.restore_metadata(ckpt_dir)
   config = config_lib.DPDFDConfig(**{**meta["config"],
                                      "teacher_dirs": tuple(meta["config"]["teacher_dirs"])})
-  template = run_lib.init_state(config, jax.random.key(0))
+  template = step_lib.init_state(config, jax.random.key(0))
   arrays, meta = checkpoint.restore(ckpt_dir, template.arrays())
   return config, template.with_arrays(arrays), meta
 

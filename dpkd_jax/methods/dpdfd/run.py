@@ -19,7 +19,6 @@ from typing import Any, NamedTuple
 
 import jax
 import jax.numpy as jnp
-import optax
 
 from dpkd_jax import data
 from dpkd_jax import errors
@@ -113,37 +112,16 @@ def _load_stacked(config: config_lib.DPDFDConfig
                                 {"teacher_ensemble": meta.get("report", {})})
 
 
-def _adam(config: config_lib.DPDFDConfig, lr: float) -> optax.GradientTransformation:
-  return optax.adam(optax.cosine_decay_schedule(lr, config.steps))
-
-
-def init_state(config: config_lib.DPDFDConfig, key: jax.Array) -> step_lib.DPDFDState:
-  """Fresh student and generator (keys split(key): 0 the student, 1 the generator)."""
-  student, generator = models.create_student_and_generator(config, key)
-  student_tx = _adam(config, config.student_lr)
-  if config.param_averaging_decay:  # the student's average: post-processing of the releases
-    student_tx = averaging.param_averaging(student_tx, config.param_averaging_decay)
-  replay = None
-  if config.replay_size:
-    replay = replay_lib.ReplayBuffer.empty(config.replay_size, config.info.image_shape,
-                                           config.info.num_classes,
-                                           memory=config.replay_memory)
-  return step_lib.DPDFDState(TrainState.create(student, student_tx),
-                             TrainState.create(generator, _adam(config, config.generator_lr)),
-                             replay)
-
-
 def restart_generator(config: config_lib.DPDFDConfig, state: step_lib.DPDFDState,
                       key: jax.Array) -> step_lib.DPDFDState:
   """`state` with a fresh generator from `key`: new weights and a new Adam state, whose
   cosine schedule starts again at the full rate (a random generator must learn from the
-  start); the student is kept. The optimizer is the one `init_state` builds, so a resumed run
-  restores a restarted generator into the same structure."""
+  start); the student is kept. The optimizer is the one `step.init_state` builds, so a resumed
+  run restores a restarted generator into the same structure."""
   # split(key)[1]: the generator half of `create_student_and_generator(config, key)`, which
   # the restarted runs on record were initialised with.
   generator = models.create_data_free_generator(config, jax.random.split(key)[1])
-  return step_lib.DPDFDState(state.student,
-                             TrainState.create(generator, _adam(config, config.generator_lr)),
+  return step_lib.DPDFDState(state.student, step_lib.generator_state(config, generator),
                              state.replay)
 
 
@@ -314,12 +292,10 @@ def _prior_fields(release_epsilon: float) -> dict[str, Any]:
 
 
 @workdir_lib.run_scope
-def train_dpdfd(config: config_lib.DPDFDConfig, workdir: str, *, progress: bool = True,
-                mesh: jax.sharding.Mesh | None = None) -> dict[str, Any]:
-  """Runs DPDFD (resuming from `workdir` if it holds a checkpoint of the same config).
-
-  Returns:
-    The results dict (also written to `<workdir>/results.json`).
+def train_dpdfd(config: config_lib.DPDFDConfig, workdir: str, *, resume: bool = False,
+                progress: bool = True, mesh: jax.sharding.Mesh | None = None) -> dict[str, Any]:
+  """Runs DPDFD; `resume` continues the checkpoint of the same config in `workdir` (without it
+  a workdir holding one is refused: `train.workdir.open_run`). Returns results.json's dict.
 
   Raises:
     ValueError / CheckpointMismatchError: bad config or teachers, before any training.
@@ -328,7 +304,7 @@ def train_dpdfd(config: config_lib.DPDFDConfig, workdir: str, *, progress: bool 
   # 1. Workdir: lock, resume or refuse (for the whole run); the device mesh.
   memory.check_batch("--batch_size", config.batch_size, config.info.image_shape)  # fits?
   clock = outputs.RunClock()
-  run = workdir_lib.open_run(workdir, kind="DPDFD", config=config.to_json())
+  run = workdir_lib.open_run(workdir, kind="DPDFD", config=config.to_json(), resume=resume)
   mesh = sharding.data_mesh() if mesh is None else mesh
   sharding.check_divisible(config.batch_size, mesh)
   # 2. Data, teachers (m from their cards), the hold-out (a bad count fails before a charge).
@@ -344,7 +320,7 @@ def train_dpdfd(config: config_lib.DPDFDConfig, workdir: str, *, progress: bool 
   # 4. Root seed (secret unless chosen; a resumed run continues with its own), state, ledger.
   root_seed = run.root_seed(config.seed)
   init_key, train_key = jax.random.split(seeds.root_key(root_seed))
-  state = init_state(config, init_key)
+  state = step_lib.init_state(config, init_key)
   if config.pretrained_generator_dir is not None:  # labelled variant: record-level ε = inf
     state = step_lib.DPDFDState(state.student, generator_prior.load(
         config, state.generator, ensemble.member(0)), state.replay)

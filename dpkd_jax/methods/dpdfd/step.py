@@ -31,9 +31,11 @@ import chex
 import flax.struct
 import jax
 import jax.numpy as jnp
+import optax
 from flax import nnx
 
 from dpkd_jax import losses
+from dpkd_jax import models
 from dpkd_jax.methods.dpdfd import config as config_lib
 from dpkd_jax.methods.dpdfd import privacy
 from dpkd_jax.methods.dpdfd import probes as probes_lib
@@ -42,6 +44,7 @@ from dpkd_jax.models import core
 from dpkd_jax.models import generators
 from dpkd_jax.privacy import dpdfd_update
 from dpkd_jax.privacy import mechanisms
+from dpkd_jax.train import averaging
 from dpkd_jax.train.state import TrainState
 
 PyTree = Any
@@ -72,6 +75,29 @@ class DPDFDState:
     replay = None if self.replay is None else self.replay.with_arrays(arrays["replay"])
     return DPDFDState(self.student.with_arrays(arrays["student"]),
                       self.generator.with_arrays(arrays["generator"]), replay)
+
+
+def _adam(config: config_lib.DPDFDConfig, lr: float) -> optax.GradientTransformation:
+  return optax.adam(optax.cosine_decay_schedule(lr, config.steps))
+
+
+def generator_state(config: config_lib.DPDFDConfig, generator: core.ModelParts) -> TrainState:
+  """The generator's train state: Adam on a cosine over the run's steps, from its start."""
+  return TrainState.create(generator, _adam(config, config.generator_lr))
+
+
+def init_state(config: config_lib.DPDFDConfig, key: jax.Array) -> DPDFDState:
+  """Fresh student and generator (keys split(key): 0 the student, 1 the generator), and the
+  empty replay buffer of a run that keeps one."""
+  student, generator = models.create_student_and_generator(config, key)
+  student_tx = _adam(config, config.student_lr)
+  if config.param_averaging_decay:  # the student's average: post-processing of the releases
+    student_tx = averaging.param_averaging(student_tx, config.param_averaging_decay)
+  replay = None if not config.replay_size else replay_lib.ReplayBuffer.empty(
+      config.replay_size, config.info.image_shape, config.info.num_classes,
+      memory=config.replay_memory)
+  return DPDFDState(TrainState.create(student, student_tx), generator_state(config, generator),
+                    replay)
 
 
 class TeacherEnsemble(NamedTuple):
@@ -156,10 +182,9 @@ def release_rows(plan: privacy.OutputGradientPlan, key: jax.Array,
 
 def private_output_gradients(plan: privacy.DPDFDPlan, key: jax.Array,
                              grads: jax.Array) -> mechanisms.GaussianRelease:
-  """A_{C,σ} of the plan on (n, B, K) grads: one teacher uses Algorithm 1 directly, n > 1 the
-  multi-teacher aggregate (normalized rows summed over teachers, one draw per row)."""
-  if grads.shape[0] == 1:
-    return release_rows(plan, key, grads[0])
+  """A_{C,σ} of the plan on (n, B, K) grads: each teacher's rows bounded to C, summed over the
+  n teachers, one draw per row; n = 1 is Algorithm 1's mechanism itself
+  (`mechanisms.output_gradient_mechanism` is this call on one teacher)."""
   return mechanisms.multi_teacher_output_gradients(key, grads, **_mechanism_args(plan))
 
 
@@ -231,17 +256,6 @@ def _paper_generator_grad(config: config_lib.DPDFDConfig, stu: TrainState, targe
   return g_loss, terms, d_images
 
 
-def _diversity_grad(config: config_lib.DPDFDConfig, stu: TrainState,
-                    x: jax.Array) -> tuple[jax.Array, jax.Array]:
-  """(weighted DAFL information entropy of the student's predictions on x, its gradient
-  w.r.t. x (B, ...)): the disagreement generator's class-balance term, teacher-free."""
-  def loss_fn(images):
-    out, _ = core.apply(stu.graphdef, stu.params, stu.batch_stats, images, train=True)
-    return config.diversity_weight * losses.information_entropy(out.logits)
-
-  return jax.value_and_grad(loss_fn)(x)
-
-
 def _generator_grad(config: config_lib.DPDFDConfig, stu: TrainState, target: jax.Array,
                     x: jax.Array, noisy: jax.Array, directions: jax.Array | None,
                     s_queries: jax.Array | None = None, classes: jax.Array | None = None
@@ -257,7 +271,8 @@ def _generator_grad(config: config_lib.DPDFDConfig, stu: TrainState, target: jax
   g_loss, terms, d_images = probes_lib.disagreement_ascent(config.gamma, noisy, directions,
                                                            step=config.probe_step)
   if config.diversity_weight:  # class balance through the updated student
-    div_loss, d_div = _diversity_grad(config, stu, jax.lax.stop_gradient(x))
+    div_loss, d_div = probes_lib.diversity_ascent(config.diversity_weight, stu,
+                                                  jax.lax.stop_gradient(x))
     terms["diversity"] = div_loss
     g_loss, d_images = g_loss + div_loss, d_images + d_div
   released_targets = dpdfd_update.dpdfd_student_target(s_queries, noisy, config.gamma)

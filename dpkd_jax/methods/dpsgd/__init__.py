@@ -46,12 +46,14 @@ record):
   budget) and `make_plan`, the one place z is given or calibrated; `plan.event(n)` is what
   the ledger charges for n steps.
 * `augmult.py`: the views' shifts (`view_shifts`, data-independent) and their features.
-* `step.py`: `build_train_step(plan, ..., clipping=..., augmult=...)` (the clipped sum by `clipped_sum`,
-  vmap or ghost, then the single noise draw of `dpkd_jax.privacy.dpsgd_mechanism`, with z
-  and C from the plan), `make_train_step` (jitted, cached), `init_state` / `init_model` /
-  `make_optimizer` (with `param_averaging`), `released_parts` (the averaged model, if any).
-* `run.py`: `train_dpsgd`: workdir, data, plan, state, then per expected epoch charge ->
-  releases -> seal -> evaluate -> checkpoint, and the results record.
+* `step.py`: `build_train_step(plan, ..., clipping=..., augmult=...)` (the clipped sum by one
+  call of `dpkd_jax.privacy.clipped_grad`, vmap or ghost, then the single noise draw of
+  `dpkd_jax.privacy.dpsgd_mechanism`, with z and C from the plan), `make_train_step` (jitted,
+  cached), `init_state(config, key, ...)` / `init_model` / `make_optimizer` (with
+  `param_averaging`), `released_parts` (the averaged model, if any).
+* `run.py`: `train_dpsgd(config, workdir, *, resume=False)`: workdir, data, plan, state, then
+  per expected epoch charge -> releases -> seal -> evaluate -> checkpoint, and the results
+  record.
 """
 
 from dpkd_jax.methods.dpsgd.config import DPSGDConfig

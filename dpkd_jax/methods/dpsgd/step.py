@@ -1,10 +1,11 @@
 """DP-SGD's step and state: per-example gradients, the mechanism, the optax update.
 
-The clipping and the noise (and their sensitivity) live in `dpkd_jax.privacy.dpsgd_mechanism`;
-this module only computes the per-example gradients, lays the mechanism out over devices and
-applies the update. `clipping="ghost"` replaces the per-example gradients and
-`dpsgd_clip_and_sum` by `models.ghost.ghost_clipped_sum`: the same clipped sum and norms (to
-float rounding) without a (B, num_params) array; the noise and its σ are unchanged. z, C and
+The clipping and the noise (and their sensitivity) live in `dpkd_jax.privacy`: the clipped sum
+is one call of the drop-in `privacy.clipped_grad` (`vmap(grad)` + `dpsgd_clip_and_sum`), the
+noise `dpsgd_mechanism.dpsgd_add_noise`; this module only gives the per-example loss, lays the
+mechanism out over devices and applies the update. `clipping="ghost"` builds the same drop-in
+by `models.ghost.clipped_grad` (`ghost_clipped_sum`): the same clipped sum and norms (to float
+rounding) without a (B, num_params) array; the noise and its σ are unchanged. z, C and
 the normaliser B come from the `DPSGDPlan` (the object whose `event` the ledger charges), never
 from the config. `param_averaging` wraps the optimizer so that its state keeps an average of the
 iterates (`param_averaging_decay`), which `released_parts` gives for evaluation and release.
@@ -30,6 +31,7 @@ from dpkd_jax import kernels
 from dpkd_jax import models
 from dpkd_jax.models import core
 from dpkd_jax.models import ghost
+from dpkd_jax.privacy import clipped_sums
 from dpkd_jax.privacy import dpsgd_mechanism
 from dpkd_jax.train import sharding
 from dpkd_jax.train.averaging import param_averaging
@@ -43,6 +45,23 @@ PyTree = Any
 def _cross_entropy(output: core.ClassifierOutput, label: jax.Array) -> jax.Array:
   """One example's loss from its (unbatched) output: logits (K,), label ()."""
   return optax.softmax_cross_entropy_with_integer_labels(output.logits, label)
+
+
+def _example_loss(graphdef: nnx.GraphDef, batch_stats: PyTree, augmult: bool) -> Callable:
+  """`loss(params, x_i, label_i) -> (loss, logits (K,))` of one example, x_i (H, W, C) run as a
+  batch of one; with `augmult`, x_i is (V, H, W, C) and the loss the mean of its V views'
+  (each a batch of one), so its gradient is the mean of theirs, before any clipping."""
+
+  def view_loss(p: PyTree, xi: jax.Array, label: jax.Array):
+    out, _ = core.apply(graphdef, p, batch_stats, xi[None], train=True)  # logits (1, K)
+    logits = out.logits[0]
+    return optax.softmax_cross_entropy_with_integer_labels(logits, label), logits
+
+  def views_loss(p: PyTree, xi: jax.Array, label: jax.Array):
+    losses, logits = jax.vmap(view_loss, in_axes=(None, 0, None))(p, xi, label)  # (V,), (V, K)
+    return jnp.mean(losses), logits[0]
+
+  return views_loss if augmult else view_loss
 
 
 def per_example_gradients(graphdef: nnx.GraphDef, params: PyTree, batch_stats: PyTree,
@@ -61,35 +80,27 @@ def per_example_gradients(graphdef: nnx.GraphDef, params: PyTree, batch_stats: P
     losses (B,), logits (B, K) (view 0's with `augmult`), and grads: `params`' pytree with a
     leading (B,) axis.
   """
-
-  def view_loss(p: PyTree, xi: jax.Array, label: jax.Array):
-    out, _ = core.apply(graphdef, p, batch_stats, xi[None], train=True)  # logits (1, K)
-    logits = out.logits[0]
-    return optax.softmax_cross_entropy_with_integer_labels(logits, label), logits
-
-  def views_loss(p: PyTree, xi: jax.Array, label: jax.Array):
-    losses, logits = jax.vmap(view_loss, in_axes=(None, 0, None))(p, xi, label)  # (V,), (V, K)
-    return jnp.mean(losses), logits[0]
-
-  example_loss = views_loss if augmult else view_loss
-  (losses, logits), grads = jax.vmap(jax.value_and_grad(example_loss, has_aux=True),
-                                     in_axes=(None, 0, 0))(params, x, labels)
+  (losses, logits), grads = jax.vmap(
+      jax.value_and_grad(_example_loss(graphdef, batch_stats, augmult), has_aux=True),
+      in_axes=(None, 0, 0))(params, x, labels)
   return losses, logits, grads
 
 
 def clipped_sum(graphdef: nnx.GraphDef, params: PyTree, batch_stats: PyTree, x: jax.Array,
                 labels: jax.Array, mask: jax.Array, *, l2_clip_norm: float, clipping: str,
                 augmult: bool = False) -> tuple[PyTree, jax.Array, jax.Array, jax.Array]:
-  """Σ_i mask_i clip_C(∇ loss_i) over a batch, by per-example gradients or by ghost clipping.
+  """Σ_i mask_i clip_C(∇ loss_i) over a batch: one call of the drop-in `privacy.clipped_grad`,
+  by per-example gradients or by ghost clipping.
 
   Args:
     graphdef, params, batch_stats: the model (no BatchNorm).
     x, labels, mask: (B, H, W, C) normalized images, (B,) int labels, (B,) bool (False: padding).
     l2_clip_norm: C.
-    clipping: "vmap" (`per_example_gradients` + `dpsgd_mechanism.dpsgd_clip_and_sum`) or
-      "ghost" (`ghost.ghost_clipped_sum` without the Gram form, equal to float rounding).
+    clipping: "vmap" (`vmap(grad)` + `dpsgd_mechanism.dpsgd_clip_and_sum`) or "ghost"
+      (`models.ghost.clipped_grad`: `ghost_clipped_sum` without the Gram form, equal to float
+      rounding); both are a `privacy.ClippedGrad` of the same sensitivity.
     augmult: x is (B, V, H, W, C) and each example's gradient is the mean over its V views
-      (`per_example_gradients`), clipped as one: "vmap" only.
+      (`_example_loss`), clipped as one: "vmap" only.
 
   Returns:
     (clipped sum: `params`' pytree, norms (B,) pre-clip, losses (B,), logits (B, K)).
@@ -100,16 +111,23 @@ def clipped_sum(graphdef: nnx.GraphDef, params: PyTree, batch_stats: PyTree, x: 
     # No Gram (ghost-norm) form: its rounding grows with cancellation inside an example, so a
     # clipped contribution could exceed C by more than float rounding (`privacy.ghost_clipping`);
     # the rank-1 and per-layer forms keep every contribution <= C as on the vmap path.
-    out = ghost.ghost_clipped_sum(graphdef, params, batch_stats, x, labels, mask,
-                                  loss_fn=_cross_entropy, l2_clip_norm=l2_clip_norm,
-                                  allow_gram=False)
-    return out.clipped_sum, out.norms, out.losses, out.outputs.logits
-  if clipping != "vmap":
+    clipped = ghost.clipped_grad(graphdef, loss_fn=_cross_entropy, l2_clip_norm=l2_clip_norm,
+                                 batch_stats=batch_stats, train=True, has_aux=True,
+                                 return_norms=True)
+  elif clipping == "vmap":
+    example_loss = _example_loss(graphdef, batch_stats, augmult)
+
+    def loss_with_aux(p: PyTree, xi: jax.Array, label: jax.Array):
+      loss, logits = example_loss(p, xi, label)
+      return loss, (loss, logits)  # aux per example: (loss, logits), as the ghost path's
+
+    clipped = clipped_sums.clipped_grad(loss_with_aux, l2_clip_norm=l2_clip_norm,
+                                        batch_argnums=(1, 2), keep_batch_dim=False,
+                                        has_aux=True, return_norms=True)
+  else:
     raise ValueError(f"clipping must be 'vmap' or 'ghost', got {clipping!r}")
-  losses, logits, grads = per_example_gradients(graphdef, params, batch_stats, x, labels,
-                                                augmult=augmult)
-  grad_sum, norms = dpsgd_mechanism.dpsgd_clip_and_sum(grads, mask, l2_clip_norm=l2_clip_norm)
-  return grad_sum, norms, losses, logits
+  grad_sum, (losses, outputs), norms = clipped(params, x, labels, mask=mask)
+  return grad_sum, norms, losses, outputs.logits if clipping == "ghost" else outputs
 
 
 def build_train_step(plan: DPSGDPlan, info: data.DatasetInfo, mesh: Mesh, *,

@@ -29,19 +29,24 @@ Rooms:
   config.py   `RKNNConfig`, `StudentConfig`: the user's choices, validated.
   privacy.py  `RKNNPlan`, `make_plan`: ε_r, k, the mode's noise parameters, `event(n)`.
   votes.py    k-means++ queries, exact vote counts, the central / local release.
-  step.py     the student's `init_state` and `build_train_step` (no noise).
+  step.py     `build_train_step(plan, config, ...)`: one labelling round (k-means queries,
+              the release, labels; `make_train_step` as the run calls it); the student's
+              `init_state(config, key, ...)` and `build_student_step` (no noise).
   student.py  `train_student` and its confidence (which samples later rounds relabel).
-  run.py      `train_rknn`: workdir, data, plan and ledger, rounds, results.
+  run.py      `train_rknn(config, workdir, *, resume=False)`: workdir, data, plan and ledger,
+              rounds, results (not resumable: `resume=True` is refused).
 
 Data flow: flags (`experiments/rknn.py`) -> `RKNNConfig` -> `make_plan` -> per round
-`run.charge(plan.event(1))` -> `votes.release_counts(plan, ...)` -> labels -> student ->
+`run.charge(plan.event(1))` -> `build_train_step(plan, ...)`'s round ->
+`votes.release_counts(plan, ...)` -> labels -> student ->
 `Run.seal` / `Run.save` (plan and ledger in the checkpoint) -> results.json and record.json.
 """
 
 from dpkd_jax.methods.rknn.config import MODES, RKNNConfig, StudentConfig
 from dpkd_jax.methods.rknn.privacy import RKNNPlan, make_plan
 from dpkd_jax.methods.rknn.run import public_evaluation_split, train_rknn
-from dpkd_jax.methods.rknn.step import build_train_step, init_state
+from dpkd_jax.methods.rknn.step import build_student_step, build_train_step, init_state
+from dpkd_jax.methods.rknn.step import make_train_step
 from dpkd_jax.methods.rknn.student import train_student
 from dpkd_jax.methods.rknn.votes import release_counts
 
@@ -50,9 +55,11 @@ __all__ = [
     "RKNNConfig",
     "RKNNPlan",
     "StudentConfig",
+    "build_student_step",
     "build_train_step",
     "init_state",
     "make_plan",
+    "make_train_step",
     "public_evaluation_split",
     "release_counts",
     "train_rknn",

@@ -21,8 +21,8 @@ from dpkd_jax import errors
 from dpkd_jax import representations
 from dpkd_jax.methods.rknn import config as config_lib
 from dpkd_jax.methods.rknn import privacy
+from dpkd_jax.methods.rknn import step as step_lib
 from dpkd_jax.methods.rknn import student as student_lib
-from dpkd_jax.methods.rknn import votes
 from dpkd_jax.models import core
 from dpkd_jax.privacy import seeds
 from dpkd_jax.train import evaluate as evaluate_lib
@@ -112,31 +112,23 @@ def _queried(config: config_lib.RKNNConfig, round_index: int, student: core.Mode
 
 
 def _label_round(run: workdir_lib.Run, plan: privacy.RKNNPlan, config: config_lib.RKNNConfig,
-                 keys: _Keys, splits: _Data, public_labels: np.ndarray,
-                 student: core.ModelParts | None,
-                 round_index: int) -> tuple[dict[str, Any], float]:
-  """Queries, charge, the round's release, labels (`public_labels` updated in place).
+                 train_step: step_lib.RoundStep, splits: _Data, public_labels: np.ndarray,
+                 student: core.ModelParts | None, round_index: int
+                 ) -> tuple[np.ndarray, dict[str, Any], float]:
+  """Queries, charge, the round's release (`train_step`), labels.
 
   Returns:
-    (the round's record so far: round, queried samples, cluster purity, label accuracy;
-    the ledger's ε after the charge).
+    (the public labels after the round; the round's record so far: round, queried samples,
+    cluster purity, label accuracy; the ledger's ε after the charge).
   """
   queried = _queried(config, round_index, student, splits.public)
-  clusters = votes.kmeans(jax.random.fold_in(keys.kmeans, round_index),
-                          splits.public_embeddings[queried], config.num_queries,
-                          num_iterations=config.kmeans_iterations,
-                          num_restarts=config.kmeans_restarts)
   # Before the release: raises BudgetExceededError if over budget.
   spent = run.charge(plan.event(1), step=round_index + 1, note=f"rknn {plan.mode} round")
-  noisy_counts = votes.release_counts(
-      plan, jax.random.fold_in(keys.noise, round_index), splits.private_embeddings,
-      splits.private.labels, clusters.centres, num_classes=config.info.num_classes,
-      chunk_size=config.chunk_size)
-  assignments = np.asarray(clusters.assignments)
-  public_labels[queried] = np.asarray(votes.propagate_labels(noisy_counts, assignments))
-  return {"round": round_index + 1, "num_queried_public": int(len(queried)),
-          "cluster_purity": _cluster_purity(splits.public.labels[queried], assignments),
-          "label_accuracy": float(np.mean(public_labels == splits.public.labels))}, spent
+  public_labels, assignments = train_step(public_labels, queried, round_index)
+  return public_labels, {
+      "round": round_index + 1, "num_queried_public": int(len(queried)),
+      "cluster_purity": _cluster_purity(splits.public.labels[queried], assignments),
+      "label_accuracy": float(np.mean(public_labels == splits.public.labels))}, spent
 
 
 def _results(config: config_lib.RKNNConfig, plan: privacy.RKNNPlan, ledger: Any,
@@ -194,9 +186,8 @@ def _self_training_round(run: workdir_lib.Run, config: config_lib.RKNNConfig,
   labels = np.argmax(evaluate_lib.predict_logits(student, splits.public.images, config.info),
                      axis=-1).astype(np.int32)
   student = student_lib.train_student(
-      jax.random.fold_in(keys.student, _SELF_TRAINING_TAG + extra_round), splits.public.images,
-      labels, info=config.info, config=config.student, progress=progress, writer=writer,
-      step_offset=step_offset,
+      config, jax.random.fold_in(keys.student, _SELF_TRAINING_TAG + extra_round),
+      splits.public.images, labels, progress=progress, writer=writer, step_offset=step_offset,
       desc=f"rknn self-training {extra_round + 1}/{config.student.self_training_rounds}")
   student_metrics = _student_metrics(splits.monitor, student, plan.releases + extra_round + 1)
   per_round.append({"self_training_round": extra_round + 1,
@@ -214,13 +205,15 @@ def _self_training_round(run: workdir_lib.Run, config: config_lib.RKNNConfig,
 
 
 @workdir_lib.run_scope
-def train_rknn(config: config_lib.RKNNConfig, workdir: str, *,
+def train_rknn(config: config_lib.RKNNConfig, workdir: str, *, resume: bool = False,
                progress: bool = True) -> dict[str, Any]:
   """Runs reverse k-NN labelling and trains the student (package docstring).
 
   Args:
     config: the validated configuration.
     workdir: output directory (created); one holding a checkpoint is refused.
+    resume: must be False: a reverse k-NN run cannot be resumed (`train.workdir.open_run`
+      refuses True in one line).
     progress: show tqdm progress bars (SimCLR fit, student training).
 
   Returns:
@@ -229,7 +222,8 @@ def train_rknn(config: config_lib.RKNNConfig, workdir: str, *,
   # 1. Workdir: lock, refuse an existing run (not resumable), root seed
   clock = outputs.RunClock()
   config_json = selection.config_json(config)
-  run = workdir_lib.open_run(workdir, kind="reverse k-NN", config=config_json, resumable=False)
+  run = workdir_lib.open_run(workdir, kind="reverse k-NN", config=config_json, resume=resume,
+                             resumable=False)
   started = time.time(), time.process_time()
   seed = run.root_seed(config.seed)
   root_key = seeds.root_key(seed)
@@ -246,13 +240,17 @@ def train_rknn(config: config_lib.RKNNConfig, workdir: str, *,
       config.student.epochs)
   public_labels = np.zeros(num_public, np.int32)
   per_round, student = [], None
+  train_step = step_lib.make_train_step(
+      plan, config, public_embeddings=splits.public_embeddings,
+      private_embeddings=splits.private_embeddings, private_labels=splits.private.labels,
+      kmeans_key=keys.kmeans, noise_key=keys.noise)
   # 5. Train: charge -> release -> student -> seal -> save, one release per round
   for round_index in range(plan.releases):
-    record, spent = _label_round(run, plan, config, keys, splits, public_labels, student,
-                                 round_index)
+    public_labels, record, spent = _label_round(run, plan, config, train_step, splits,
+                                                public_labels, student, round_index)
     student = student_lib.train_student(
-        jax.random.fold_in(keys.student, round_index), splits.public.images, public_labels,
-        info=config.info, config=config.student, progress=progress, writer=writer,
+        config, jax.random.fold_in(keys.student, round_index), splits.public.images,
+        public_labels, progress=progress, writer=writer,
         step_offset=round_index * steps_per_round,
         desc=f"rknn round {round_index + 1}/{config.rounds} student")
     arrays = run.seal({"student": {"params": student.params, "batch_stats": student.batch_stats},

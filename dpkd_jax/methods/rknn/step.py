@@ -1,4 +1,11 @@
-"""The reverse k-NN student's state and training step (no noise: post-processing).
+"""The reverse k-NN rooms: one labelling round (`build_train_step`) and the student's state and
+step.
+
+`build_train_step(plan, config, ...)` is one round's release: k-means++ queries from the public
+embeddings, the private records' votes released with the plan's noise
+(`votes.release_counts`: the only release, `plan.event(1)`, charged by the caller BEFORE the
+step) and the noisy labels propagated to the queried public samples. The round is host code
+around jitted parts (k-means, the counts).
 
 The student sees only public images and their DP labels (post-processing of the noisy vote
 counts), so its step carries no privacy parameter and may use BatchNorm. Cross-entropy with
@@ -10,9 +17,11 @@ code's MNIST student. AdamW with a cosine-decayed learning rate.
 from __future__ import annotations
 
 import functools
+from collections.abc import Callable
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 import optax
 from flax import nnx
 
@@ -20,6 +29,8 @@ from dpkd_jax import data
 from dpkd_jax import kernels
 from dpkd_jax import models
 from dpkd_jax.methods.rknn import config as config_lib
+from dpkd_jax.methods.rknn import privacy
+from dpkd_jax.methods.rknn import votes
 from dpkd_jax.models import core
 from dpkd_jax.representations import augment
 from dpkd_jax.train.state import TrainState
@@ -34,18 +45,69 @@ def _optimizer(learning_rate: float, weight_decay: float,
                      weight_decay=weight_decay)
 
 
-def init_state(key: jax.Array, config: config_lib.StudentConfig, info: data.DatasetInfo, *,
-               total_steps: int) -> TrainState:
-  """A fresh student (initialised from `key`) and its AdamW state for `total_steps` steps."""
+def init_state(config: config_lib.RKNNConfig, key: jax.Array, *, total_steps: int
+               ) -> TrainState:
+  """A fresh student of `config.student` (initialised from `key`) and its AdamW state for
+  `total_steps` steps."""
+  student, info = config.student, config.info
   parts = core.split(models.create_classifier(
-      config.model, num_classes=info.num_classes, input_shape=info.image_shape,
-      norm=config.norm, rngs=nnx.Rngs(key)))
-  return TrainState.create(parts, _optimizer(config.learning_rate, config.weight_decay,
+      student.model, num_classes=info.num_classes, input_shape=info.image_shape,
+      norm=student.norm, rngs=nnx.Rngs(key)))
+  return TrainState.create(parts, _optimizer(student.learning_rate, student.weight_decay,
                                              total_steps))
 
 
+# A round: (public labels (n_public,) int32, queried public indices, round index) -> (the
+# labels with the queried ones replaced, (n_queried,) int cluster of every queried sample).
+RoundStep = Callable[[np.ndarray, np.ndarray, int], tuple[np.ndarray, np.ndarray]]
+
+
+def build_train_step(plan: privacy.RKNNPlan, config: config_lib.RKNNConfig, *,
+                     public_embeddings: np.ndarray, private_embeddings: np.ndarray,
+                     private_labels: np.ndarray, kmeans_key: jax.Array,
+                     noise_key: jax.Array) -> RoundStep:
+  """The labelling round of a run: the noise (mode, k, ε_r) from `plan`, the rest from `config`.
+
+  Args:
+    plan: the run's plan (`votes.release_counts` reads its mode, k and ε_r).
+    config: the run (queries, k-means, chunk size, classes).
+    public_embeddings: (n_public, d) the public images' embeddings.
+    private_embeddings, private_labels: (N, d) and (N,) the private records.
+    kmeans_key, noise_key: the run's streams; round r uses fold_in(stream, r).
+
+  Returns:
+    `train_step(public_labels, queried, round_index) -> (public_labels, assignments)`.
+  """
+  def train_step(public_labels: np.ndarray, queried: np.ndarray,
+                 round_index: int) -> tuple[np.ndarray, np.ndarray]:
+    clusters = votes.kmeans(jax.random.fold_in(kmeans_key, round_index),
+                            public_embeddings[queried], config.num_queries,
+                            num_iterations=config.kmeans_iterations,
+                            num_restarts=config.kmeans_restarts)
+    noisy_counts = votes.release_counts(
+        plan, jax.random.fold_in(noise_key, round_index), private_embeddings, private_labels,
+        clusters.centres, num_classes=config.info.num_classes, chunk_size=config.chunk_size)
+    assignments = np.asarray(clusters.assignments)
+    labels = np.array(public_labels, copy=True)
+    labels[queried] = np.asarray(votes.propagate_labels(noisy_counts, assignments))
+    return labels, assignments
+
+  return train_step
+
+
+def make_train_step(plan: privacy.RKNNPlan, config: config_lib.RKNNConfig, *,
+                    public_embeddings: np.ndarray, private_embeddings: np.ndarray,
+                    private_labels: np.ndarray, kmeans_key: jax.Array,
+                    noise_key: jax.Array) -> RoundStep:
+  """The round as the run calls it: `build_train_step`'s, as built (host code: its k-means and
+  counts are compiled and cached inside `votes`)."""
+  return build_train_step(plan, config, public_embeddings=public_embeddings,
+                          private_embeddings=private_embeddings, private_labels=private_labels,
+                          kmeans_key=kmeans_key, noise_key=noise_key)
+
+
 @kernels.cache_per_ops
-def build_train_step(config: config_lib.StudentConfig, info: data.DatasetInfo):
+def build_student_step(config: config_lib.StudentConfig, info: data.DatasetInfo):
   """Jitted `(state, images_uint8, labels, key) -> (state, metrics)`, state donated; cached
   per (config, dataset) so that every round of a run shares one compilation."""
 

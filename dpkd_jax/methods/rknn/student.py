@@ -20,18 +20,17 @@ from dpkd_jax.train.progress import StepBar
 _LOG_EVERY_STEPS = 50
 
 
-def train_student(key: jax.Array, images: np.ndarray, labels: np.ndarray, *,
-                  info: data.DatasetInfo, config: config_lib.StudentConfig,
-                  progress: bool = False, writer: metrics_lib.MetricsWriter | None = None,
-                  step_offset: int = 0, desc: str = "student") -> core.ModelParts:
-  """Trains a fresh student on (public images, DP labels).
+def train_student(config: config_lib.RKNNConfig, key: jax.Array, images: np.ndarray,
+                  labels: np.ndarray, *, progress: bool = False,
+                  writer: metrics_lib.MetricsWriter | None = None, step_offset: int = 0,
+                  desc: str = "student") -> core.ModelParts:
+  """Trains a fresh student (`config.student`, on `config.info`) on (public images, DP labels).
 
   Args:
+    config: the run.
     key: a `jax.random.key`; split into initialisation, batch-order and augmentation streams.
     images: (n, H, W, C) uint8 public images.
     labels: (n,) int labels (released DP labels, never the true public labels).
-    info: the dataset's `DatasetInfo` (normalisation, classes, flip invariance).
-    config: the `StudentConfig`.
     progress: show a tqdm bar.
     writer: optional metrics writer (train loss every 50 steps, at `step_offset + step`).
     step_offset: added to the logged steps (rounds share one metrics file).
@@ -42,15 +41,16 @@ def train_student(key: jax.Array, images: np.ndarray, labels: np.ndarray, *,
   """
   if len(images) != len(labels):
     raise ValueError(f"{len(images)} images but {len(labels)} labels")
-  batch_size = min(config.batch_size, len(images))
+  student = config.student
+  batch_size = min(student.batch_size, len(images))
   init_key, order_key, augment_key = jax.random.split(key, 3)
-  total_steps = len(images) // batch_size * config.epochs
-  state = step_lib.init_state(init_key, config, info, total_steps=total_steps)
-  train_step = step_lib.build_train_step(config, info)
+  total_steps = len(images) // batch_size * student.epochs
+  state = step_lib.init_state(config, init_key, total_steps=total_steps)
+  train_step = step_lib.build_student_step(student, config.info)
   labels = np.asarray(labels, np.int32)
   bar = StepBar(total=total_steps, disable=not progress, desc=desc)
   step = 0  # Host-side counter: reading state.step would block on every dispatch.
-  for epoch in range(config.epochs):
+  for epoch in range(student.epochs):
     for indices in data.epoch_batches(jax.random.fold_in(order_key, epoch), len(images),
                                       batch_size):
       state, step_metrics = train_step(state, images[indices], labels[indices],

@@ -34,9 +34,10 @@ Rooms:
                          `make_plan`, the only place σ is resolved (calibrated for a target).
   sanitize.py            the release of one knowledge batch: bound B, then
                          `privacy.mechanisms.sanitize` (`SanitizeConfig`, `BoundState`).
-  student.py             the student with its hint adapter; `init_state`, `student_parts`.
-  step.py                jitted steps: `build_train_step(plan, kind)` / `make_train_step`
-                         (hint, distill), self learning, BatchNorm re-estimation.
+  student.py             the student with its hint adapter; `create_state`, `student_parts`.
+  step.py                `init_state(config, key, ...)`; the private steps
+                         `build_train_step(plan, kind, ...)` and `make_train_step` (jitted;
+                         hint, distill); self learning, BatchNorm re-estimation.
   teachers.py            the teacher and the auxiliary (public-split) teacher, its split card.
   query_selection.py     k-center / random / margin selection of the distillation queries.
   compression_report.py  teacher vs student: parameters, FLOPs, CPU latency.
@@ -57,9 +58,9 @@ from dpkd_jax.methods.rona.privacy import make_plan
 from dpkd_jax.methods.rona.run import schedule
 from dpkd_jax.methods.rona.run import train_rona
 from dpkd_jax.methods.rona.step import build_train_step
+from dpkd_jax.methods.rona.step import init_state
 from dpkd_jax.methods.rona.step import make_train_step
 from dpkd_jax.methods.rona.student import STUDENTS
-from dpkd_jax.methods.rona.student import init_state
 from dpkd_jax.methods.rona.teachers import public_split_card
 
 __all__ = [

@@ -134,11 +134,9 @@ def _initial_carry(config: RONAConfig, run: workdir_lib.Run, teacher: teacher_li
   """(the fresh student, bounds and per-phase Adam moments, or the checkpoint's, replicated
   on `mesh`; the bare student's graphdef)."""
   root_key = seeds.root_key(root_seed)
-  state, student_graphdef = student.init_state(
-      config.student_model, info=config.info, norm=config.student_norm,
-      learning_rate=config.learning_rate,
-      teacher_hint_shape=teachers_lib.hint_shape(teacher.parts, config.info),
-      key=jax.random.fold_in(root_key, 0))
+  state, student_graphdef = step_lib.init_state(
+      config, jax.random.fold_in(root_key, 0),
+      teacher_hint_shape=teachers_lib.hint_shape(teacher.parts, config.info))
   # Each stage keeps its own Adam moments: a noisy stage's second moments are orders of
   # magnitude above self learning's and would freeze its updates for ~1/(1 - b2) = 1000 steps.
   opt_states = {phase: optimizers[phase].init(state.params) for phase in _TRAINING_PHASES}

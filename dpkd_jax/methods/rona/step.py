@@ -25,6 +25,7 @@ teacher's step), optionally on randomly shifted public images, and never touches
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any, Callable, NamedTuple
 
 import jax
@@ -36,6 +37,8 @@ from dpkd_jax import data
 from dpkd_jax import kernels
 from dpkd_jax import losses
 from dpkd_jax.methods.rona import sanitize
+from dpkd_jax.methods.rona import student as student_lib
+from dpkd_jax.methods.rona.config import RONAConfig
 from dpkd_jax.methods.rona.privacy import RONAPlan
 from dpkd_jax.models import core
 from dpkd_jax import config_checks
@@ -67,6 +70,18 @@ def _masked_mean(per_example: jax.Array, mask: jax.Array) -> jax.Array:
 
 def _zero_padding(x: jax.Array, mask: jax.Array) -> jax.Array:
   return x * mask.reshape((-1,) + (1,) * (x.ndim - 1)).astype(x.dtype)
+
+
+def init_state(config: RONAConfig, key: jax.Array, *, teacher_hint_shape: Sequence[int]
+               ) -> tuple[TrainState, nnx.GraphDef]:
+  """The student of `config` with its hint adapter, initialised from `key`, and Adam at
+  `config.learning_rate` (`student.create_state`); and the bare student's graphdef.
+
+  `teacher_hint_shape` is one example's teacher hint shape (the adapter's output).
+  """
+  return student_lib.create_state(config.student_model, info=config.info,
+                                  norm=config.student_norm, learning_rate=config.learning_rate,
+                                  teacher_hint_shape=teacher_hint_shape, key=key)
 
 
 def build_train_step(plan: RONAPlan, kind: str, *, temperature: float,

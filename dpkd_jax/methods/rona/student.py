@@ -106,9 +106,9 @@ def phase_optimizers(learning_rate: float, schedule: str,
   return {stage: optimizer(learning_rate, schedule, n) for stage, n in steps.items()}
 
 
-def init_state(name: str, *, info: data.DatasetInfo, norm: str, learning_rate: float,
-               teacher_hint_shape: Sequence[int], key: jax.Array
-               ) -> tuple[TrainState, nnx.GraphDef]:
+def create_state(name: str, *, info: data.DatasetInfo, norm: str, learning_rate: float,
+                 teacher_hint_shape: Sequence[int], key: jax.Array
+                 ) -> tuple[TrainState, nnx.GraphDef]:
   """A `HintedStudent` train state (Adam) and the bare student's graphdef.
 
   Args:

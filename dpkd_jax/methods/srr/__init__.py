@@ -14,11 +14,12 @@ Rooms:
                   calibration included), `report`; the privacy argument (paper label-DP per
                   query, RR composition of the labels, record level: inf with the teacher prior)
   generator.py    pretraining losses: the teacher's BatchNorm input statistics, CE / IE / BN
-  step.py         `init_models`, `init_state`, the jitted student / pretrain / fine-tune steps,
-                  `build_train_step(plan, ...)`: one stage with the plan's ε
+  step.py         `init_models`, `init_state(config, key, ...)`, the jitted student /
+                  pretrain / fine-tune steps, `build_train_step(plan, ...)`: one stage with
+                  the plan's ε (`make_train_step`: as the run calls it)
   stage.py        one stage: queries, prior, the one teacher call and SRR release, updates
   pretraining.py  the generator prior: resumable pretraining, reuse of a pretrained one
-  run.py          `train_srr`, `pretrain`, `load_run`
+  run.py          `train_srr(config, workdir, *, resume=False)`, `pretrain`, `load_run`
 
 Data flow: flags -> `SRRConfig` -> `make_plan(config)` -> `SRRPlan` (ε per query, stages,
 labels ε, record-level ε) -> `build_train_step(plan, ...)` (the RR draws use plan's ε) ->
@@ -31,6 +32,7 @@ from dpkd_jax.methods.srr.config import SRRConfig
 from dpkd_jax.methods.srr.privacy import SRRPlan, make_plan, report
 from dpkd_jax.methods.srr.run import load_run, pretrain, train_srr
 from dpkd_jax.methods.srr.step import build_train_step, init_models, init_state
+from dpkd_jax.methods.srr.step import make_train_step
 
 __all__ = [
     "SRRConfig",
@@ -40,6 +42,7 @@ __all__ = [
     "init_state",
     "load_run",
     "make_plan",
+    "make_train_step",
     "pretrain",
     "report",
     "train_srr",

@@ -145,7 +145,7 @@ def train_srr(config: config_lib.SRRConfig, workdir: str, *, resume: bool = Fals
                                          progress=progress, mesh=mesh)
   # 5. Train: per stage, charge -> release -> seal -> evaluate -> save.
   state = sharding.replicate(state, mesh)
-  train_step = step_lib.build_train_step(
+  train_step = step_lib.make_train_step(
       plan, config, stage_lib.make_teacher_label_fn(
           sharding.replicate(teacher.parts, mesh), config.batch_size, mesh), mesh=mesh)
   meta = {"config": config.to_json(), "plan": plan.to_json(), "root_seed": list(root_seed)}
@@ -173,13 +173,10 @@ def _initial_state(config: config_lib.SRRConfig, plan: privacy.SRRPlan,
                    progress: bool, mesh: jax.sharding.Mesh,
                    ) -> tuple[stage_lib.SRRState, int, list[float]]:
   """(state, first stage to run, accuracy per finished stage): fresh, or the resumed ones."""
-  student, generator = step_lib.init_models(config, keys.init)
+  state = step_lib.init_state(config, keys.init, stages=plan.stages)
   if not run.resuming:  # a resumed run restores its (fine-tuned) generator below
-    generator = pretraining.starting_generator(config, generator, teacher, workdir,
-                                                keys.pretrain, progress, mesh)
-  state = step_lib.init_state(config, student, generator, stages=plan.stages)
-  if not run.resuming:
-    return state, 0, []
+    return step_lib.with_generator(config, state, pretraining.starting_generator(
+        config, state.generator.parts, teacher, workdir, keys.pretrain, progress, mesh)), 0, []
   arrays, saved = run.restore(state.arrays())
   return state.with_arrays(arrays), int(saved["stage"]), list(saved["accuracy"])
 
@@ -244,7 +241,7 @@ def load_run(workdir: str) -> tuple[config_lib.SRRConfig, stage_lib.SRRState, di
   ckpt_dir = os.path.join(workdir, "checkpoints")
   meta = checkpoint.restore_metadata(ckpt_dir)
   config = config_lib.SRRConfig.from_json(meta["config"])
-  student, generator = step_lib.init_models(config, jax.random.key(0))  # shapes only
-  template = step_lib.init_state(config, student, generator, stages=meta["plan"]["stages"])
+  template = step_lib.init_state(config, jax.random.key(0),  # shapes only
+                                 stages=meta["plan"]["stages"])
   arrays, meta = checkpoint.restore(ckpt_dir, template.arrays())
   return config, template.with_arrays(arrays), meta

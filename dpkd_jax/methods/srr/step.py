@@ -54,11 +54,13 @@ def init_models(config: config_lib.SRRConfig,
   return models.create_student_and_generator(config, key)
 
 
-def init_state(config: config_lib.SRRConfig, student: core.ModelParts,
-               generator: core.ModelParts, *, stages: int) -> stage_lib.SRRState:
-  """Student and generator train states; the student's cosine schedule spans all `stages`
-  (`config.student_schedule`; "constant": none). With
-  `student_replay`, room for every stage's release (`stage.Released`, zeros until written)."""
+def init_state(config: config_lib.SRRConfig, key: jax.Array, *,
+               stages: int) -> stage_lib.SRRState:
+  """Fresh student and generator (`init_models(config, key)`) and their train states; the
+  student's cosine schedule spans all `stages` (`config.student_schedule`; "constant": none).
+  With `student_replay`, room for every stage's release (`stage.Released`, zeros until
+  written)."""
+  student, generator = init_models(config, key)
   student_steps = stages * config.student_epochs * (config.samples_per_stage // config.batch_size)
   released = None
   if config.student_replay:
@@ -68,6 +70,13 @@ def init_state(config: config_lib.SRRConfig, student: core.ModelParts,
       TrainState.create(student, adam(config.student_lr, max(student_steps, 1)
                                       if config.student_schedule == "cosine" else None)),
       TrainState.create(generator, adam(config.generator_lr)), released)
+
+
+def with_generator(config: config_lib.SRRConfig, state: stage_lib.SRRState,
+                   generator: core.ModelParts) -> stage_lib.SRRState:
+  """`state` with `generator` (the prior the stages start from) and a fresh Adam state for it,
+  as `init_state` builds it."""
+  return state.replace(generator=TrainState.create(generator, adam(config.generator_lr)))
 
 
 def student_kl_loss(logits: jax.Array, labels: jax.Array) -> jax.Array:
@@ -237,3 +246,11 @@ def build_train_step(plan: privacy.SRRPlan, config: config_lib.SRRConfig,
         generator_step=make_finetune_step(state.student.graphdef), mesh=mesh, stage=stage)
 
   return train_step
+
+
+def make_train_step(plan: privacy.SRRPlan, config: config_lib.SRRConfig,
+                    teacher_label_fn: stage_lib.TeacherLabelFn, *,
+                    mesh: jax.sharding.Mesh) -> StageStep:
+  """The stage as the run calls it: `build_train_step`'s, as built (host code: its student,
+  generator and release steps are jitted and cached inside)."""
+  return build_train_step(plan, config, teacher_label_fn, mesh=mesh)
