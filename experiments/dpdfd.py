@@ -54,8 +54,7 @@ def _parser(recipe: _recipes.Recipe) -> _cli.Parser:
   epochs = getattr(recipe.module, "TEACHER_EPOCHS", quickstart.TEACHER_EPOCHS)
   p.add_argument("--teacher_epochs", type=int, default=epochs,
                  help=f"that teacher's epochs (default: {epochs})")
-  p.add_argument("--workdir", default=None, help="the run's directory (default: runs/dpdfd/"
-                 "<dataset>)")
+  p.add_argument("--workdir", default=None, help="run directory (default: runs/dpdfd/<dataset>)")
   p.add_argument("--no_progress", action="store_true", help="no progress bars")
   return p
 

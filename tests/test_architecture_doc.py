@@ -79,7 +79,7 @@ class _Walk:
     stack, f = [], frame
     while f is not None:
       if (_relative(f) is not None and all(f is not g for g in self._frames)
-          and (f is frame or any(_holds_sigma(v) for v in dict(f.f_locals).values()))):
+          and any(_holds_sigma(v) for v in dict(f.f_locals).values())):
         stack.append(f)
       f = f.f_back
     for f in reversed(stack):
