@@ -256,7 +256,7 @@ def train_teacher(config: TeacherConfig, workdir: str, *, progress: bool = True,
   writer = metrics_lib.MetricsWriter(workdir, resume_step=run.step)
 
   bar = StepBar(total=total_steps, initial=start_epoch * steps_per_epoch, disable=not progress,
-                  desc=f"teacher {config.model}/{config.dataset}")
+                desc=f"teacher {config.model}/{config.dataset}")
   start_time, start_cpu = time.time(), time.process_time()
   for epoch in range(start_epoch, config.epochs):
     batches = data.epoch_batches(jax.random.fold_in(order_key, epoch), len(train), config.batch_size)

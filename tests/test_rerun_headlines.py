@@ -32,8 +32,14 @@ def test_a_headline_plan_runs_three_seeds_then_combines():
       f"--name={name}_val_s2 --selection=test")
   assert commands[-1].startswith("python -m experiments.results combine") and (
       commands[-1].endswith(f"--name={name}_val"))
-  # The teacher this row used has no record of its own: said before anything runs.
-  assert any("mnist_small_cnn_aug3 has no record" in w for w in warnings)
+  # The teacher this row used has a record of its own (teacher__mnist__small_cnn_aug3).
+  assert not any("mnist_small_cnn_aug3 has no record" in w for w in warnings)
+
+
+def test_a_teacher_without_a_record_is_said_before_anything_runs():
+  record = {"method": "rona", "commit": "abc",
+            "command": "python -m experiments.rona --teacher_dir=runs/teacher/t9"}
+  assert any("t9 has no record" in w for w in rerun_headlines.warnings_for(record, []))
 
 
 def test_warnings_name_a_dirty_record_and_a_teacher_that_saw_the_hold_out():

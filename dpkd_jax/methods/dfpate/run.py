@@ -167,7 +167,7 @@ def train_dfpate(config: config_lib.DFPATEConfig, workdir: str, *, resume: bool 
   writer = metrics_lib.MetricsWriter(workdir, resume_step=start)
   monitor = selection.Monitor(workdir, setup.test, setup.validation, resume_step=start)
   bar = StepBar(total=config.rounds, initial=start, disable=not progress,
-                  desc=f"DF-PATE {config.dataset} rounds")
+                desc=f"DF-PATE {config.dataset} rounds")
   for round_index in range(start, config.rounds):
     if ledger is not None:  # account before releasing: a crash never under-counts
       run.charge(plan.event(1), step=round_index, note=f"round {round_index}: "

@@ -169,7 +169,7 @@ def _train(run: workdir_lib.Run, plan: privacy.DPDFDPlan, config: config_lib.DPD
   train_step = step_lib.make_train_step(plan, config, ensemble.graphdef)
   writer = metrics_lib.MetricsWriter(run.workdir, resume_step=start)
   bar = StepBar(total=plan.releases, initial=start, disable=not progress,
-                  desc=f"DPDFD {config.dataset}")
+                desc=f"DPDFD {config.dataset}")
   accuracy = math.nan
   step = start
   # Released targets per class (argmax) since step 0, carried across resumes by the checkpoint

@@ -257,7 +257,7 @@ class _Loop:
                       if config.log_private_diagnostics else None)
     self.step = int(state.step)
     bar = StepBar(total=plan.steps, initial=self.step, disable=not progress,
-                    desc=f"dpsgd {config.model}/{config.dataset}")
+                  desc=f"dpsgd {config.model}/{config.dataset}")
     test_metrics, postfix = None, {"eps": f"{self.spent():.3f}"}
     while self.step < stop:
       chunk = min(plan.steps_per_epoch - self.step % plan.steps_per_epoch, stop - self.step)

@@ -242,7 +242,7 @@ def _train_units(ctx: _Context, carry: _Carry, root_seed: seeds.ResolvedSeed, *,
                                                          carry.unit + stop_after_units)
   writer = metrics_lib.MetricsWriter(workdir, resume_step=carry.unit)
   bar = StepBar(total=len(units), initial=carry.unit, disable=not show_progress,
-                  desc=f"rona {config.student_model}/{config.dataset}", unit="epoch")
+                desc=f"rona {config.student_model}/{config.dataset}", unit="epoch")
   test_metrics = None
   while carry.unit < stop:
     phase, round_index, epoch = units[carry.unit]

@@ -73,14 +73,16 @@ def train_public_teacher(config: teacher_lib.TeacherConfig, public: data.ArrayDa
   state = sharding.replicate(state, mesh)
   train_step = teacher_lib.make_train_step(config)
   start_time, start_cpu = time.time(), time.process_time()
+  step = 0  # the augmentation key's tag: one per step
   with StepBar(total=total_steps, disable=not progress,
-                 desc=f"aux teacher {config.model}/{config.dataset} (public)") as bar:
+               desc=f"aux teacher {config.model}/{config.dataset} (public)") as bar:
     for epoch in range(config.epochs):
       for indices in data.epoch_batches(jax.random.fold_in(order_key, epoch), len(public),
                                         config.batch_size):
         images, labels = sharding.shard_batch((public.images[indices], public.labels[indices]),
                                               mesh)
-        state, _ = train_step(state, images, labels, jax.random.fold_in(augment_key, bar.n))
+        state, _ = train_step(state, images, labels, jax.random.fold_in(augment_key, step))
+        step += 1
         bar.update(1)
   checkpoint.save(os.path.join(workdir, "checkpoints"), total_steps,
                   jax.device_get(state.arrays()),

@@ -191,7 +191,7 @@ def _train_stages(config: config_lib.SRRConfig, plan: privacy.SRRPlan, run: work
   split, or of the private validation hold-out: `selection.Monitor`)."""
   writer = metrics_lib.MetricsWriter(run.workdir, resume_step=start)
   bar = StepBar(total=plan.stages, initial=start, disable=not progress,
-                  desc=f"SRR {config.dataset} stages")
+                desc=f"SRR {config.dataset} stages")
   for stage in range(start, plan.stages):
     if plan.private:  # account before releasing: a crash never under-counts
       run.charge(plan.event(plan.samples_per_stage), step=stage,
