@@ -28,7 +28,8 @@ import math
 from typing import Any
 
 import numpy as np
-from jax_privacy import auditing
+
+from dpkd_jax import errors
 
 CONFIDENCE = 0.95
 FPR = 0.01
@@ -73,7 +74,17 @@ class AuditResult:
     return dataclasses.asdict(self)
 
 
-def _bounds(auditor: auditing.CanaryScoreAuditor, significance: float,
+def _auditing():
+  """`jax_privacy.auditing` (the `audit` extra), or a one-line UserError saying how to get it."""
+  try:
+    from jax_privacy import auditing  # pylint: disable=import-outside-toplevel
+  except ImportError as error:
+    raise errors.UserError("audits need jax-privacy: pip install 'dpkd-jax[audit]' "
+                           f"({error})") from error
+  return auditing
+
+
+def _bounds(auditor: Any, significance: float,
             delta: float) -> tuple[float, float]:
   return (max(float(auditor.epsilon_one_run(significance, delta)), 0.0),
           max(float(auditor.epsilon_one_run_fdp(significance, delta)), 0.0))
@@ -102,6 +113,7 @@ def audit_scores(scores: np.ndarray, included: np.ndarray, *, delta: float,
   if not (0 < delta < 1 and 0 < confidence < 1):
     raise ValueError(f"delta {delta} and confidence {confidence} must be in (0, 1)")
   significance = 1.0 - confidence
+  auditing = _auditing()
   auditor = auditing.CanaryScoreAuditor(scores[included], scores[~included])
   eps, eps_fdp = _bounds(auditor, significance, delta)
   k = int(included.sum())
