@@ -8,7 +8,9 @@ the audit key: secret unless --audit_seed), writes the canary training split to
 from the released classifier only and writes the audit (ε lower bounds at 95% confidence,
 AUROC, TPR at 1% FPR) into the run's record.json, results.json and model card
 (dpkd_jax/audit, docs/privacy.md "Claimed and measured"). --method=teacher audits a
-non-private teacher: the power reference. Rerunning the same command resumes the run.
+non-private teacher: the power reference. --method=dpdfd converts the teacher of a finished
+teacher audit (--teacher_audit=<its workdir>) and audits the student with the same canaries.
+Rerunning the same command resumes the run.
 """
 
 from __future__ import annotations
@@ -21,29 +23,30 @@ import os
 from dpkd_jax import audit
 from experiments import _cli
 
-# method -> (its CLI module, what it releases: `audit.scores.THREAT_MODELS`)
-METHODS = {"dpsgd": ("experiments.dpsgd", "student"),
-           "teacher": ("experiments.teacher", "teacher")}
+# method -> (its CLI module, its train function "module:name", what it releases)
+METHODS = {"dpsgd": ("experiments.dpsgd", "dpkd_jax.methods.dpsgd:train_dpsgd", "student"),
+           "dpdfd": ("experiments.dpdfd", "dpkd_jax.methods.dpdfd:train_dpdfd", "student"),
+           "teacher": ("experiments.teacher", "dpkd_jax.teacher:train_teacher", "teacher")}
 
 
 def _trainer(method: str, config, progress: bool):
-  """train(canary_data_dir, run_workdir): the method's run on the canary data."""
+  """train(canary_data_dir, run_workdir): the method's run on the canary data (a DP-SGD run
+  found there is resumed; the teacher and DPDFD resume on their own)."""
+  module, _, name = METHODS[method][1].partition(":")
+  train_fn = getattr(importlib.import_module(module), name)
+
   def train(canary_dir: str, run_dir: str) -> None:
-    cfg = dataclasses.replace(config, data_dir=canary_dir)
-    if method == "teacher":
-      from dpkd_jax import teacher  # pylint: disable=import-outside-toplevel
-      teacher.train_teacher(cfg, run_dir, progress=progress)
-    else:
-      from dpkd_jax.methods import dpsgd  # pylint: disable=import-outside-toplevel
-      dpsgd.train_dpsgd(cfg, run_dir, resume=os.path.isdir(os.path.join(run_dir, "checkpoints")),
-                        progress=progress)
+    kwargs = ({"resume": os.path.isdir(os.path.join(run_dir, "checkpoints"))}
+              if method == "dpsgd" else {})
+    train_fn(dataclasses.replace(config, data_dir=canary_dir), run_dir, progress=progress,
+             **kwargs)
   return train
 
 
 def parse(argv: list[str]) -> tuple[argparse.Namespace, object]:
   """(the audit's flags, the method's validated config); bad flags exit 2 in one line."""
-  own, method_argv = (argv[:argv.index("--")], argv[argv.index("--") + 1:]) if "--" in argv \
-      else (argv, [])
+  cut = argv.index("--") if "--" in argv else len(argv)
+  own, method_argv = argv[:cut], argv[cut + 1:]
   p = _cli.Parser(prog="python -m experiments.audit", description=__doc__,
                   formatter_class=argparse.RawDescriptionHelpFormatter)
   p.add_argument("--method", required=True, choices=sorted(METHODS),
@@ -54,11 +57,17 @@ def parse(argv: list[str]) -> tuple[argparse.Namespace, object]:
                  help="seed of the audit key (default: secret, from OS entropy)")
   p.add_argument("--confidence", type=float, default=0.95,
                  help="confidence of the epsilon lower bounds (default: 0.95)")
+  p.add_argument("--teacher_audit", default=None,
+                 help="dpdfd: the workdir of a teacher audit, whose teacher and canaries it uses")
   p.add_argument("--workdir", required=True, help="the audit's directory (canaries/, run/)")
   p.add_argument("--no_progress", action="store_true", help="no progress bars")
   args = p.parse_args(own)
   if not 0 < args.confidence < 1:
     _cli.fail(f"--confidence must be in (0, 1), got {args.confidence}")
+  if (args.method == "dpdfd") != (args.teacher_audit is not None):
+    _cli.fail("--teacher_audit is given with --method=dpdfd, and only then")
+  if args.teacher_audit is not None:
+    method_argv += [f"--teacher_dirs={os.path.join(args.teacher_audit, 'run')}"]
   config, _ = importlib.import_module(METHODS[args.method][0]).parse_config(method_argv)
   return args, config
 
@@ -68,9 +77,9 @@ def main(argv: list[str]) -> None:
   args, config = parse(argv)
   _cli.check_output_dir(args.workdir, "--workdir")
   block = audit.run_audit(_trainer(args.method, config, not args.no_progress),
-                          workdir=args.workdir, dataset=config.dataset,
-                          data_dir=config.data_dir, kind=METHODS[args.method][1],
-                          m=args.canaries, seed=args.audit_seed, confidence=args.confidence)
+                          workdir=args.workdir, dataset=config.dataset, data_dir=config.data_dir,
+                          kind=METHODS[args.method][2], m=args.canaries, seed=args.audit_seed,
+                          confidence=args.confidence, design_from=args.teacher_audit)
   print(f"audit of {args.method} on {config.dataset}, {block['m']} canaries: epsilon >= "
         f"{block['epsilon_lower_bound']:.3f} (f-DP {block['epsilon_lower_bound_fdp']:.3f}; "
         f"at most {block['epsilon_ceiling']:.2f} measurable) at {block['confidence']:.0%} "

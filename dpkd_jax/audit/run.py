@@ -21,6 +21,7 @@ import json
 import math
 import os
 import sys
+import time
 from typing import Any, Callable
 
 from dpkd_jax import data
@@ -35,10 +36,11 @@ CANARY_DIR, RUN_DIR, AUDIT_FILE = "canaries", "run", "audit.json"
 AUDIT_KEY = "audit"
 
 
-def prepare(workdir: str, dataset: str, *, data_dir: str | None, m: int,
-            seed: int | None) -> tuple[canaries_lib.CanaryDesign, str]:
+def prepare(workdir: str, dataset: str, *, data_dir: str | None, m: int, seed: int | None,
+            design_from: str | None = None) -> tuple[canaries_lib.CanaryDesign, str]:
   """(design, the run's data_dir): draws the design and writes the canary data, or reads back
-  the design of an earlier invocation in `workdir` (same m and, if given, seed).
+  the design of an earlier invocation in `workdir` or, given, of the audit in `design_from`
+  (same m and, if given, seed): a conversion audited with its audited teacher's canaries.
 
   The run reads `<dataset>.npz` from the returned directory, so a dataset that is not read
   from a file (the embedded `digits`) is refused: its run would train without the canaries.
@@ -49,8 +51,14 @@ def prepare(workdir: str, dataset: str, *, data_dir: str | None, m: int,
   train = data.load(dataset, "train", data_dir=data_dir)
   test = data.load(dataset, "test", data_dir=data_dir)
   secret = os.path.join(workdir, CANARY_DIR)
-  if os.path.exists(os.path.join(secret, canaries_lib.DESIGN_FILE)):
-    design = canaries_lib.load_design(secret)
+  source = secret if design_from is None else os.path.join(design_from, CANARY_DIR)
+  if design_from is not None and not os.path.exists(
+      os.path.join(source, canaries_lib.DESIGN_FILE)):
+    raise errors.UserError(f"{design_from!r} holds no audit design ({CANARY_DIR}/"
+                           f"{canaries_lib.DESIGN_FILE}); give the --workdir of a finished "
+                           "`experiments.audit --method=teacher`")
+  if os.path.exists(os.path.join(source, canaries_lib.DESIGN_FILE)):
+    design = canaries_lib.load_design(source)
     if design.m != m or (seed is not None and seed != design.seed):
       raise errors.UserError(f"{workdir!r} holds an audit of {design.m} canaries with another "
                              "key; give the same --canaries and --audit_seed, or a fresh workdir")
@@ -67,7 +75,9 @@ def prepare(workdir: str, dataset: str, *, data_dir: str | None, m: int,
 def audit_release(workdir: str, dataset: str, design: canaries_lib.CanaryDesign, *, kind: str,
                   data_dir: str | None, confidence: float = statistics.CONFIDENCE
                   ) -> dict[str, Any]:
-  """Scores the release in `<workdir>/run` (public view only), audits, writes the block."""
+  """Scores the release in `<workdir>/run` (public view only), audits, writes the block (with
+  the CPU seconds of the scoring and the statistics: the run's own are its record's)."""
+  start = time.process_time()
   train = data.load(dataset, "train", data_dir=data_dir)
   images, labels = canaries_lib.public_view(train, design)
   run_dir = os.path.join(workdir, RUN_DIR)
@@ -79,6 +89,7 @@ def audit_release(workdir: str, dataset: str, design: canaries_lib.CanaryDesign,
                                    score=scores_lib.SCORE,
                                    threat_model=scores_lib.THREAT_MODELS[kind])
   block = {**result.to_json(), "canaries": "mislabelled training records (dpkd_jax.audit)",
+           "audit_cpu_seconds": round(time.process_time() - start, 1),
            "exceeds_sound_claim": _exceeds(result.epsilon_lower_bound, record["sound_epsilon"])}
   if record.get("paper_epsilon") is not None:
     block["exceeds_paper_claim"] = _exceeds(result.epsilon_lower_bound, record["paper_epsilon"])
@@ -112,7 +123,8 @@ def write_block(run_dir: str, block: dict[str, Any]) -> None:
 
 def run_audit(train: Callable[[str, str], Any], *, workdir: str, dataset: str,
               data_dir: str | None, kind: str, m: int, seed: int | None = None,
-              confidence: float = statistics.CONFIDENCE) -> dict[str, Any]:
+              confidence: float = statistics.CONFIDENCE,
+              design_from: str | None = None) -> dict[str, Any]:
   """Inserts m canaries, trains once, audits the release (module docstring).
 
   Args:
@@ -122,13 +134,15 @@ def run_audit(train: Callable[[str, str], Any], *, workdir: str, dataset: str,
     kind: "student" or "teacher" (`scores.THREAT_MODELS`).
     m, seed: canaries and the audit key's seed (None: secret).
     confidence: of the bounds.
+    design_from: an audit workdir whose design to reuse (its teacher's canaries).
 
   Returns:
     The audit block (also in `<workdir>/run/record.json`).
   """
   if kind not in scores_lib.THREAT_MODELS:
     raise ValueError(f"kind must be one of {sorted(scores_lib.THREAT_MODELS)}, got {kind!r}")
-  design, canary_dir = prepare(workdir, dataset, data_dir=data_dir, m=m, seed=seed)
+  design, canary_dir = prepare(workdir, dataset, data_dir=data_dir, m=m, seed=seed,
+                               design_from=design_from)
   train(canary_dir, os.path.join(workdir, RUN_DIR))
   return audit_release(workdir, dataset, design, kind=kind, data_dir=data_dir,
                        confidence=confidence)
