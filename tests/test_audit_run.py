@@ -80,3 +80,19 @@ def test_user_errors_are_one_line_exit_2_before_anything_is_written(data_dir, tm
     assert exit_info.value.code == 2
     assert len(capsys.readouterr().err.strip().splitlines()) == 1
     assert not (tmp_path / "w" / audit_run.CANARY_DIR / canaries.DESIGN_FILE).exists()
+
+
+def test_committed_audits_keep_sound_claims_and_show_power():
+  """No committed sound row's lower bound exceeds its claim; every teacher row (the power
+  reference) has a clearly positive bound."""
+  results = os.path.join(os.path.dirname(os.path.dirname(__file__)), "docs", "results")
+  names = [n for n in os.listdir(results) if n.startswith("audit__") and n.endswith(".json")]
+  for name in names:
+    record = records.read_record(os.path.join(results, name))
+    block = record["audit"]
+    assert 0 <= block["epsilon_lower_bound"] <= block["epsilon_ceiling"], name
+    if record["accounting"] == "sound" and record["sound_epsilon"] != "inf":
+      assert block["epsilon_lower_bound"] <= record["sound_epsilon"], name
+      assert not block["exceeds_sound_claim"], name
+    if record["method"] == "teacher":
+      assert block["epsilon_lower_bound"] > 0.5, name
