@@ -73,10 +73,15 @@ def test_the_block_is_recomputed_from_the_released_run_alone(audited, data_dir, 
 
 
 def test_user_errors_are_one_line_exit_2_before_anything_is_written(data_dir, tmp_path, capsys):
-  for flags in (["--canaries=1", "--", *_DPSGD, f"--data_dir={data_dir}"],
-                ["--", "--dataset=digits", "--noise_multiplier=1", "--steps=2"]):
+  for method, flags in (
+      ("dpsgd", ["--canaries=1", "--", *_DPSGD, f"--data_dir={data_dir}"]),
+      ("dpsgd", ["--", "--dataset=digits", "--noise_multiplier=1", "--steps=2"]),
+      ("dpsgd", [f"--teacher_audit={tmp_path}", "--", *_DPSGD]),  # a DPDFD flag only
+      ("dpdfd", ["--", "--dataset=mnist", f"--data_dir={data_dir}"]),  # no --teacher_audit
+      ("dpdfd", [f"--teacher_audit={tmp_path / 'none'}", "--", "--dataset=mnist",
+                 f"--data_dir={data_dir}", "--target_epsilon=10"])):
     with pytest.raises(SystemExit) as exit_info:
-      audit_cli.main(["--method=dpsgd", f"--workdir={tmp_path / 'w'}", *flags])
+      audit_cli.main([f"--method={method}", f"--workdir={tmp_path / 'w'}", *flags])
     assert exit_info.value.code == 2
     assert len(capsys.readouterr().err.strip().splitlines()) == 1
     assert not (tmp_path / "w" / audit_run.CANARY_DIR / canaries.DESIGN_FILE).exists()
