@@ -64,6 +64,8 @@ def parse(argv: list[str]) -> tuple[argparse.Namespace, object]:
   args = p.parse_args(own)
   if not 0 < args.confidence < 1:
     _cli.fail(f"--confidence must be in (0, 1), got {args.confidence}")
+  if args.audit_seed is not None and not 0 <= args.audit_seed < 2**64:
+    _cli.fail(f"--audit_seed must be in [0, 2**64), got {args.audit_seed}")
   if (args.method == "dpdfd") != (args.teacher_audit is not None):
     _cli.fail("--teacher_audit is given with --method=dpdfd, and only then")
   if args.teacher_audit is not None:

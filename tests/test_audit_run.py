@@ -77,6 +77,8 @@ def test_user_errors_are_one_line_exit_2_before_anything_is_written(data_dir, tm
       ("dpsgd", ["--canaries=1", "--", *_DPSGD, f"--data_dir={data_dir}"]),
       ("dpsgd", ["--", "--dataset=digits", "--noise_multiplier=1", "--steps=2"]),
       ("dpsgd", [f"--teacher_audit={tmp_path}", "--", *_DPSGD]),  # a DPDFD flag only
+      ("dpsgd", ["--audit_seed=-1", "--", *_DPSGD, f"--data_dir={data_dir}"]),
+      ("dpsgd", ["--confidence=1", "--", *_DPSGD, f"--data_dir={data_dir}"]),
       ("dpdfd", ["--", "--dataset=mnist", f"--data_dir={data_dir}"]),  # no --teacher_audit
       ("dpdfd", [f"--teacher_audit={tmp_path / 'none'}", "--", "--dataset=mnist",
                  f"--data_dir={data_dir}", "--target_epsilon=10"])):
