@@ -8,8 +8,9 @@ the audit key: secret unless --audit_seed), writes the canary training split to
 from the released classifier only and writes the audit (ε lower bounds at 95% confidence,
 AUROC, TPR at 1% FPR) into the run's record.json, results.json and model card
 (dpkd_jax/audit, docs/privacy.md "Claimed and measured"). --method=teacher audits a
-non-private teacher: the power reference. --method=dpdfd converts the teacher of a finished
-teacher audit (--teacher_audit=<its workdir>) and audits the student with the same canaries.
+non-private teacher: the power reference. --method=dpdfd or srr converts the teacher of a
+finished teacher audit (--teacher_audit=<its workdir>) and audits the student with the same
+canaries.
 Rerunning the same command resumes the run.
 """
 
@@ -26,7 +27,10 @@ from experiments import _cli
 # method -> (its CLI module, its train function "module:name", what it releases)
 METHODS = {"dpsgd": ("experiments.dpsgd", "dpkd_jax.methods.dpsgd:train_dpsgd", "student"),
            "dpdfd": ("experiments.dpdfd", "dpkd_jax.methods.dpdfd:train_dpdfd", "student"),
+           "srr": ("experiments.srr", "dpkd_jax.methods.srr:train_srr", "student"),
            "teacher": ("experiments.teacher", "dpkd_jax.teacher:train_teacher", "teacher")}
+# The methods that convert a teacher, and the flag of their CLI that names it.
+TEACHER_FLAGS = {"dpdfd": "--teacher_dirs", "srr": "--teacher_dir"}
 
 
 def _trainer(method: str, config, progress: bool):
@@ -37,7 +41,7 @@ def _trainer(method: str, config, progress: bool):
 
   def train(canary_dir: str, run_dir: str) -> None:
     kwargs = ({"resume": os.path.isdir(os.path.join(run_dir, "checkpoints"))}
-              if method == "dpsgd" else {})
+              if method in ("dpsgd", "srr") else {})
     train_fn(dataclasses.replace(config, data_dir=canary_dir), run_dir, progress=progress,
              **kwargs)
   return train
@@ -58,7 +62,8 @@ def parse(argv: list[str]) -> tuple[argparse.Namespace, object]:
   p.add_argument("--confidence", type=float, default=0.95,
                  help="confidence of the epsilon lower bounds (default: 0.95)")
   p.add_argument("--teacher_audit", default=None,
-                 help="dpdfd: the workdir of a teacher audit, whose teacher and canaries it uses")
+                 help="dpdfd, srr: the workdir of a teacher audit, whose teacher and canaries "
+                      "the run uses")
   p.add_argument("--workdir", required=True, help="the audit's directory (canaries/, run/)")
   p.add_argument("--no_progress", action="store_true", help="no progress bars")
   args = p.parse_args(own)
@@ -66,10 +71,10 @@ def parse(argv: list[str]) -> tuple[argparse.Namespace, object]:
     _cli.fail(f"--confidence must be in (0, 1), got {args.confidence}")
   if args.audit_seed is not None and not 0 <= args.audit_seed < 2**64:
     _cli.fail(f"--audit_seed must be in [0, 2**64), got {args.audit_seed}")
-  if (args.method == "dpdfd") != (args.teacher_audit is not None):
-    _cli.fail("--teacher_audit is given with --method=dpdfd, and only then")
+  if (args.method in TEACHER_FLAGS) != (args.teacher_audit is not None):
+    _cli.fail("--teacher_audit is given with --method=dpdfd or srr, and only then")
   if args.teacher_audit is not None:
-    method_argv += [f"--teacher_dirs={os.path.join(args.teacher_audit, 'run')}"]
+    method_argv += [f"{TEACHER_FLAGS[args.method]}={os.path.join(args.teacher_audit, 'run')}"]
   config, _ = importlib.import_module(METHODS[args.method][0]).parse_config(method_argv)
   return args, config
 
