@@ -3,7 +3,8 @@
 Every reported run is one JSON record in docs/results/ (schema: dpkd_jax/train/records.py).
 
   render            regenerates every marked table of the generated docs (DOCS: docs/RESULTS.md,
-                    docs/SUPPORTING_RUNS.md, README.md's headline table) and the rows of
+                    docs/SUPPORTING_RUNS.md, README.md's headline table, docs/privacy.md's
+                    "Claimed and measured") and the rows of
                     dpkd_jax/resources/paper_results.json (the paper-tables notebook's data) from the records
   render --check    writes nothing; exits 1 if a generated file differs from its records
   publish           copies a finished run's <workdir>/record.json to docs/results/<name>.json,
@@ -45,7 +46,7 @@ from experiments import _cli
 _ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
 # The Markdown files whose marked tables `render` generates (relative to the repository root).
-DOCS = ("docs/RESULTS.md", "docs/SUPPORTING_RUNS.md", "README.md")
+DOCS = ("docs/RESULTS.md", "docs/SUPPORTING_RUNS.md", "README.md", "docs/privacy.md")
 
 
 def _render(a: argparse.Namespace) -> int:

@@ -22,7 +22,8 @@ _REPO = pathlib.Path(__file__).resolve().parent.parent
 # (CLI module, the words before the flags): every parser a user can ask for --help.
 COMMANDS = [("dpdfd", []), ("dpdfd", ["--mode=direct"]), ("dpdfd", ["sample"]), ("dpsgd", []),
             ("srr", []), ("srr", ["pretrain"]), ("rknn", []), ("rona", []), ("dfpate", []),
-            ("teacher", []), ("teacher", ["import"]), ("teacher_ensemble", []), ("export", [])]
+            ("teacher", []), ("teacher", ["import"]), ("teacher_ensemble", []), ("export", []),
+            ("audit", [])]
 # What a help line may say about its default (and the recipes'), left out of the checks below.
 _DEFAULT = re.compile(r"\s*\((?:default|--no)[^()]*(?:\([^()]*\)[^()]*)*\)")
 # A measured figure: a percentage, a number with two or more decimals, an accuracy.

@@ -71,6 +71,7 @@ def test_no_guarantee_paper_direct_and_teacher_records_are_no_frontier_points():
       "no_student": _rec(accuracy=None, epsilon=0.5),
       "lucky_seed": _rec(accuracy=0.99, epsilon=0.5, seed_of="three_seed_mean"),
       "tuning": _rec(accuracy=0.99, epsilon=0.5, validation_examples=5000),
+      "audit": _rec(accuracy=0.99, epsilon=0.5, audit={"epsilon_lower_bound": 0.0}),
   }
   assert [p.name for p in fr.frontier_points(records)] == ["good"]
   row = fr.frontier(records)["mnist"]["private"]
@@ -78,6 +79,7 @@ def test_no_guarantee_paper_direct_and_teacher_records_are_no_frontier_points():
   assert all(fr.exclusion(r) for n, r in records.items() if n != "good")
   assert "one seed of three_seed_mean" in fr.exclusion(records["lucky_seed"])
   assert "a tuning run" in fr.exclusion(records["tuning"])
+  assert "an audit run" in fr.exclusion(records["audit"])  # trained on inserted canaries
   # A paper-accounting run is only a marker at its paper's ε; DPDFD direct is not even that.
   assert [(p.name, p.epsilon) for p in fr.paper_points(records)] == [("paper", 1.0)]
 

@@ -27,6 +27,8 @@ _PROCEDURAL = "procedural query image: drawn from a fixed public program, no dat
 _AUGMENT = "data augmentation of a training batch: its output is not released"
 _REPLAY = ("which released (x, y_s) rows the student re-reads: drawn independently of the data, "
            "with weights from released targets only (post-processing, dpdfd/replay.py)")
+_CANARY = ("canary design of an audit (dpkd_jax/audit): drawn from the audit key, from N, K and "
+           "the chosen records' labels only; it makes the training data the run then protects")
 ALLOWED: dict[tuple[str, str, str], str] = {
     # --- generator latents
     ("train/samples.py", "generate", "normal"): _LATENT + " (evaluation / sample grids)",
@@ -90,6 +92,10 @@ ALLOWED: dict[tuple[str, str, str], str] = {
         "first centre, uniform over the candidate queries (no data involved)"),
     ("methods/rona/query_selection.py", "random_selection", "choice"): (
         "uniform selection of candidate queries (baseline), no data involved"),
+    # --- one-run audits: the auditor's design of its experiment, not a release
+    ("audit/canaries.py", "design_canaries", "permutation"): _CANARY + " (which records)",
+    ("audit/canaries.py", "design_canaries", "randint"): _CANARY + " (the wrong labels)",
+    ("audit/canaries.py", "design_canaries", "bernoulli"): _CANARY + " (the inclusion bits)",
     # --- DF-PATE query model: post-processing of its DP releases (privacy/query_model_releases)
     ("methods/dfpate/query_model.py", "fit_query_model.draw", "normal"): (
         "centroid init / re-draw from the released Gaussian fit (post-processing)"),

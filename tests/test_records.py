@@ -107,6 +107,9 @@ def test_there_are_committed_records():
 def test_committed_record(path):
   record = records.read_record(path)  # schema
   method, dataset, slug = os.path.basename(path)[:-len(".json")].split("__")
+  if method == "audit":  # an audited run (dpkd_jax/audit) of any method: named by what it is
+    assert isinstance(record.get("audit"), dict)
+    method = record["method"]
   assert (method, dataset) == (record["method"], record["dataset"]) and slug
   assert isinstance(record.get("tables", {}), dict)
   assert isinstance(record["single_seed"], bool) and isinstance(record["regenerated"], bool)

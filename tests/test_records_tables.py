@@ -139,6 +139,12 @@ def test_pivot_rows_reference_and_alternatives():
   assert _rows(text) == ["| 7 + 100 | 10 |", "| curve | 1 | 2 |"]
 
 
+def test_a_field_of_a_block_the_run_wrote_is_looked_up_by_a_dotted_key():
+  recs = {"r": _record(tables={"t": 1}, audit={"auroc": D("0.55"), "m": 1000})}
+  text, _ = rt.render_markdown(_doc("| {audit.auroc} | {audit.m} | {audit.absent:?} |"), recs)
+  assert _rows(text) == ["| 0.55 | 1000 |  |"]
+
+
 def test_rows_follow_their_positions():
   recs = {"x": _record("x", tables={"t": 2}), "y": _record("y", tables={"t": 1})}
   text, names = rt.render_markdown(_doc("| {name} |"), recs)

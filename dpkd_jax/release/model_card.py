@@ -26,6 +26,8 @@ hold the seed) or the config (it holds the seed and the private data's location)
   provenance    library version, the commit that ran, the commit that wrote the card
   exports       files with sha256 and their check against JAX (export command only)
   measured      latency with the load average (export command only)
+  audit         the run's one-run canary audit (`dpkd_jax.audit`: ε lower bound, AUROC), when
+                one was run
 """
 
 from __future__ import annotations
@@ -216,7 +218,7 @@ def build_card(workdir: str, *, exports: list[dict[str, Any]] | None = None,
       "provenance": {"library": "dpkd-jax", "version": dpkd_jax.__version__,
                      "run_commit": record.get("commit"), "card_commit": records.current_commit(),
                      "record": "record.json of the run (its command may hold the seed)"},
-      "exports": list(exports or []), "measured": measured,
+      "exports": list(exports or []), "measured": measured, "audit": record.get("audit"),
   }
 
 
@@ -290,6 +292,21 @@ def _md_exports(card: dict[str, Any]) -> list[str]:
   return lines + [""]
 
 
+def _md_audit(card: dict[str, Any]) -> list[str]:
+  """The run's one-run canary audit (`dpkd_jax.audit`), when one was run."""
+  audit = card.get("audit")
+  if not audit:
+    return []
+  return ["## Audit", "", f"One-run canary audit ({audit['canaries']}; {audit['m']} canaries, "
+          f"{audit['threat_model']}): epsilon >= {_number(audit['epsilon_lower_bound'], '.3f')} "
+          f"(f-DP: {_number(audit['epsilon_lower_bound_fdp'], '.3f')}; at most "
+          f"{_number(audit['epsilon_ceiling'], '.3g')} measurable with this m) at "
+          f"{audit['confidence']:.0%} confidence, delta {audit['delta']:g}; AUROC "
+          f"{_number(audit['auroc'], '.3f')}, TPR at 1% FPR "
+          f"{_number(audit['tpr_at_1pct_fpr'], '.3f')}. A lower bound, not a guarantee: the "
+          "sound epsilon above is the guarantee.", ""]
+
+
 def _md_measured(card: dict[str, Any]) -> list[str]:
   measured = card["measured"]
   if not measured:
@@ -335,6 +352,7 @@ def render_markdown(card: dict[str, Any]) -> str:
            "", f"Selection of the hyper-parameters and stopping point: "
            f"{card['selection']['data']}.", "", *_md_privacy(card),
            *_md_io(card), *_md_exports(card), *_md_measured(card),
+           *_md_audit(card),
            "## Provenance", ""]
   prov = card["provenance"]
   lines += [f"- {prov['library']} {prov['version']}; run at commit {prov['run_commit']}; card "

@@ -193,6 +193,8 @@ def exclusion(record: Record) -> str | None:
   """Why `record` is not a frontier point (one short reason), or None if it is one."""
   if setting_of(record["method"]) is None:
     return EXCLUDED_METHODS[record["method"]]
+  if record.get("audit"):
+    return "an audit run (trained with mislabelled canaries inserted: dpkd_jax/audit)"
   if record.get("seed_of"):
     return f"one seed of {record['seed_of']} (the mean over its seeds is the point)"
   if record.get("validation_examples"):

@@ -117,6 +117,9 @@ def _lookup(record: Record, table: str, key: str) -> tuple[Any, bool]:
     return record[RECIPE_KEY], False
   if key in record:
     return record[key], False
+  block, _, field = key.partition(".")  # a field of a block the run wrote (e.g. audit.auroc)
+  if field and isinstance(record.get(block), dict) and field in record[block]:
+    return record[block][field], False
   raise _Missing(key)
 
 

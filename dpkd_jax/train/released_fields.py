@@ -63,6 +63,10 @@ RELEASED_RECORD_FIELDS = frozenset({
     # released figures: ε under another relation or accounting, the paper's own scope
     "epsilon_add_remove", "pure_epsilon", "pure_delta", "paper_epsilon_per_query",
     "paper_epsilon_scope", "release_epsilon_given_generator", "epsilon_note",
+    # a one-run canary audit of the released classifier (dpkd_jax/audit): bounds and attack
+    # figures computed from the release and the auditor's canary design; the design (its key,
+    # the inclusion bits, the canaries' records) stays in the audit's secret canaries/ folder
+    "audit",
     # how a figure was chosen (a description of the selection, never a private value)
     "selection",
     # publishing fields of docs/results/ (docs/results/README.md)
