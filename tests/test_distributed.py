@@ -66,8 +66,9 @@ def _free_port() -> int:
     return s.getsockname()[1]
 
 
-def _launch(argv: list[str], *, num_processes: int, devices_per_process: int) -> list[str]:
-  """Runs `python argv...` once per process (coordinator on localhost); returns outputs."""
+def _start(argv: list[str], *, num_processes: int, devices_per_process: int
+           ) -> list[subprocess.Popen]:
+  """Starts `python argv...` once per process (coordinator on localhost)."""
   port = _free_port()
   procs = []
   for pid in range(num_processes):
@@ -78,10 +79,21 @@ def _launch(argv: list[str], *, num_processes: int, devices_per_process: int) ->
                  DPKD_NUM_PROCESSES=str(num_processes), DPKD_PROCESS_ID=str(pid))
     procs.append(subprocess.Popen([sys.executable, *argv], env=env, cwd=_REPO,
                                   stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True))
+  return procs
+
+
+def _wait(procs: list[subprocess.Popen]) -> list[str]:
+  """Each process's output, once all exited 0."""
   outputs = [p.communicate(timeout=600)[0] for p in procs]
   for p, out in zip(procs, outputs):
     assert p.returncode == 0, out[-3000:]
   return outputs
+
+
+def _launch(argv: list[str], *, num_processes: int, devices_per_process: int) -> list[str]:
+  """Runs `python argv...` once per process; returns their outputs."""
+  return _wait(_start(argv, num_processes=num_processes,
+                      devices_per_process=devices_per_process))
 
 
 def _results(workdir: str) -> dict:
@@ -95,8 +107,10 @@ def test_dpsgd_two_processes_equal_one_process(tmp_path):
            "--expected_batch_size=64", "--noise_multiplier=1.0", "--steps=3", "--seed=3",
            "--no_progress"]
   single, multi = str(tmp_path / "single"), str(tmp_path / "multi")
-  _launch(flags + [f"--workdir={single}"], num_processes=1, devices_per_process=4)
-  _launch(flags + [f"--workdir={multi}"], num_processes=2, devices_per_process=2)
+  # The two layouts are independent runs: started together, they overlap their start-up.
+  both = (_start(flags + [f"--workdir={single}"], num_processes=1, devices_per_process=4)
+          + _start(flags + [f"--workdir={multi}"], num_processes=2, devices_per_process=2))
+  _wait(both)
   ours, reference = _results(multi), _results(single)
   assert ours["epsilon"] == reference["epsilon"] and ours["steps"] == reference["steps"] == 3
   np.testing.assert_allclose(ours["test_loss"], reference["test_loss"], rtol=1e-5)

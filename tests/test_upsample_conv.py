@@ -116,7 +116,7 @@ def _generator_outputs(parts, z, cotangent):
   def run(params):
     images, stats = core.apply(parts.graphdef, params, parts.batch_stats, z, train=True)
     return jnp.sum(jnp.sin(images) * cotangent), (images, stats)
-  grads, (images, stats) = jax.grad(run, has_aux=True)(parts.params)
+  grads, (images, stats) = jax.jit(jax.grad(run, has_aux=True))(parts.params)
   return images, stats, grads
 
 
