@@ -64,3 +64,19 @@ def test_a_design_of_another_split_or_too_few_canaries_is_refused():
     canaries.insert(train, other)
   with pytest.raises(ValueError, match="canaries must be in"):
     canaries.design_canaries(LABELS, 10, 1, seed=0)
+
+
+def test_the_secret_canary_files_are_owner_only_and_read_back(tmp_path):
+  train, test = data.load("digits", "train"), data.load("digits", "test")
+  design = canaries.design_canaries(train.labels, 10, 50, seed=3)
+  secret = str(tmp_path / "canaries")
+  (tmp_path / "canaries").mkdir(mode=0o755)  # an existing directory is made owner-only too
+  canaries.write_dataset(secret, "mnist", canaries.insert(train, design), test)
+  canaries.save_design(secret, design)
+  assert (tmp_path / "canaries").stat().st_mode & 0o777 == 0o700
+  for name in ("mnist.npz", canaries.DESIGN_FILE):
+    assert (tmp_path / "canaries" / name).stat().st_mode & 0o777 == 0o600
+  back = canaries.load_design(secret)
+  np.testing.assert_array_equal(back.included, design.included)
+  with np.load(tmp_path / "canaries" / "mnist.npz") as arrays:
+    np.testing.assert_array_equal(arrays["y_train"], canaries.insert(train, design).labels)
