@@ -46,6 +46,7 @@ def anchors(path: pathlib.Path) -> set[str]:
   its explicit ones."""
   found, seen = explicit_anchors(path), {}
   for heading in re.findall(r"^#+ (.+)$", _prose(path.read_text(encoding="utf-8")), re.M):
+    heading = re.sub(r"<[^>]+>", "", heading)  # GitHub slugs the text, not inline HTML
     slug = re.sub(r"[^\w\- ]", "", heading.strip().lower()).replace(" ", "-")
     count = seen.get(slug, 0)
     seen[slug] = count + 1
