@@ -19,8 +19,13 @@ def test_the_bar_opens_at_the_first_update_with_compilation_apart(capsys):
   bar.close()
 
 
+def test_the_default_unit_is_named_a_step(capsys):
+  progress.StepBar(total=2, desc="teacher").close()
+  assert "teacher: compiling the first step" in capsys.readouterr().err
+
+
 def test_a_disabled_bar_prints_nothing(capsys):
-  with progress.StepBar(total=3, desc="x", disable=True) as bar:
+  with progress.StepBar(total=3, desc="x", disable=True) as bar:  # nothing, not even the line
     for _ in range(3):
       bar.update(1)
     bar.set_postfix(loss="1")

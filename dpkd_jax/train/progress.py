@@ -37,7 +37,8 @@ class StepBar:
     self._postfix: dict[str, Any] = {}
     self._started = time.monotonic()
     if not disable and initial < total:
-      print(f"{desc}: compiling the first {unit} (the bar starts after it) ...",
+      first = "step" if unit == "it" else unit  # tqdm's default unit reads as "it"
+      print(f"{desc}: compiling the first {first} (the bar starts after it) ...",
             file=sys.stderr, flush=True)
 
   def update(self, n: int = 1) -> None:
