@@ -20,6 +20,7 @@ so). Usage: `PYTHONPATH=. python benchmarks/dropin_dpsgd.py [--repeats=15] [--mo
 from __future__ import annotations
 
 import argparse
+import json
 import pathlib
 import statistics
 import sys
@@ -156,8 +157,10 @@ def main() -> None:
   parser.add_argument("--max_repeats", type=int, default=None,
                       help="rounds at most (default: 2 x repeats)")
   parser.add_argument("--model", default="lenet5", choices=("lenet5", "small_cnn"))
+  parser.add_argument("--out", default=None, help="also write the table as a JSON record here "
+                      "(e.g. docs/results/benchmarks/dropin_dpsgd__cpu.json)")
   args = parser.parse_args()
-  protocol.guard_script()
+  load = protocol.guard_script()
   steps = build_steps(args.model)
   pairs = [(CLI, name) for name in steps if name != CLI]
   times, tight = protocol.time_until_tight(
@@ -168,10 +171,22 @@ def main() -> None:
         f"{jax.devices()[0].platform}; {len(times[CLI])} interleaved rounds"
         f"{'' if tight else ' (intervals not tight)'}\n")
   print(f"| step | median s | / {CLI} (95% interval) |\n|---|---|---|")
+  rows = {}
   for name, series in times.items():
-    ratio = "1" if name == CLI else "{:.3f} ({:.3f}-{:.3f})".format(
-        *protocol.ratio_interval(times[CLI], series))
+    interval = (1.0, 1.0, 1.0) if name == CLI else protocol.ratio_interval(times[CLI], series)
+    ratio = "1" if name == CLI else "{:.3f} ({:.3f}-{:.3f})".format(*interval)
     print(f"| {name} | {statistics.median(series):.4f} | {ratio} |")
+    rows[name] = {"median_s": statistics.median(series), "ratio_to_cli": list(interval)}
+  if args.out:
+    record = {"benchmark": "dropin_dpsgd", "model": args.model, "batch_size": BATCH_SIZE,
+              "command": " ".join(["PYTHONPATH=. python benchmarks/dropin_dpsgd.py", *sys.argv[1:]]),
+              "jax": jax.__version__, "platform": jax.devices()[0].platform,
+              "host": protocol.host_id(), "load_before": load, "rounds": len(times[CLI]),
+              "intervals_tight": tight, "rows": rows,
+              "ratio": f"a row's median over the CLI step's ({CLI!r}); above 1 is slower"}
+    with open(args.out, "w", encoding="utf-8") as f:
+      json.dump(record, f, indent=2)
+      f.write("\n")
 
 
 if __name__ == "__main__":

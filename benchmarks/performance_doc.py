@@ -81,6 +81,24 @@ def dry_run(record: dict[str, Any]) -> str:
   return "\n".join(lines)
 
 
+def dropin(record: dict[str, Any]) -> str:
+  lines = [f"Record: {_link('dropin_dpsgd__cpu.json')} ({record['host']}, load average "
+           f"{record['load_before']:.2f} at the start, {record['rounds']} interleaved rounds"
+           f"{'' if record['intervals_tight'] else ', intervals not tight'}; "
+           f"`{record['command']}`). One DP-SGD step of {record['model']} (GroupNorm), batch "
+           f"{record['batch_size']}; the ratio is a row's median time over the CLI step's "
+           "(below 1: faster).",
+           "",
+           "| step | median | / CLI step (95% interval) |",
+           "| --- | --- | --- |"]
+  for name, row in record["rows"].items():
+    ratio, low, high = row["ratio_to_cli"]
+    lines.append(f"| {name} | {_seconds(row['median_s'])} | "
+                 + ("1" if (low, high) == (1.0, 1.0) else f"{ratio:.3f} ({low:.3f}-{high:.3f})")
+                 + " |")
+  return "\n".join(lines)
+
+
 def perf_table(record: dict[str, Any]) -> str:
   return record["markdown"]
 
@@ -89,6 +107,7 @@ SECTIONS: dict[str, tuple[str, Callable[[dict[str, Any]], str]]] = {
     "<!-- perf-table:": ("perf_table__cpu.json", perf_table),
     "<!-- record-table:secure-noise:": ("secure_noise_cost__cpu.json", secure_noise),
     "<!-- record-table:dry-run:": ("dpdfd_cifar10_dry_run.json", dry_run),
+    "<!-- record-table:dropin-dpsgd:": ("dropin_dpsgd__cpu.json", dropin),
 }
 
 
