@@ -34,6 +34,7 @@ import numpy as np
 
 from dpkd_jax import data
 from dpkd_jax.privacy import seeds
+from dpkd_jax.train import checkpoint
 
 # fold_in tags of the audit key, one per draw.
 INDEX_TAG, LABEL_TAG, INCLUSION_TAG = 0x696478, 0x6C6162, 0x696E63
@@ -134,19 +135,11 @@ def public_view(train: data.ArrayDataset, design: CanaryDesign) -> tuple[np.ndar
 
 
 # The canary directory holds the secret key, the inclusion bits and a copy of the private
-# training split: owner-only, as the checkpoints that hold a run's seed.
-DIR_MODE, FILE_MODE = 0o700, 0o600
-
-
-def _private_directory(directory: str) -> None:
-  os.makedirs(directory, mode=DIR_MODE, exist_ok=True)
-  os.chmod(directory, DIR_MODE)
-
-
+# training split: owner-only, with the modes of the checkpoints that hold a run's seed.
 def _private_file(path: str, mode: str):
   """`path` opened for writing, created (or truncated) owner-only."""
-  fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, FILE_MODE)
-  os.chmod(path, FILE_MODE)  # an existing file keeps its mode through os.open
+  fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, checkpoint.FILE_MODE)
+  os.chmod(path, checkpoint.FILE_MODE)  # an existing file keeps its mode through os.open
   return os.fdopen(fd, mode)
 
 
@@ -154,7 +147,7 @@ def write_dataset(directory: str, dataset: str, train: data.ArrayDataset,
                   test: data.ArrayDataset) -> str:
   """`<directory>/<dataset>.npz` (the `data.load` format) holding the canary training split and
   the unchanged test split, owner-only; returns `directory`, the run's data_dir."""
-  _private_directory(directory)
+  checkpoint.private_directory(directory)
   with _private_file(os.path.join(directory, f"{dataset}.npz"), "wb") as f:
     np.savez(f, x_train=np.asarray(train.images), y_train=np.asarray(train.labels),
              x_test=np.asarray(test.images), y_test=np.asarray(test.labels))
@@ -164,7 +157,7 @@ def write_dataset(directory: str, dataset: str, train: data.ArrayDataset,
 def save_design(directory: str, design: CanaryDesign) -> str:
   """Writes the design (secret: it holds the key and the inclusion bits) to `directory`,
   owner-only."""
-  _private_directory(directory)
+  checkpoint.private_directory(directory)
   path = os.path.join(directory, DESIGN_FILE)
   with _private_file(path, "w") as f:
     json.dump(design.to_json(), f)

@@ -122,7 +122,7 @@ def make_private(directory: str) -> None:
       os.chmod(os.path.join(root, name), FILE_MODE)
 
 
-def _private_directory(directory: str) -> None:
+def private_directory(directory: str) -> None:
   """Creates `directory` owner-only (missing parents get the umask's mode), or makes an
   existing one so, before anything secret is written into it."""
   os.makedirs(directory, mode=DIR_MODE, exist_ok=True)
@@ -143,7 +143,7 @@ def save(directory: str, step: int, arrays: PyTree, metadata: dict[str, Any],
   body = {k: v for k, v in metadata.items() if k != CHECKSUM_KEY}
   meta = {**body, CHECKSUM_KEY: {"sha256": digest, "meta_sha256": meta_checksum(body)}}
   if jax.process_index() == 0:
-    _private_directory(os.path.abspath(directory))
+    private_directory(os.path.abspath(directory))
   with _manager(directory, max_to_keep) as manager:
     manager.save(
         int(step),
@@ -361,6 +361,6 @@ def quarantine(directory: str, step: int) -> str:
   target_dir = os.path.abspath(directory) + ".corrupt"
   destination = os.path.join(target_dir, f"{step}-{time.strftime('%Y%m%d-%H%M%S')}-{os.getpid()}")
   if jax.process_index() == 0:
-    _private_directory(target_dir)  # the moved step still holds the seed
+    private_directory(target_dir)  # the moved step still holds the seed
     shutil.move(os.path.join(os.path.abspath(directory), str(step)), destination)
   return destination
