@@ -32,7 +32,6 @@ class StepBar:
                unit: str = "it"):
     self._kwargs = dict(total=total, desc=desc, disable=disable, unit=unit)
     self._initial = initial
-    self._disable = disable
     self._bar: tqdm.tqdm | None = None
     self._postfix: dict[str, Any] = {}
     self._started = time.monotonic()
