@@ -70,9 +70,9 @@ jax.config.update("jax_num_cpu_devices", 8)
 import pytest  # noqa: E402
 
 # Fixtures shared by several test files: the DP-SGD ones (parts, batch, noisy_step_8_devices),
-# the PyTorch ones (tv_models) and the digits teacher of the DPDFD/SRR tests (teacher_dir);
-# their helper functions are imported by name.
-pytest_plugins = ("dpsgd_fixtures", "teacher_fixtures", "torch_fixtures")
+# the PyTorch ones (tv_models), the digits teacher of the DPDFD/SRR tests (teacher_dir) and the
+# wheel installed into a virtualenv (installed_wheel); their helper functions are imported by name.
+pytest_plugins = ("dpsgd_fixtures", "teacher_fixtures", "torch_fixtures", "wheel_fixtures")
 
 
 @pytest.fixture

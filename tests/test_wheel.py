@@ -1,44 +1,38 @@
-"""The wheel holds the package, the CLIs, the recipes (configs/) and every data file the library reads at run time
-(`dpkd_jax.resources`), so that `pip install dpkd_jax-*.whl` works with no clone.
-
-Built from a copy of the tracked files with `pip wheel --no-build-isolation` (the setuptools
-already installed: no network), which runs the same setuptools build as `python -m build`.
-Installing it into a fresh virtualenv and importing it from outside the clone is
-`.ci/check_wheel` (too slow for the suite: it installs every dependency).
+"""The wheel holds the package, the CLIs, the recipes (configs/) and every data file the library
+reads at run time (`dpkd_jax.resources`), and once pip has installed it into a virtualenv it
+runs from a directory outside the clone (`wheel_fixtures.installed_wheel`; the notebooks run
+from it too, tests/test_notebooks.py). `.ci/check_wheel` also lets pip resolve every
+dependency into a fresh virtualenv (minutes: not in the suite).
 """
 
-import pathlib
-import shutil
 import subprocess
-import sys
 import zipfile
 
-import pytest
-
-_REPO = pathlib.Path(__file__).resolve().parent.parent
+from wheel_fixtures import clean_environment
 
 
-def _tracked_files():
-  try:
-    listed = subprocess.run(["git", "ls-files", "-z"], cwd=_REPO, capture_output=True,
-                            check=True, timeout=60).stdout.decode()
-  except (OSError, subprocess.SubprocessError):
-    pytest.skip("not a git checkout")
-  return [name for name in listed.split("\0") if name and (_REPO / name).is_file()]
-
-
-def test_wheel_holds_the_package_and_its_data(tmp_path):
-  source, out = tmp_path / "src", tmp_path / "dist"
-  tracked = _tracked_files()
-  for name in tracked:
-    (source / name).parent.mkdir(parents=True, exist_ok=True)
-    shutil.copy2(_REPO / name, source / name)
-  subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation",
-                  "--quiet", "--wheel-dir", str(out), str(source)], check=True, timeout=300,
-                 capture_output=True)
-  (wheel,) = out.glob("dpkd_jax-*.whl")
-  names = set(zipfile.ZipFile(wheel).namelist())
-  code = {n for n in tracked if n.split("/")[0] in ("dpkd_jax", "experiments", "configs")}
+def test_wheel_holds_the_package_and_its_data(installed_wheel):
+  names = set(zipfile.ZipFile(installed_wheel.wheel).namelist())
+  code = {n for n in installed_wheel.tracked
+          if n.split("/")[0] in ("dpkd_jax", "experiments", "configs")}
   assert code - names == set()  # every module and data file of the package
   assert "dpkd_jax/resources/paper_results.json" in names
   assert not [n for n in names if n.split("/")[0] in ("tests", "notebooks", "docs")]
+
+
+def test_the_installed_wheel_runs_outside_the_clone(installed_wheel, tmp_path):
+  script = """
+import dpkd_jax, experiments
+from dpkd_jax import data, resources
+print(dpkd_jax.__file__)
+print(experiments.__file__)
+print(len(resources.paper_results()["tables"]))
+print(data.load("digits", "test").images.shape[0])
+"""
+  done = subprocess.run([str(installed_wheel.python), "-c", script], cwd=tmp_path,
+                        env=clean_environment(), capture_output=True, text=True, timeout=300)
+  assert done.returncode == 0, done.stderr
+  package, commands, tables, digits = done.stdout.split()
+  for path in (package, commands):  # the wheel's copy, never the clone's
+    assert path.startswith(str(installed_wheel.site_packages)), path
+  assert int(tables) > 0 and int(digits) > 0
