@@ -19,7 +19,7 @@ beside it and is **not** a guarantee.
 
 This notebook runs the same function and recipe as the README's Quickstart command
 `python -m experiments.dpdfd --config=configs/dpdfd/digits_quickstart.py`
-(`dpkd_jax.methods.dpdfd.quickstart.convert`):
+(`quickstart.prepare_teachers`, then `dpdfd.train_dpdfd`, the method's one entry point):
 (1) train or reuse a teacher on the embedded `digits` data and convert it at sound ε = 10,
 (2) read the run report every run writes, (3) add other privacy targets, (4) look at the
 synthetic samples. With `SMALL = True` everything is tiny (a few steps): the pipeline runs, the
@@ -60,16 +60,17 @@ print(config)'''),
       ("md", """
 ## 1. The main job: teacher, conversion, summary
 
-`quickstart.convert` reuses the teacher in `teacher_dirs[0]` when its card matches (else trains
-it: the teacher is **not** private, it is the model we convert), calibrates σ so that the whole
-run spends at most the target ε under `dpdfd_event` (PLD accountant), charges a privacy ledger
+`quickstart.prepare_teachers` reuses the teacher in `teacher_dirs[0]` when its card matches
+(else trains it: the teacher is **not** private, it is the model we convert); then
+`dpdfd.train_dpdfd` calibrates σ so that the whole run spends at most the target ε under `dpdfd_event` (PLD accountant), charges a privacy ledger
 before every release, and writes the student checkpoint, results.json, record.json and
 report.md. The summary names where the private diagnostics are (the teacher's accuracy among
 them; their values are never printed), and says why when the student is at chance.
 """),
       ("code", '''
 RUN_DIR = os.path.join(WORKDIR, "eps10")
-results = quickstart.convert(config, RUN_DIR, teacher_config=TEACHER, progress=False)
+quickstart.prepare_teachers(config, teacher_config=TEACHER, progress=False)
+results = dpdfd.train_dpdfd(config, RUN_DIR, resume=True, progress=False)
 print("\\n".join(quickstart.summary_lines(results, RUN_DIR)))'''),
       ("md", """
 ## 2. The run report
@@ -117,8 +118,8 @@ from dpkd_jax import plotting
 run_dirs = [RUN_DIR]
 for target in OTHER_TARGETS:
   run_dir = os.path.join(WORKDIR, f"eps{target:g}")
-  other = quickstart.convert(dataclasses.replace(config, target_epsilon=target), run_dir,
-                             progress=False)
+  other = dpdfd.train_dpdfd(dataclasses.replace(config, target_epsilon=target), run_dir,
+                            resume=True, progress=False)
   print(f"target eps {target:g}: sound eps {other['epsilon']:.4g}, student accuracy "
         f"{other['test_accuracy']:.4f}")
   run_dirs.append(run_dir)

@@ -16,7 +16,8 @@ Rooms:
               one stacked ensemble) -> plan -> state -> train -> record.
   release.py  `load_run`, `sample`: the synthetic dataset of a finished run.
   direct.py   `train_direct`, `build_direct_step`: the direct mode.
-  quickstart.py  `convert` (teacher trained or reused, then `train_dpdfd`), `summary_lines`:
+  quickstart.py  `prepare_teachers` (the teacher trained or reused, every card checked before
+              `train_dpdfd`), `summary_lines`:
               the README's Quickstart command and notebook; the digits flag defaults.
   dry_run.py  `dry_run`, `summary_lines`: a run sized from shapes alone (FLOPs, bytes, memory
               per step; H100 / TPU v5e time), for `--dry_run`: nothing read, charged or written.

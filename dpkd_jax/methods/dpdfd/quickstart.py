@@ -1,8 +1,8 @@
 """The Quickstart's main job: get a teacher, convert it with DPDFD, say what came out.
 
-The quickstart notebook calls `convert(config, workdir, teacher_config=...)`;
-`python -m experiments.dpdfd` runs its two parts, `prepare_teachers` and `train_dpdfd`, as the
-other CLIs call their `train_<method>`:
+`python -m experiments.dpdfd` and the quickstart notebook run it in two calls,
+`prepare_teachers(config, teacher_config=...)` and `train_dpdfd(config, workdir)`, as the other
+CLIs call their `train_<method>`:
 
   1. the teacher: the workdirs of `config.teacher_dirs`; with a `teacher_config`, the first
      of them is reused when its card.json shows a finished teacher of that dataset and model,
@@ -33,7 +33,6 @@ from dpkd_jax import errors
 from dpkd_jax import teacher as teacher_lib
 from dpkd_jax import teacher_ensemble
 from dpkd_jax.methods.dpdfd import config as config_lib
-from dpkd_jax.methods.dpdfd import run as run_lib
 from dpkd_jax.train import summary
 
 RESULTS = "docs/RESULTS.md#"
@@ -53,7 +52,7 @@ def cli_teachers(dataset: str, *, teacher_dirs: tuple[str, ...], default_teacher
                  teacher_ensemble_dir: str | None, teacher_model: str, teacher_epochs: int,
                  data_dir: str | None, validation_examples: int,
                  ) -> tuple[tuple[str, ...], teacher_lib.TeacherConfig | None]:
-  """(teacher_dirs, the teacher `convert` trains or reuses, or None) of the CLI's flags.
+  """(teacher_dirs, the teacher `prepare_teachers` trains or reuses, or None) of the CLI's flags.
 
   `default_teacher`: the run names no teacher of its own (no --teacher_dirs, and the recipe's,
   if any, is the CLI's default teacher of its dataset). Then the teachers are the ensemble's
@@ -133,16 +132,6 @@ def prepare_teachers(config: config_lib.DPDFDConfig, *,
   if config.teacher_ensemble_dir is not None:  # cheap: the meta only, before the run starts
     teacher_ensemble.read_meta(config.teacher_ensemble_dir, flag="--teacher_ensemble_dir",
                                dataset=config.dataset)
-
-
-def convert(config: config_lib.DPDFDConfig, workdir: str, *,
-            teacher_config: teacher_lib.TeacherConfig | None = None, progress: bool = True,
-            log: Log = print) -> dict[str, Any]:
-  """The main job, as the CLI runs it: `prepare_teachers`, then `train_dpdfd` (continuing a run
-  of the same config in `workdir`, as the CLI does). Arguments as `prepare_teachers`'; returns
-  the run's results (results.json)."""
-  prepare_teachers(config, teacher_config=teacher_config, progress=progress, log=log)
-  return run_lib.train_dpdfd(config, workdir, resume=True, progress=progress)
 
 
 NEGLIGIBLE_NOISE = 0.01  # noise std per coordinate of the released mean row, in units of C
