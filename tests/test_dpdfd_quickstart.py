@@ -188,15 +188,15 @@ def test_a_default_teacher_of_another_model_is_refused(capsys, tmp_path, monkeyp
   assert not os.path.exists(os.path.join("runs", "third"))
 
 
-def test_convert_reuses_the_teacher_whose_card_matches(first_run, tmp_path):
+def test_prepare_teachers_reuses_the_teacher_whose_card_matches(first_run, tmp_path):
   teacher_dir = os.path.join(first_run[0], "runs", "teacher", "digits_lenet5")
   config = dpdfd.DPDFDConfig(dataset="digits", teacher_dirs=(teacher_dir,), steps=2,
                              eval_every=2, batch_size=16, generator_channels=16, latent_dim=8,
                              student_model="lenet5_half", noise_multiplier=0.0, seed=0)
   logged = []
   tcfg = teacher_lib.TeacherConfig(dataset="digits", model="lenet5", epochs=1)
-  results = quickstart.convert(config, str(tmp_path), teacher_config=tcfg, progress=False,
-                               log=logged.append)
+  quickstart.prepare_teachers(config, teacher_config=tcfg, progress=False, log=logged.append)
+  results = dpdfd.train_dpdfd(config, str(tmp_path), progress=False)
   reused = os.path.join(first_run[0], "runs", "teacher", "digits_lenet5")
   assert logged == [f"teacher: reusing {reused} (lenet5 on digits, its card.json matches; "
                     "remove the directory to retrain)"]
