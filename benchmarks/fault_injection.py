@@ -22,7 +22,8 @@ with an uninterrupted run of the same flags and `--seed`:
     is empty, a DPDFD batch that cannot fit in memory (`--batch_size=1000000000`), and a file
     size limit (`ulimit -f 40`) the first checkpoint exceeds (the line names the file; the
     ledger then holds only what was released).
-`tests/test_fault_injection.py` runs these scenarios in CI.
+`tests/test_fault_injection.py` runs these scenarios in CI, with one of DPDFD, RONA and SRR
+(drawn by the seed) killed beside DP-SGD; `--methods` picks them here (default: all three).
 """
 
 from __future__ import annotations
@@ -203,10 +204,11 @@ TEACHER_METHODS = {  # method -> (flags given the teacher's dir, charges in a ru
 }
 
 
-def run_all(tmp: str, seed: int) -> dict[str, Outcome]:
+def run_all(tmp: str, seed: int, methods: tuple[str, ...] = tuple(TEACHER_METHODS)
+            ) -> dict[str, Outcome]:
   """Every scenario; returns their outcomes by key (concurrent, kill_dpsgd, corrupt,
   all_corrupt, offline, overflow_flag, empty_test, file_size_limit, dpdfd_batch, and
-  <method>_ref, kill_<method> for dpdfd, rona, srr).
+  <method>_ref, kill_<method> for each of `methods`, a subset of dpdfd, rona, srr).
 
   Streams run in parallel (DP-SGD; a teacher, then one stream per method that reads it), each
   in sequence so that its first run fills a shared JAX compilation cache the others read (same
@@ -217,7 +219,7 @@ def run_all(tmp: str, seed: int) -> dict[str, Outcome]:
   rngs = {name: random.Random(rng.getrandbits(64)) for name in ("dpsgd", *TEACHER_METHODS)}
   d = {name: os.path.join(tmp, name) for name in (
       "dpsgd_ref", "dpsgd_killed", "dpsgd_corrupt", "dpsgd_all_corrupt", "teacher",
-      *(f"{m}_{kind}" for m in TEACHER_METHODS for kind in ("ref", "killed")))}
+      *(f"{m}_{kind}" for m in methods for kind in ("ref", "killed")))}
   outcomes: dict[str, Outcome] = {}
 
   def dpsgd():
@@ -241,7 +243,7 @@ def run_all(tmp: str, seed: int) -> dict[str, Outcome]:
   def with_teacher():
     code, _, err = run("teacher", TEACHER_FLAGS, d["teacher"])
     if code != 0:
-      for method in TEACHER_METHODS:
+      for method in methods:
         outcomes[f"kill_{method}"] = Outcome(f"kill -9 {method}", "train a teacher",
                                              problems=[f"teacher failed: {err[-300:]}"])
       return
@@ -251,7 +253,7 @@ def run_all(tmp: str, seed: int) -> dict[str, Outcome]:
           [*dpdfd_flags(d["teacher"])[:-3], "--batch_size=1000000000"],  # no replay flags
           os.path.join(tmp, "dpdfd_batch_run"), "--batch_size=1000000000")
 
-    parallel(dpdfd_batch, *(lambda m=m: reference_then_kill(m) for m in TEACHER_METHODS))
+    parallel(dpdfd_batch, *(lambda m=m: reference_then_kill(m) for m in methods))
 
   def offline():
     outcomes["offline"] = offline_missing_data(tmp)
@@ -259,7 +261,7 @@ def run_all(tmp: str, seed: int) -> dict[str, Outcome]:
 
   parallel(dpsgd, with_teacher, offline)
   kills = {"dpsgd": ("test_accuracy", "test_loss", "epsilon"),
-           **{m: keys for m, (_, _, keys) in TEACHER_METHODS.items()}}
+           **{m: TEACHER_METHODS[m][2] for m in methods}}
   for method, keys in kills.items():
     key, ref = f"kill_{method}", d[f"{method}_ref"]
     if key in outcomes and not outcomes[key].problems and os.path.exists(
@@ -272,11 +274,16 @@ def main() -> None:
   p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
   p.add_argument("--seed", type=int, default=None, help="kill points (default: random)")
   p.add_argument("--workdir", default=None, help="keep the runs here (default: a temp dir)")
+  p.add_argument("--methods", default=",".join(TEACHER_METHODS),
+                 help="the methods of a teacher killed beside DP-SGD (default: all)")
   a = p.parse_args()
+  methods = tuple(m for m in a.methods.split(",") if m)
+  if set(methods) - set(TEACHER_METHODS):
+    p.error(f"--methods: choose among {', '.join(TEACHER_METHODS)}")
   seed = random.SystemRandom().randrange(2**32) if a.seed is None else a.seed
   tmp = a.workdir or tempfile.mkdtemp(prefix="fault_injection_")
   started = time.time()
-  outcomes = run_all(tmp, seed)
+  outcomes = run_all(tmp, seed, methods)
   print(f"fault injection (seed {seed}, {time.time() - started:.0f} s, runs in {tmp}):")
   for outcome in outcomes.values():
     print("  " + outcome.line())

@@ -176,3 +176,29 @@ def test_discrete_laplace_width_is_its_loss_range():
   assert width == 2.0 and floor == 2.0 / pld_grid.MAX_POINTS
   floor, width = pld_grid._widths(("discrete_laplace", 0.25, 4, 40))
   assert 2.0 < width <= 40 * 2.0 + 1.0
+
+
+def _pmf_state(pld):
+  # pylint: disable=protected-access
+  pmfs = [pld._pmf_remove] if pld._symmetric else [pld._pmf_remove, pld._pmf_add]
+  return [(dense._probs.copy(), dense._lower_loss, dense._infinity_mass)
+          for dense in (pmf.to_dense_pmf() for pmf in pmfs)]
+
+
+@pytest.mark.parametrize("part", [("poisson_gaussian", 0.02, 1.1, 50, _REL.REPLACE_ONE),
+                                  ("poisson_gaussian", 0.02, 1.1, 50, _REL.ADD_OR_REMOVE_ONE),
+                                  ("poisson_laplace", 0.05, 3.0, 20)])
+def test_a_memoized_subsampled_step_is_reused_unchanged_and_gives_the_same_epsilon(part):
+  pld_grid._subsampled_pld.cache_clear()
+  read = lambda pld: pld.get_epsilon_for_delta(DELTA)  # noqa: E731
+  first = pld_grid.evaluate([part], read, interval=None)
+  single = pld_grid.single_pld(part, 1e-3)
+  before = _pmf_state(single)
+  assert pld_grid.single_pld((*part[:-2], 7, part[-1]) if part[0] == "poisson_gaussian"
+                             else (*part[:-1], 7), 1e-3) is single  # the count is not a key
+  again = pld_grid.evaluate([part], read, interval=None)  # composes the memoized step again
+  assert again == first
+  for (probs, lower, inf), (probs2, lower2, inf2) in zip(before, _pmf_state(single)):
+    assert (probs == probs2).all() and lower == lower2 and inf == inf2
+  pld_grid._subsampled_pld.cache_clear()
+  assert pld_grid.evaluate([part], read, interval=None) == first  # built afresh: the same

@@ -29,6 +29,7 @@ Internals of dp-accounting 0.6.0 used (pinned): `PrivacyLossDistribution._pmf_re
 
 from __future__ import annotations
 
+import functools
 import math
 from typing import Callable
 
@@ -91,7 +92,32 @@ def _dense_probs(pld) -> list:
 
 
 def single_pld(part: tuple, interval: float):
-  """PLD of ONE step of a part (RR: one query)."""
+  """PLD of ONE step of a part (RR: one query).
+
+  A Poisson-subsampled step is built point by point in Python (seconds), and a run asks for
+  the same one again and again (calibration, then every ledger charge and report; a resumed
+  run, a second target of the same shape): it is memoized on its parameters and the grid step,
+  the step count left out (one step's PLD does not depend on it). At most `MAX_BUILD_POINTS`
+  probabilities per PMF, so the cache holds at most about 32 MB. dp_accounting's composition
+  and queries return new objects and never write into a PLD they are given
+  (tests/test_pld_grid.py checks that a reused one is unchanged).
+  """
+  if part[0] == "poisson_gaussian":
+    _, q, z, _, relation = part
+    return _subsampled_pld(("poisson_gaussian", float(q), float(z), relation), float(interval))
+  if part[0] == "poisson_laplace":
+    _, q, b, _ = part
+    return _subsampled_pld(("poisson_laplace", float(q), float(b)), float(interval))
+  return _build_single_pld(part, interval)
+
+
+@functools.lru_cache(maxsize=32)
+def _subsampled_pld(key: tuple, interval: float):
+  """`_build_single_pld` of a subsampled part without its step count (`single_pld`)."""
+  return _build_single_pld((*key[:3], 1, *key[3:]), interval)
+
+
+def _build_single_pld(part: tuple, interval: float):
   kind = part[0]
   if kind == "rr":
     return pld_lib.from_randomized_response(
