@@ -178,7 +178,8 @@ def _walk(b: _Builder, model: Any) -> dict[str, str]:
   values = {id(t): {"v": "input"} for t in model.inputs}
   operations = [op for op in model.operations if not isinstance(op, keras.layers.InputLayer)]
   for index, layer in enumerate(operations):
-    nodes = [n for n in layer._inbound_nodes if all(id(t) in values for t in n.input_tensors)]  # pylint: disable=protected-access
+    inbound = layer._inbound_nodes  # pylint: disable=protected-access
+    nodes = [n for n in inbound if all(id(t) in values for t in n.input_tensors)]
     if len(nodes) != 1:
       b.unsupported.append(f"{type(layer).__name__} called {len(nodes)} times")
       continue

@@ -177,9 +177,9 @@ def reference(model: Any) -> verify.Reference:
   softmax = last.get_config().get("activation") == "softmax"
 
   def logits(x: np.ndarray) -> np.ndarray:
-    saved = last.activation
-    if softmax:
-      last.activation = keras.activations.linear
+    if not softmax:
+      return np.asarray(model(x, training=False), np.float32)
+    saved, last.activation = last.activation, keras.activations.linear
     try:
       return np.asarray(model(x, training=False), np.float32)
     finally:
@@ -196,7 +196,8 @@ def convert(path: str, arch: str, info: data.DatasetInfo) -> common.Converted:
   """
   if arch not in ARCHS:
     raise errors.UserError(f"--arch: unknown {arch!r} for --from=keras; choose one of "
-                           f"{list(ARCHS)}")
+                           f"{list(ARCHS)}, or --arch=graph for any classifier whose "
+                           "operations are covered (docs/TEACHERS.md)")
   model = load_model(path)
   input_shape = tuple(model.inputs[0].shape[1:]) if getattr(model, "inputs", None) else None
   if input_shape is not None and None not in input_shape and input_shape != info.image_shape:

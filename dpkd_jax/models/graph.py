@@ -266,8 +266,9 @@ class GraphClassifier(nnx.Module):
                             for shape in program["params"]])
     axis = _channel(program["layout"])
     self.norms = nnx.List([
-        nnx.BatchNorm(n["channels"], axis=n.get("axis", axis), epsilon=n["eps"], use_scale=n["affine"],
-                      use_bias=n["affine"], use_running_average=True, rngs=rngs)
+        nnx.BatchNorm(n["channels"], axis=n.get("axis", axis), epsilon=n["eps"],
+                      use_scale=n["affine"], use_bias=n["affine"], use_running_average=True,
+                      rngs=rngs)
         for n in program["norms"]])
 
   def _value(self, arg: Any, values: dict[str, Any]) -> Any:

@@ -1,0 +1,172 @@
+"""dpkd_jax.importers.graph_torch / graph_keras (`--arch=graph`): any classifier whose operations
+are covered imports with logits within 1e-5 (relative) of the source, its teacher workdir
+(graph.json beside the checkpoint) loads read-only, and DPDFD steps run from it; an operation
+outside the table is refused with one line. resnet50 and efficientnet_b0 (slower) are measured
+by benchmarks/graph_import.py (docs/results/benchmarks/graph_import__cpu.json)."""
+
+import json
+import os
+import shutil
+
+import jax
+import numpy as np
+import pytest
+
+from dpkd_jax import data
+from dpkd_jax import errors
+from dpkd_jax import teacher as teacher_lib
+from dpkd_jax.importers import run
+from dpkd_jax.methods import dpdfd
+from dpkd_jax.methods.dpdfd import run as dpdfd_run
+from dpkd_jax.methods.dpdfd import step as step_lib
+from dpkd_jax.methods.srr import generator as srr_generator
+
+torch = pytest.importorskip("torch")
+from torch_fixtures import graph_custom, randomise_batch_norms  # noqa: E402
+
+RTOL = 1e-5
+DIGITS = data.DATASETS["digits"]
+
+
+def _dpdfd_steps(workdir: str, steps: int = 2) -> dict:
+  """`steps` DPDFD updates from the teacher in `workdir`, loaded as `experiments.dpdfd` does."""
+  config = dpdfd.DPDFDConfig(dataset="digits", teacher_dirs=(workdir,), noise_multiplier=10.0,
+                             student_model="lenet5_half", steps=steps, batch_size=8,
+                             eval_every=steps, latent_dim=8)
+  ensemble, _ = dpdfd_run.load_teachers(config)
+  state = step_lib.init_state(config, jax.random.key(0))
+  before = jax.tree.leaves(state.student.params)[0].copy()
+  train_step = step_lib.make_train_step(dpdfd.make_plan(config), config, ensemble.graphdef)
+  for i in range(steps):
+    state, metrics = train_step(state, ensemble.params, ensemble.batch_stats,
+                                jax.random.fold_in(jax.random.key(1), i))
+  metrics = jax.device_get(metrics)
+  assert all(np.isfinite(v).all() for v in metrics.values())
+  assert not np.array_equal(before, jax.tree.leaves(state.student.params)[0])
+  return metrics
+
+
+def _export(model, path, channels=1, side=28):
+  torch.export.save(torch.export.export(model.eval(), (torch.zeros(2, channels, side, side),)),
+                    path)
+  return str(path)
+
+
+def _import(tmp_path, framework, checkpoint, norm="half", **kw):
+  workdir = str(tmp_path / "teacher")
+  card = run.import_teacher(framework=framework, arch="graph", checkpoint=checkpoint,
+                            dataset="digits", workdir=workdir, input_norm=norm, **kw)
+  return workdir, card
+
+
+@pytest.fixture(scope="module")
+def custom_teacher(tmp_path_factory):
+  """(the custom PyTorch module, its graph teacher's workdir, card)."""
+  tmp_path = tmp_path_factory.mktemp("custom")
+  torch.manual_seed(0)
+  model = graph_custom()
+  return (model, *_import(tmp_path, "torch", _export(model, tmp_path / "custom.pt2")))
+
+
+def test_custom_module_imports_within_tolerance(custom_teacher):
+  _, _, card = custom_teacher
+  check = card["import"]["check"]
+  assert check["verified"] and check["max_relative_logit_difference"] <= RTOL
+  assert check["argmax_agreement"] == 1.0
+  assert card["model"] == "graph" and card["graph"]["batch_norms"] == 1
+  assert {"conv2d", "group_norm", "layer_norm", "max_pool2d", "avg_pool2d", "hardswish",
+          "adaptive_avg_pool2d", "cat", "gelu", "silu"} <= set(card["graph"]["operations"])
+
+
+def test_custom_teacher_loads_gives_bn_inputs_and_runs_dpdfd(custom_teacher):
+  model, workdir, _ = custom_teacher
+  loaded = teacher_lib.load_teacher(workdir, dataset="digits")
+  # The batch-norm inputs reach the generator losses as for every zoo teacher.
+  x = jax.random.normal(jax.random.key(0), (4, *DIGITS.image_shape))
+  _, stats = srr_generator.teacher_forward_with_bn_statistics(*loaded.parts, x)
+  assert len(stats.batch_means) == 1 and stats.batch_means[0].shape == (16,)
+  np.testing.assert_allclose(stats.running_means[0], model.bn.running_mean.numpy(), rtol=1e-6)
+  _dpdfd_steps(workdir)
+
+
+def test_mobilenet_v3_small_imports_and_runs_dpdfd(tv_models, tmp_path):
+  torch.manual_seed(0)
+  model = tv_models.mobilenet_v3_small(num_classes=10)
+  model.features[0][0] = torch.nn.Conv2d(1, 16, 3, 2, 1, bias=False)  # grayscale digits
+  model = randomise_batch_norms(model)
+  workdir, card = _import(tmp_path, "torch", _export(model, tmp_path / "mnv3.pt2"))
+  assert card["import"]["check"]["max_relative_logit_difference"] <= RTOL
+  assert {"hardswish", "hardsigmoid"} <= set(card["graph"]["operations"])
+  _dpdfd_steps(workdir)
+
+
+def _keras_model():
+  """A functional Keras model: strided "same" convolutions, depthwise convolution, batch norms
+  (Keras' eps), swish, ReLU6, squeeze-excitation (Multiply), Add, max / average pooling with
+  "same" pads, Dropout and a final softmax."""
+  keras = pytest.importorskip("keras")
+  layers = keras.layers
+  keras.utils.set_random_seed(0)
+  x = inputs = keras.Input(DIGITS.image_shape)
+  x = layers.Conv2D(16, 3, strides=2, padding="same", use_bias=False)(x)
+  x = layers.Activation("swish")(layers.BatchNormalization()(x))
+  y = layers.DepthwiseConv2D(3, padding="same", depth_multiplier=2)(x)
+  y = layers.ReLU(max_value=6.0)(layers.BatchNormalization()(y))
+  se = layers.GlobalAveragePooling2D(keepdims=True)(y)
+  se = layers.Dense(32, activation="hard_sigmoid")(layers.Dense(8, activation="relu")(se))
+  y = layers.Conv2D(16, 1, activation="gelu")(layers.Multiply()([y, se]))
+  x = layers.MaxPooling2D(3, strides=2, padding="same")(layers.Add()([x, y]))
+  x = layers.Dropout(0.5)(layers.Flatten()(layers.AveragePooling2D(2, padding="same")(x)))
+  model = keras.Model(inputs, layers.Dense(10, activation="softmax")(x))
+  rng = np.random.default_rng(0)
+  for layer in model.layers:  # non-trivial batch norms
+    if isinstance(layer, layers.BatchNormalization):
+      n = layer.moving_mean.shape[0]
+      for variable, low, high in ((layer.moving_mean, -0.5, 0.5), (layer.moving_variance, 0.5, 2),
+                                  (layer.gamma, 0.5, 1.5), (layer.beta, -0.3, 0.3)):
+        variable.assign(rng.uniform(low, high, n).astype(np.float32))
+  return model
+
+
+def test_keras_model_imports_and_runs_dpdfd(tmp_path):
+  os.environ.setdefault("KERAS_BACKEND", "jax")
+  path = str(tmp_path / "teacher.keras")
+  _keras_model().save(path)
+  workdir, card = _import(tmp_path, "keras", path, norm="unit")
+  assert card["import"]["check"]["max_relative_logit_difference"] <= RTOL
+  assert any("softmax" in note for note in card["import"]["notes"])
+  assert card["graph"]["batch_norms"] == 2
+  _dpdfd_steps(workdir)
+
+
+def test_operation_outside_the_table_is_refused_in_one_line(tmp_path):
+  nn = torch.nn
+  model = nn.Sequential(nn.Conv2d(1, 4, 3), nn.ELU(), nn.Flatten(), nn.Linear(4 * 26 * 26, 10))
+  with pytest.raises(errors.UserError) as raised:
+    _import(tmp_path, "torch", _export(model, tmp_path / "elu.pt2"))
+  message = str(raised.value)
+  assert "\n" not in message and "aten.elu.default" in message
+  assert "does not cover 1 operation" in message
+  assert not os.path.exists(tmp_path / "teacher" / "card.json")
+
+
+def test_torchscript_and_bare_state_dict_are_refused_for_graph(tmp_path):
+  model = graph_custom()
+  torch.jit.script(model).save(str(tmp_path / "m.pt"))
+  with pytest.raises(errors.UserError, match="reads a torch.export program"):
+    _import(tmp_path, "torch", str(tmp_path / "m.pt"))
+  torch.save(model.state_dict(), tmp_path / "s.pt")
+  with pytest.raises(errors.UserError, match="--torch_module"):
+    _import(tmp_path, "torch", str(tmp_path / "s.pt"))
+
+
+def test_tampered_program_is_refused_on_load(custom_teacher, tmp_path):
+  workdir = str(tmp_path / "copy")
+  shutil.copytree(custom_teacher[1], workdir)
+  with open(os.path.join(workdir, "graph.json")) as f:
+    program = json.load(f)
+  program["nodes"] = program["nodes"][:-1]
+  with open(os.path.join(workdir, "graph.json"), "w") as f:
+    json.dump(program, f)
+  with pytest.raises(errors.UserError, match="does not match the SHA-256"):
+    teacher_lib.load_teacher(workdir, dataset="digits")
