@@ -77,38 +77,3 @@ def small_cnn_lookalike():
       nn.AdaptiveAvgPool2d(7), nn.Flatten(), nn.Dropout(0.5), nn.Linear(7 * 7 * 64, 128),
       nn.SiLU(), nn.Linear(128, 10)).eval()
 
-
-def graph_custom(channels=1, num_classes=10):
-  """A custom classifier for the graph importer: convolutions with dilation, stride and groups,
-  group / batch / layer norm, SiLU, GELU, Hardswish, max-pool (ceil mode), average pool (pads
-  not counted), squeeze-excitation, concatenation, adaptive average pooling, dropout."""
-  import torch  # pylint: disable=g-import-not-at-top
-  nn = torch.nn
-
-  class Custom(nn.Module):
-    """Every operation family of the graph importer's table, at digits' or CIFAR's size."""
-
-    def __init__(self):
-      super().__init__()
-      self.c1 = nn.Conv2d(channels, 16, 3, padding=2, dilation=2)
-      self.gn = nn.GroupNorm(4, 16)
-      self.c2 = nn.Conv2d(16, 16, 3, stride=2, groups=4, padding=1)
-      self.bn = nn.BatchNorm2d(16)
-      self.ln = nn.LayerNorm([16])
-      self.mp = nn.MaxPool2d(3, 2, 1, ceil_mode=True)
-      self.ap = nn.AvgPool2d(3, 1, 1, count_include_pad=False)
-      self.se = nn.Sequential(nn.AdaptiveAvgPool2d(1), nn.Conv2d(16, 4, 1), nn.ReLU(),
-                              nn.Conv2d(4, 16, 1), nn.Hardsigmoid())
-      self.pool = nn.AdaptiveAvgPool2d(3)
-      self.drop = nn.Dropout(0.3)
-      self.fc = nn.Linear(32 * 9, num_classes)
-
-    def forward(self, x):
-      x = nn.functional.silu(self.gn(self.c1(x)))
-      y = nn.functional.gelu(self.bn(self.c2(x)))
-      y = self.ln(y.permute(0, 2, 3, 1)).permute(0, 3, 1, 2)
-      y = nn.functional.hardswish(self.ap(self.mp(y)))
-      y = torch.cat([y, y * self.se(y)], 1)
-      return self.fc(self.drop(torch.flatten(self.pool(y), 1)))
-
-  return randomise_batch_norms(Custom())
