@@ -96,7 +96,8 @@ def measure(name: str, steps: int) -> dict:
             "max_relative_logit_difference": check["max_relative_logit_difference"],
             "argmax_agreement": check["argmax_agreement"], "num_inputs": check["num_inputs"],
             "params": card["param_count"], "graph_nodes": card["graph"]["nodes"],
-            "batch_norms": card["graph"]["batch_norms"], "import_s": round(import_s, 1),
+            "batch_norms": card["graph"]["batch_norms"],
+            "operations": card["graph"]["operations"], "import_s": round(import_s, 1),
             "dpdfd": _dpdfd(os.path.join(directory, "t"), steps)}
 
 

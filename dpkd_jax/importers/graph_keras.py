@@ -211,7 +211,7 @@ def convert(path: str, info: data.DatasetInfo) -> common.Converted:
     names = sorted(set(b.unsupported))
     raise errors.UserError(
         f"--checkpoint: the graph importer does not cover {len(names)} layer(s) of the model: "
-        f"{', '.join(names)} (covered: docs/TEACHERS.md, Any classifier); nothing written")
+        f"{', '.join(names)} (covered: docs/TEACHERS.md#graph-importer); nothing written")
   program = {"format": graph.FORMAT, "layout": "NHWC", "params": b.params, "norms": b.norms,
              "nodes": b.nodes, "output": output, "features": b.last_dense_input or output}
   return common.Converted(graph.MODEL, "batch" if b.norms else "none", b.sources,

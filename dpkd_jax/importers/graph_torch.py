@@ -165,7 +165,7 @@ def convert(exported: Any, reference: Any) -> common.Converted:
     names = sorted(set(builder.unsupported))
     raise errors.UserError(
         f"--checkpoint: the graph importer does not cover {len(names)} operation(s) of the "
-        f"program: {', '.join(names)} (covered: docs/TEACHERS.md, Any classifier); nothing "
+        f"program: {', '.join(names)} (covered: docs/TEACHERS.md#graph-importer); nothing "
         "written")
   out_ref = builder.arg(output)
   program = {"format": graph.FORMAT, "layout": "NCHW", "params": builder.params,

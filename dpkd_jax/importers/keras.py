@@ -197,7 +197,7 @@ def convert(path: str, arch: str, info: data.DatasetInfo) -> common.Converted:
   if arch not in ARCHS:
     raise errors.UserError(f"--arch: unknown {arch!r} for --from=keras; choose one of "
                            f"{list(ARCHS)}, or --arch=graph for any classifier whose "
-                           "operations are covered (docs/TEACHERS.md)")
+                           "operations are covered (docs/TEACHERS.md#graph-importer)")
   model = load_model(path)
   input_shape = tuple(model.inputs[0].shape[1:]) if getattr(model, "inputs", None) else None
   if input_shape is not None and None not in input_shape and input_shape != info.image_shape:
