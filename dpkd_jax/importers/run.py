@@ -54,9 +54,14 @@ def _converter(framework: str):
   return importlib.import_module(f"dpkd_jax.importers.{framework}")
 
 
-def _graph(framework: str, checkpoint: str, info: data.DatasetInfo, builder: str | None,
-           builder_kwargs: dict[str, Any] | None) -> common.Converted:
-  """`--arch=graph`: the source's graph of operations (`graph_torch`, `graph_keras`)."""
+def _convert(module: Any, framework: str, checkpoint: str, arch: str, info: data.DatasetInfo,
+             builder: str | None, builder_kwargs: dict[str, Any] | None) -> common.Converted:
+  """The converter's result: a twin of the zoo (`module`), or with `arch` "graph" the
+  source's graph of operations (`graph_torch`, `graph_keras`)."""
+  if arch != graph_lib.MODEL:
+    return (module.convert(checkpoint, arch, info) if builder is None else
+            module.convert(checkpoint, arch, info, builder=builder,
+                           builder_kwargs=builder_kwargs))
   if framework == "keras":
     return graph_keras.convert(checkpoint, info)
   height, width, channels = info.image_shape
@@ -165,13 +170,8 @@ def import_teacher(*, framework: str, arch: str, checkpoint: str, dataset: str, 
   if torch_module is not None and framework != "torch":
     raise errors.UserError("--torch_module is for --from=torch state_dict files")
   # 2. Convert, 3. normalisation, 4. assemble (every shape checked).
-  if arch == graph_lib.MODEL:  # any classifier whose operations are covered
-    converted = _graph(framework, checkpoint, info, torch_module, torch_module_kwargs)
-  elif torch_module is None:
-    converted = module.convert(checkpoint, arch, info)
-  else:
-    converted = module.convert(checkpoint, arch, info, builder=torch_module,
-                               builder_kwargs=torch_module_kwargs)
+  converted = _convert(module, framework, checkpoint, arch, info, torch_module,
+                       torch_module_kwargs)
   if converted.reference is None and not unverified_state_dict:
     raise errors.UserError(
         f"--checkpoint: {checkpoint!r} is a bare state_dict: it holds arrays but no forward "
