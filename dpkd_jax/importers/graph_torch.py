@@ -33,7 +33,7 @@ ATEN = {
     "view": "view", "_unsafe_view": "view", "reshape": "reshape", "flatten": "flatten",
     "permute": "permute", "transpose": "transpose", "slice": "slice", "unsqueeze": "unsqueeze",
     "squeeze": "squeeze", "clone": "identity", "contiguous": "identity", "alias": "identity",
-    "dropout": "identity", "detach": "identity",
+    "dropout": "identity", "detach": "identity", "sym_size": "sym_size",
 }
 _RESHAPES = ("view", "reshape")
 

@@ -165,7 +165,8 @@ def _adaptive_matrix(n_in: int, n_out: int) -> np.ndarray:
 
 
 def adaptive_avg_pool2d(layout, x, output_size):
-  out = [x.shape[a] if o is None else o for a, o in zip(_spatial(layout), _pairs(output_size))]
+  sizes = [output_size] * 2 if isinstance(output_size, int) else list(output_size)
+  out = [x.shape[a] if o is None else int(o) for a, o in zip(_spatial(layout), sizes)]
   h_axis, w_axis = _spatial(layout)
   mh = jnp.asarray(_adaptive_matrix(x.shape[h_axis], out[0]))
   mw = jnp.asarray(_adaptive_matrix(x.shape[w_axis], out[1]))
@@ -230,6 +231,7 @@ _LAYOUT_FREE = {
         x, None if dims is None else tuple(d for d in _pairs(dims, 1) if x.shape[d] == 1)),
     "identity": lambda x, *unused, **unused_kw: x,  # clone, dropout in eval, contiguous
     "getitem": lambda x, i: x[i],
+    "sym_size": lambda x, dim: x.shape[dim],  # a program exported with a dynamic batch size
 }
 _WITH_LAYOUT = {"conv2d": conv2d, "max_pool2d": max_pool2d, "avg_pool2d": avg_pool2d,
                 "adaptive_avg_pool2d": adaptive_avg_pool2d, "group_norm": group_norm,
