@@ -1,6 +1,7 @@
 """The graph importer on its five test models: logit agreement, import time, DPDFD step time.
 
-    PYTHONPATH=. python benchmarks/graph_import.py --out=docs/results/benchmarks/graph_import__cpu.json
+    PYTHONPATH=. python benchmarks/graph_import.py \
+        --out=docs/results/benchmarks/graph_import__cpu.json
 
 Each model (random initialisation, non-trivial batch-norm statistics; torchvision's resnet50,
 efficientnet_b0 and mobilenet_v3_small with a 1-channel first convolution, the custom module
@@ -31,10 +32,11 @@ from dpkd_jax.importers import run as import_run
 from dpkd_jax.methods import dpdfd
 from dpkd_jax.methods.dpdfd import run as dpdfd_run
 from dpkd_jax.methods.dpdfd import step as step_lib
+from dpkd_jax.train import sharding
 
 _ROOT = pathlib.Path(__file__).resolve().parent.parent
 MODELS = ("resnet50", "efficientnet_b0", "mobilenet_v3_small", "custom", "keras")
-_WARMUP = 2  # the step compiles on its first call and once more on the state it returned
+_WARMUP = 2  # the first step compiles; the second shows whether it compiles again
 
 
 def _source(name: str, directory: str) -> tuple[str, str]:
@@ -70,13 +72,15 @@ def _dpdfd(workdir: str, steps: int) -> dict[str, float]:
                              student_model="lenet5_half", steps=steps + _WARMUP, batch_size=16,
                              eval_every=steps + _WARMUP, latent_dim=16)
   ensemble, _ = dpdfd_run.load_teachers(config)
-  state = step_lib.init_state(config, jax.random.key(0))
+  mesh = sharding.data_mesh()  # placed as `dpdfd.train_dpdfd` places them
+  state = sharding.replicate(step_lib.init_state(config, jax.random.key(0)), mesh)
+  ensemble = sharding.replicate(ensemble, mesh)
   train_step = step_lib.make_train_step(dpdfd.make_plan(config), config, ensemble.graphdef)
   times = []
   for i in range(steps + _WARMUP):
     start = time.perf_counter()
-    state, metrics = train_step(state, ensemble.params, ensemble.batch_stats,
-                                jax.random.fold_in(jax.random.key(1), i))
+    key = sharding.replicate(jax.random.fold_in(jax.random.key(1), i), mesh)
+    state, metrics = train_step(state, ensemble.params, ensemble.batch_stats, key)
     jax.block_until_ready(metrics)
     times.append(time.perf_counter() - start)
   return {"batch_size": 16, "warmup_s": round(sum(times[:_WARMUP]), 1),

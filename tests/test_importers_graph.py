@@ -25,6 +25,7 @@ from dpkd_jax.methods import dpdfd
 from dpkd_jax.methods.dpdfd import run as dpdfd_run
 from dpkd_jax.methods.dpdfd import step as step_lib
 from dpkd_jax.methods.srr import generator as srr_generator
+from dpkd_jax.train import sharding
 
 torch = pytest.importorskip("torch")
 from graph_fixtures import graph_custom  # noqa: E402
@@ -41,12 +42,14 @@ def _dpdfd_steps(workdir: str, steps: int = 2) -> dict:
                              student_model="lenet5_half", steps=steps, batch_size=8,
                              eval_every=steps, latent_dim=8)
   ensemble, _ = dpdfd_run.load_teachers(config)
-  state = step_lib.init_state(config, jax.random.key(0))
+  mesh = sharding.data_mesh()  # placed as `dpdfd.train_dpdfd` places them
+  state = sharding.replicate(step_lib.init_state(config, jax.random.key(0)), mesh)
+  ensemble = sharding.replicate(ensemble, mesh)
   before = jax.tree.leaves(state.student.params)[0].copy()
   train_step = step_lib.make_train_step(dpdfd.make_plan(config), config, ensemble.graphdef)
   for i in range(steps):
-    state, metrics = train_step(state, ensemble.params, ensemble.batch_stats,
-                                jax.random.fold_in(jax.random.key(1), i))
+    key = sharding.replicate(jax.random.fold_in(jax.random.key(1), i), mesh)
+    state, metrics = train_step(state, ensemble.params, ensemble.batch_stats, key)
   metrics = jax.device_get(metrics)
   assert all(np.isfinite(v).all() for v in metrics.values())
   assert not np.array_equal(before, jax.tree.leaves(state.student.params)[0])
@@ -123,6 +126,21 @@ def test_keras_model_imports_and_runs_dpdfd(tmp_path):
   assert any("softmax" in note for note in card["import"]["notes"])
   assert card["graph"]["batch_norms"] == 2
   _dpdfd_steps(workdir)
+
+
+@pytest.mark.parametrize("dynamic", [False, True], ids=["static_batch", "dynamic_batch"])
+def test_any_batch_size_runs_whatever_batch_the_program_was_exported_with(dynamic):
+  nn = torch.nn
+  model = randomise_batch_norms(nn.Sequential(nn.Conv2d(1, 4, 3), nn.BatchNorm2d(4), nn.ReLU(),
+                                              nn.Flatten(), nn.Linear(4 * 26 * 26, 10)))
+  shapes = ({0: torch.export.Dim("batch", min=1, max=1024)},) if dynamic else None
+  program = torch.export.export(model, (torch.zeros(4, 1, 28, 28),), dynamic_shapes=shapes)
+  logits = torch_source._torch_logits(model)  # pylint: disable=protected-access
+  reference = verify.Reference(logits, "module")
+  parts = common.assemble(graph_torch.convert(program, reference), DIGITS)
+  pixels = verify.check_pixels(np.zeros((0, *DIGITS.image_shape), np.uint8), DIGITS)[:5]
+  measured = verify.compare(reference, parts, pixels, DIGITS, DIGITS.mean, DIGITS.std)
+  assert measured["max_relative_logit_difference"] <= RTOL
 
 
 def test_operation_outside_the_table_is_refused_in_one_line(tmp_path):
