@@ -163,9 +163,11 @@ def convert(exported: Any, reference: Any) -> common.Converted:
       output = outs[0] if isinstance(outs, (list, tuple)) else outs
   if builder.unsupported:
     names = sorted(set(builder.unsupported))
+    training = any("batch_norm_legit_functional" in n or "native_dropout" in n for n in names)
     raise errors.UserError(
         f"--checkpoint: the graph importer does not cover {len(names)} operation(s) of the "
-        f"program: {', '.join(names)} (covered: docs/TEACHERS.md#graph-importer); nothing "
+        f"program: {', '.join(names)} (covered: docs/TEACHERS.md#graph-importer)"
+        f"{'; export the model in eval mode (model.eval())' if training else ''}; nothing "
         "written")
   out_ref = builder.arg(output)
   program = {"format": graph.FORMAT, "layout": "NCHW", "params": builder.params,
