@@ -11,7 +11,8 @@ checks it against the source on 48 inputs (32 test images, 16 random). Then DPDF
 teacher workdir as `experiments.dpdfd` loads it (`dpdfd.run.load_teachers`): the first two
 steps (compilation included, `warmup_s`) and the median of the next `--steps`. Each model's
 `load_before` is the machine's 1-minute load average: on a busy machine the seconds are upper
-bounds. `--models=a,b --update` re-measures some models and keeps the others of `--out`.
+bounds. `--models=a,b --update` re-measures some models and keeps the others of `--out`
+(each model then records its `commit`; the top-level `command` and `commit` are the last run's).
 """
 
 from __future__ import annotations
@@ -105,6 +106,11 @@ def measure(name: str, steps: int) -> dict:
             "dpdfd": _dpdfd(os.path.join(directory, "t"), steps)}
 
 
+def _commit() -> str:
+  return subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=_ROOT, capture_output=True,
+                        text=True).stdout.strip()
+
+
 def main():
   p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
   p.add_argument("--models", default=",".join(MODELS))
@@ -114,19 +120,19 @@ def main():
   args = p.parse_args()
   unknown = sorted(set(args.models.split(",")) - set(MODELS))
   if unknown or args.steps < 1 or (args.update and not args.out):
-    sys.exit(f"error: --models must be among {MODELS}, --steps >= 1, --update needs --out "
-             f"(got unknown {unknown}, --steps={args.steps})")
+    p.error(f"--models must be among {MODELS}, --steps >= 1, --update needs --out (got "
+            f"unknown {unknown}, --steps={args.steps})")  # one line, exit status 2
   record = {"platform": jax.devices()[0].platform, "dataset": "digits", "models": {}}
   if args.update and os.path.isfile(args.out):
     record = json.loads(pathlib.Path(args.out).read_text())
   for name in args.models.split(","):
     load = os.getloadavg()[0]
-    record["models"][name] = {**measure(name, args.steps), "load_before": round(load, 2)}
+    record["models"][name] = {**measure(name, args.steps), "load_before": round(load, 2),
+                              "commit": _commit()}
     print(name, json.dumps(record["models"][name]), file=sys.stderr, flush=True)
   record.update({"command": "PYTHONPATH=. python " + " ".join(["benchmarks/graph_import.py",
                                                               *sys.argv[1:]]),
-                 "commit": subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=_ROOT,
-                                          capture_output=True, text=True).stdout.strip(),
+                 "commit": _commit(),
                  "host": "2-core CPU development machine (no accelerator), shared",
                  "date": time.strftime("%Y-%m-%d", time.gmtime())})
   text = json.dumps(record, indent=2)
