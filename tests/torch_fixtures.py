@@ -76,4 +76,3 @@ def small_cnn_lookalike():
       nn.Conv2d(1, 32, 3, padding=1), nn.SiLU(), nn.Conv2d(32, 64, 3, padding=1), nn.SiLU(),
       nn.AdaptiveAvgPool2d(7), nn.Flatten(), nn.Dropout(0.5), nn.Linear(7 * 7 * 64, 128),
       nn.SiLU(), nn.Linear(128, 10)).eval()
-
