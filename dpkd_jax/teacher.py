@@ -86,7 +86,7 @@ class TeacherConfig:
   def __post_init__(self):
     if self.dataset not in data.DATASETS:
       raise ValueError(f"unknown dataset {self.dataset!r}; known: {sorted(data.DATASETS)}")
-    if self.model not in models.CLASSIFIERS:
+    if self.model not in models.CLASSIFIERS and self.model != models.GRAPH:  # GRAPH: imported
       raise ValueError(f"unknown model {self.model!r}; known: {sorted(models.CLASSIFIERS)}")
     if self.optimizer not in _OPTIMIZERS:
       raise ValueError(f"unknown optimizer {self.optimizer!r}; known: {_OPTIMIZERS}")
@@ -150,13 +150,13 @@ def make_train_step(config: TeacherConfig):
   return jax.jit(train_step, donate_argnums=0)
 
 
-def init_model(config: TeacherConfig, key: jax.Array, *,
-               input_adapter: bool = False) -> core.ModelParts:
-  """The model of `config`; `input_adapter`: behind a `models.InputAdapter` (an imported
-  teacher expecting another input normalisation: `dpkd_jax.importers`, card "input_adapter")."""
-  model = models.create_classifier(
-      config.model, num_classes=config.info.num_classes, input_shape=config.info.image_shape,
-      norm=config.norm, rngs=nnx.Rngs(key))
+def init_model(config: TeacherConfig, key: jax.Array, *, input_adapter: bool = False,
+               program: str | None = None) -> core.ModelParts:
+  """The model of `config` (a graph teacher's: its `program`, `models.graph`); `input_adapter`:
+  behind a `models.InputAdapter` (an imported teacher's input normalisation, `importers`)."""
+  model = models.GraphClassifier(program, rngs=nnx.Rngs(key)) if program else (
+      models.create_classifier(config.model, num_classes=config.info.num_classes,
+          input_shape=config.info.image_shape, norm=config.norm, rngs=nnx.Rngs(key)))
   if input_adapter:
     model = models.InputAdapter(model, channels=config.info.image_shape[-1])
   return core.split(model)
@@ -372,8 +372,9 @@ def load_teacher(workdir: str, *, dataset: str | None = None, num_classes: int |
   card = read_card(workdir, flag=flag, dataset=dataset, num_classes=num_classes,
                    input_shape=input_shape)
   config = TeacherConfig(**card["config"])
-  # Shapes only; values come from the checkpoint.
-  parts = init_model(config, jax.random.key(0), input_adapter=bool(card.get("input_adapter")))
+  program = models.graph.read_program(workdir, card, _where(workdir, flag))  # None: zoo model
+  parts = init_model(config, jax.random.key(0), input_adapter=bool(card.get("input_adapter")),
+                     program=program)  # shapes only; the values come from the checkpoint
   # The checkpoint holds the whole train state; rebuild its template (same optimizer) and keep
   # only the model arrays: the optimizer state is irrelevant for a read-only teacher.
   template = TrainState.create(parts, make_optimizer(config, card["steps"])).arrays()

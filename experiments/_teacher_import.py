@@ -32,8 +32,10 @@ def main(argv: list[str]) -> None:
   p = _cli.Parser(prog="python -m experiments.teacher import", description=__doc__)
   p.add_argument("--from", dest="framework", required=True, choices=sorted(importers.FRAMEWORKS),
                  help="the framework that wrote --checkpoint")
-  p.add_argument("--arch", required=True, help="resnet18, resnet34, vgg11_bn, vgg16_bn, "
-                 "mobilenet_v2 (torch), lenet5, small_cnn (torch, keras)")
+  p.add_argument("--arch", required=True, help="graph: any classifier whose operations are "
+                 "covered (torch.export program or module, Keras model), run as its graph; or a "
+                 "twin: resnet18, resnet34, vgg11_bn, vgg16_bn, mobilenet_v2 (torch), lenet5, "
+                 "small_cnn (torch, keras)")
   p.add_argument("--checkpoint", required=True, help="torch: a torch.export .pt2 program, "
                  "TorchScript or a state_dict .pt file; keras: a .keras file")
   p.add_argument("--dataset", required=True, help=_DATASET_HELP)

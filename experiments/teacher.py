@@ -9,7 +9,8 @@ Bring your own teacher (docs/TEACHERS.md): `python -m experiments.teacher import
 --arch=resnet18 --checkpoint=model.pt2 --dataset=cifar10 --input_norm=imagenet --workdir=DIR`
 converts a PyTorch model (torch.export program, TorchScript, or a state_dict with the code
 that builds it) or, --from=keras, a Keras 3 .keras file into a teacher workdir, checked
-against the source model.
+against the source model; `--arch=graph` imports any classifier whose operations are covered
+(docs/TEACHERS.md#graph-importer).
 """
 
 from __future__ import annotations

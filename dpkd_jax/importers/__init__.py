@@ -7,6 +7,8 @@ workdir that `teacher.load_teacher` and every method read like a trained teacher
   torch.py   state_dict -> torchvision resnet18/34, vgg11_bn/vgg16_bn, mobilenet_v2 (zoo
              `tv_*`, `models/tv.py`) and the twins of lenet5 / small_cnn
   keras.py   `.keras` file -> the twins of lenet5 / small_cnn
+  graph_torch.py, graph_keras.py   `--arch=graph`: any classifier whose operations are covered
+             (a torch.export program, a Keras model) -> a `models.graph` program
   twins.py   a twin's layers, in order, onto the zoo model
   common.py  layouts, input normalisation, filling the zoo model with every shape checked
   run.py     `import_teacher`: convert -> adapter -> evaluate -> checkpoint + card

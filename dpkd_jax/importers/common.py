@@ -24,6 +24,7 @@ from dpkd_jax import errors
 from dpkd_jax import models
 from dpkd_jax.models import adapter as adapter_lib
 from dpkd_jax.models import core
+from dpkd_jax.models import graph as graph_lib
 
 # eps of every zoo BatchNorm (`nnx.BatchNorm`'s default, and PyTorch's): a source eps e is
 # matched exactly by storing var + e - FLAX_BN_EPS as the running variance.
@@ -63,6 +64,7 @@ class Converted:
     notes: what the conversion changed that a reader of the card should know.
     reference: the runnable source model (`verify.Reference`) the import is checked against,
       or None when the file cannot run (a bare PyTorch state_dict).
+    program: for `model` "graph", the `models.graph` program the arrays fill (else None).
   """
 
   model: str
@@ -71,6 +73,7 @@ class Converted:
   rescale: tuple[np.ndarray, np.ndarray] | None = None
   notes: tuple[str, ...] = ()
   reference: Any = None
+  program: dict[str, Any] | None = None
 
 
 def source(value: Any, name: str, shape: Sequence[int] | None = None) -> SourceArray:
@@ -160,8 +163,11 @@ def dense(prefix: Path, kernel: SourceArray, bias: SourceArray | None) -> Source
   return {("params", *prefix, "kernel"): kernel, ("params", *prefix, "bias"): bias}
 
 
-def abstract_model(model: str, info: data.DatasetInfo, norm: str) -> nnx.Module:
-  """The zoo model for `info`, shapes only (nothing is initialised or allocated)."""
+def abstract_model(model: str, info: data.DatasetInfo, norm: str,
+                   program: dict[str, Any] | None = None) -> nnx.Module:
+  """The zoo model for `info` (or the graph `program`), shapes only (nothing is allocated)."""
+  if program is not None:
+    return nnx.eval_shape(lambda: graph_lib.GraphClassifier(program))
   return nnx.eval_shape(lambda: models.create_classifier(
       model, num_classes=info.num_classes, input_shape=info.image_shape, norm=norm, seed=0))
 
@@ -193,7 +199,7 @@ def assemble(converted: Converted, info: data.DatasetInfo,
     errors.UserError: a source array whose shape does not fit the model (wrong number of
       classes, channels or input size: the message names the array), or one the model lacks.
   """
-  model = abstract_model(converted.model, info, converted.norm)
+  model = abstract_model(converted.model, info, converted.norm, converted.program)
   sources = dict(converted.sources)
   if affine is not None:
     model = adapter_lib.InputAdapter(model, channels=info.image_shape[-1])

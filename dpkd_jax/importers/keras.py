@@ -158,7 +158,7 @@ def _layers(tokens: list[tuple[str, Any]], arch: str, info: data.DatasetInfo) ->
   return layers
 
 
-def _load(path: str) -> Any:
+def load_model(path: str) -> Any:
   os.environ.setdefault("KERAS_BACKEND", "jax")
   import keras  # pylint: disable=import-outside-toplevel
   try:
@@ -170,16 +170,16 @@ def _load(path: str) -> Any:
                            "with model.save('teacher.keras')") from error
 
 
-def _reference(model: Any) -> verify.Reference:
+def reference(model: Any) -> verify.Reference:
   """The Keras model's logits: a final softmax is switched off while it runs."""
   import keras  # pylint: disable=import-outside-toplevel
   last = [layer for layer in model.layers if not isinstance(layer, keras.layers.InputLayer)][-1]
   softmax = last.get_config().get("activation") == "softmax"
 
   def logits(x: np.ndarray) -> np.ndarray:
-    saved = last.activation
-    if softmax:
-      last.activation = keras.activations.linear
+    if not softmax:
+      return np.asarray(model(x, training=False), np.float32)
+    saved, last.activation = last.activation, keras.activations.linear
     try:
       return np.asarray(model(x, training=False), np.float32)
     finally:
@@ -196,8 +196,9 @@ def convert(path: str, arch: str, info: data.DatasetInfo) -> common.Converted:
   """
   if arch not in ARCHS:
     raise errors.UserError(f"--arch: unknown {arch!r} for --from=keras; choose one of "
-                           f"{list(ARCHS)}")
-  model = _load(path)
+                           f"{list(ARCHS)}, or --arch=graph for any classifier whose "
+                           "operations are covered (docs/TEACHERS.md#graph-importer)")
+  model = load_model(path)
   input_shape = tuple(model.inputs[0].shape[1:]) if getattr(model, "inputs", None) else None
   if input_shape is not None and None not in input_shape and input_shape != info.image_shape:
     raise errors.UserError(f"--checkpoint: the model takes inputs of shape {input_shape}, "
@@ -210,4 +211,4 @@ def convert(path: str, arch: str, info: data.DatasetInfo) -> common.Converted:
     notes.append(f"leading Rescaling(scale={rescale[0].tolist()}, offset={rescale[1].tolist()}) "
                  "applied by the input adapter")
   return common.Converted(converted.model, converted.norm, converted.sources, rescale=rescale,
-                          notes=tuple(notes), reference=_reference(model))
+                          notes=tuple(notes), reference=reference(model))

@@ -24,8 +24,12 @@ from dpkd_jax import data
 from dpkd_jax import errors
 from dpkd_jax import teacher as teacher_lib
 from dpkd_jax.importers import common
+from dpkd_jax.importers import graph_keras
+from dpkd_jax.importers import graph_torch
+from dpkd_jax.importers import torch_source
 from dpkd_jax.importers import verify
 from dpkd_jax.models import adapter as adapter_lib
+from dpkd_jax.models import graph as graph_lib
 from dpkd_jax.train import checkpoint as checkpoint_lib
 from dpkd_jax.train import workdir as workdir_lib
 from dpkd_jax.train.state import TrainState
@@ -48,6 +52,22 @@ def _converter(framework: str):
     raise errors.UserError(f"--from={framework} needs {FRAMEWORKS[framework]}, which is not "
                            f"installed ({error}); pip install 'dpkd-jax[import]'") from error
   return importlib.import_module(f"dpkd_jax.importers.{framework}")
+
+
+def _convert(module: Any, framework: str, checkpoint: str, arch: str, info: data.DatasetInfo,
+             builder: str | None, builder_kwargs: dict[str, Any] | None) -> common.Converted:
+  """The converter's result: a twin of the zoo (`module`), or with `arch` "graph" the
+  source's graph of operations (`graph_torch`, `graph_keras`)."""
+  if arch != graph_lib.MODEL:
+    return (module.convert(checkpoint, arch, info) if builder is None else
+            module.convert(checkpoint, arch, info, builder=builder,
+                           builder_kwargs=builder_kwargs))
+  if framework == "keras":
+    return graph_keras.convert(checkpoint, info)
+  height, width, channels = info.image_shape
+  program, reference = torch_source.exported_program(
+      checkpoint, chw=(channels, height, width), builder=builder, builder_kwargs=builder_kwargs)
+  return graph_torch.convert(program, reference)
 
 
 def _check_paths(checkpoint: str, workdir: str) -> None:
@@ -115,7 +135,8 @@ def import_teacher(*, framework: str, arch: str, checkpoint: str, dataset: str, 
   Args:
     framework: "torch" (a torch.export program, TorchScript or state_dict file) or "keras"
       (a Keras 3 `.keras` file).
-    arch: the source architecture (`importers.torch.ARCHS`, `importers.keras.ARCHS`).
+    arch: the source architecture (`importers.torch.ARCHS`, `importers.keras.ARCHS`), or
+      "graph": any classifier whose operations `models.graph` covers, run as its graph.
     checkpoint: the source file.
     dataset: a name in `data.DATASETS`: the classes and input shape the teacher must have, and
       the test split of its accuracy.
@@ -149,9 +170,8 @@ def import_teacher(*, framework: str, arch: str, checkpoint: str, dataset: str, 
   if torch_module is not None and framework != "torch":
     raise errors.UserError("--torch_module is for --from=torch state_dict files")
   # 2. Convert, 3. normalisation, 4. assemble (every shape checked).
-  converted = (module.convert(checkpoint, arch, info) if torch_module is None else
-               module.convert(checkpoint, arch, info, builder=torch_module,
-                              builder_kwargs=torch_module_kwargs))
+  converted = _convert(module, framework, checkpoint, arch, info, torch_module,
+                       torch_module_kwargs)
   if converted.reference is None and not unverified_state_dict:
     raise errors.UserError(
         f"--checkpoint: {checkpoint!r} is a bare state_dict: it holds arrays but no forward "
@@ -179,5 +199,7 @@ def import_teacher(*, framework: str, arch: str, checkpoint: str, dataset: str, 
   run.save(0, state.arrays(), {"epoch": 0, "config": config_json, "import": provenance})
   card = teacher_lib.make_card(config, state, test, split=_unknown_split(), seconds=(0.0, 0.0))
   card.update({"import": provenance, "input_adapter": affine is not None})
+  if converted.program is not None:  # read back, read-only, by `teacher.load_teacher`
+    card["graph"] = graph_lib.write_program(workdir, converted.program)
   teacher_lib.write_card(workdir, card)
   return card

@@ -192,7 +192,8 @@ def convert(path: str, arch: str, info: data.DatasetInfo, *, builder: str | None
   arch = arch[len("tv_"):] if arch.startswith("tv_") and arch[3:] in TORCHVISION else arch
   if arch not in ARCHS:
     raise errors.UserError(f"--arch: unknown {arch!r} for --from=torch; choose one of "
-                           f"{list(ARCHS)}")
+                           f"{list(ARCHS)}, or --arch=graph for any classifier whose "
+                           "operations are covered (docs/TEACHERS.md#graph-importer)")
   height, width, channels = info.image_shape
   state, reference = torch_source.load(path, twin=arch in twins.TWINS,
                                        chw=(channels, height, width), builder=builder,

@@ -17,6 +17,7 @@ user names. torch is imported only here, when a file is read.
 from __future__ import annotations
 
 import collections
+import dataclasses
 import importlib
 import zipfile
 from collections.abc import Iterable
@@ -120,10 +121,10 @@ def _torch_logits(forward, batch: int | None = None):
   return logits
 
 
-def _exported(path: str, twin: bool, chw: tuple[int, ...]):
+def _exported(path: str, twin: bool, chw: tuple[int, ...], program: Any = None):
   import torch  # pylint: disable=import-outside-toplevel
   try:
-    program = torch.export.load(path)
+    program = torch.export.load(path) if program is None else program
   except Exception as error:  # pylint: disable=broad-except
     raise errors.UserError(f"--checkpoint: {path!r} is not a readable torch.export program "
                            f"({_first_line(error)})") from error
@@ -148,7 +149,7 @@ def _exported(path: str, twin: bool, chw: tuple[int, ...]):
       break
   reference = verify.Reference(_torch_logits(program.module(), batch), "torch.export program",
                                _unrepresented([t for t in leaves if t not in parents], twin))
-  return state, reference
+  return state, reference, program
 
 
 def _torchscript(path: str, twin: bool):
@@ -164,6 +165,14 @@ def _torchscript(path: str, twin: bool):
 
 
 def _built(path: str, twin: bool, builder: str, kwargs: dict[str, Any]):
+  model, tensors = _built_module(path, builder, kwargs)
+  leaves = [type(m).__name__ for m in model.modules() if not list(m.children())]
+  return _arrays(tensors), verify.Reference(_torch_logits(model), f"module built by {builder}",
+                                            _unrepresented(leaves, twin))
+
+
+def _built_module(path: str, builder: str, kwargs: dict[str, Any]):
+  """(the eval-mode module `builder(**kwargs)` with the file's state_dict, the tensors)."""
   module_name, _, attribute = builder.partition(":")
   if not module_name or not attribute:
     raise errors.UserError(f"--torch_module: {builder!r} is not package.module:callable")
@@ -186,10 +195,7 @@ def _built(path: str, twin: bool, builder: str, kwargs: dict[str, Any]):
   if missing or unexpected:
     raise errors.UserError(f"--checkpoint: the state_dict does not fit {builder}(**{kwargs}): "
                            f"missing {missing[:3]}, unexpected {list(unexpected)[:3]}")
-  model.eval()
-  leaves = [type(m).__name__ for m in model.modules() if not list(m.children())]
-  return _arrays(tensors), verify.Reference(_torch_logits(model), f"module built by {builder}",
-                                            _unrepresented(leaves, twin))
+  return model.eval(), tensors
 
 
 def load(path: str, *, twin: bool, chw: tuple[int, ...], builder: str | None = None,
@@ -208,9 +214,40 @@ def load(path: str, *, twin: bool, chw: tuple[int, ...], builder: str | None = N
     raise errors.UserError(f"--torch_module builds the module a state_dict loads into; "
                            f"{path!r} is a {kind} file, which runs by itself: drop --torch_module")
   if kind == "export":
-    return _exported(path, twin, chw)
+    return _exported(path, twin, chw)[:2]
   if kind == "torchscript":
     return _torchscript(path, twin)
   if builder is not None:
     return _built(path, twin, builder, dict(builder_kwargs or {}))
   return load_state_dict(path), None
+
+
+
+def exported_program(path: str, *, chw: tuple[int, ...], builder: str | None = None,
+                     builder_kwargs: dict[str, Any] | None = None):
+  """(a `torch.export.ExportedProgram`, the runnable source) for the graph importer.
+
+  A `.pt2` program is used as saved; a state_dict loaded into `builder`'s module is exported
+  here on a batch of 2 zero images. TorchScript and a bare state_dict hold no program
+  `torch.export` can give: refused with one line.
+  """
+  import torch  # pylint: disable=import-outside-toplevel
+  kind = _kind(path)
+  if builder is not None and kind != "state_dict":
+    raise errors.UserError(f"--torch_module builds the module a state_dict loads into; "
+                           f"{path!r} is a {kind} file, which runs by itself: drop --torch_module")
+  if kind == "export":
+    _, reference, program = _exported(path, False, chw)
+    return program, dataclasses.replace(reference, unrepresented=())
+  if builder is None:
+    raise errors.UserError(
+        f"--checkpoint: --arch=graph reads a torch.export program, and {path!r} is a {kind} "
+        "file; save torch.export.save(torch.export.export(model.eval(), (x,)), 'teacher.pt2')"
+        + (" or name its code with --torch_module" if kind == "state_dict" else ""))
+  model, _ = _built_module(path, builder, dict(builder_kwargs or {}))
+  try:
+    program = torch.export.export(model, (torch.zeros((2, *chw)),))
+  except Exception as error:  # pylint: disable=broad-except
+    raise errors.UserError(f"--torch_module: torch.export cannot export {builder} "
+                           f"({_first_line(error)})") from error
+  return program, verify.Reference(_torch_logits(model), f"module built by {builder}")

@@ -14,6 +14,8 @@ from dpkd_jax.models.core import ClassifierOutput, ModelParts, apply, merge, spl
 from dpkd_jax.models.cost import count_params, flops_per_example
 from dpkd_jax.models.adapter import InputAdapter
 from dpkd_jax.models.generators import DAFLGenerator
+from dpkd_jax.models import graph
+from dpkd_jax.models.graph import MODEL as GRAPH, GraphClassifier
 from dpkd_jax.models.mobilenet import MobileNet
 from dpkd_jax.models.registry import (CLASSIFIERS, GENERATORS, check_generator_identity,
                                       create_classifier, create_data_free_generator,
@@ -24,6 +26,8 @@ from dpkd_jax.models.resnet import ResNet, ResNet18, ResNet34, WideResNet
 __all__ = [
     "CLASSIFIERS",
     "GENERATORS",
+    "GRAPH",
+    "GraphClassifier",
     "InputAdapter",
     "NORMS",
     "VGG",

@@ -83,8 +83,10 @@ def load_teachers(config: config_lib.DPDFDConfig
                                      input_shape=info.image_shape) for d in config.teacher_dirs]
   cards = [t.card for t in loaded]
   teacher_partition.check_distinct(config.teacher_dirs, cards)
-  # An imported teacher behind an input adapter has more arrays than the same bare model.
-  archs = {(t.card["model"], t.card["norm"], bool(t.card.get("input_adapter"))) for t in loaded}
+  # An imported teacher behind an input adapter has more arrays than the same bare model; graph
+  # teachers share one architecture only if they share one program.
+  archs = {(t.card["model"], t.card["norm"], bool(t.card.get("input_adapter")),
+            (t.card.get("graph") or {}).get("sha256", "")) for t in loaded}
   if len(archs) > 1:
     raise ValueError(f"all teachers must share one architecture, got {sorted(archs)}")
   return step_lib.TeacherEnsemble.stack([t.parts for t in loaded]), TeacherSource(

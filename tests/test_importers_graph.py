@@ -1,0 +1,176 @@
+"""dpkd_jax.importers.graph_torch / graph_keras (`--arch=graph`): any classifier whose operations
+are covered imports with logits within 1e-5 (relative) of the source, its teacher workdir
+(graph.json beside the checkpoint) loads read-only, and DPDFD steps run from it; an operation
+outside the table is refused with one line. resnet50 and efficientnet_b0 (slower), and DPDFD
+steps from all five test models, are measured by benchmarks/graph_import.py
+(docs/results/benchmarks/graph_import__cpu.json)."""
+
+import json
+import os
+import shutil
+
+import jax
+import numpy as np
+import pytest
+
+from dpkd_jax import data
+from dpkd_jax import errors
+from dpkd_jax import teacher as teacher_lib
+from dpkd_jax.importers import common
+from dpkd_jax.importers import graph_torch
+from dpkd_jax.importers import run
+from dpkd_jax.importers import torch_source
+from dpkd_jax.importers import verify
+from dpkd_jax.methods import dpdfd
+from dpkd_jax.methods.dpdfd import run as dpdfd_run
+from dpkd_jax.methods.dpdfd import step as step_lib
+from dpkd_jax.methods.srr import generator as srr_generator
+from dpkd_jax.train import sharding
+
+torch = pytest.importorskip("torch")
+from graph_fixtures import graph_custom  # noqa: E402
+from torch_fixtures import randomise_batch_norms  # noqa: E402
+import graph_fixtures  # noqa: E402
+
+RTOL = 1e-5
+DIGITS = data.DATASETS["digits"]
+
+
+def _dpdfd_steps(workdir: str, steps: int = 2) -> dict:
+  """`steps` DPDFD updates from the teacher in `workdir`, loaded as `experiments.dpdfd` does."""
+  config = dpdfd.DPDFDConfig(dataset="digits", teacher_dirs=(workdir,), noise_multiplier=10.0,
+                             student_model="lenet5_half", steps=steps, batch_size=8,
+                             eval_every=steps, latent_dim=8)
+  ensemble, _ = dpdfd_run.load_teachers(config)
+  mesh = sharding.data_mesh()  # placed as `dpdfd.train_dpdfd` places them
+  state = sharding.replicate(step_lib.init_state(config, jax.random.key(0)), mesh)
+  ensemble = sharding.replicate(ensemble, mesh)
+  before = jax.tree.leaves(state.student.params)[0].copy()
+  train_step = step_lib.make_train_step(dpdfd.make_plan(config), config, ensemble.graphdef)
+  for i in range(steps):
+    key = sharding.replicate(jax.random.fold_in(jax.random.key(1), i), mesh)
+    state, metrics = train_step(state, ensemble.params, ensemble.batch_stats, key)
+  metrics = jax.device_get(metrics)
+  assert all(np.isfinite(v).all() for v in metrics.values())
+  assert not np.array_equal(before, jax.tree.leaves(state.student.params)[0])
+  return metrics
+
+
+def _export(model, path, channels=1, side=28):
+  torch.export.save(torch.export.export(model.eval(), (torch.zeros(2, channels, side, side),)),
+                    path)
+  return str(path)
+
+
+def _import(tmp_path, framework, checkpoint, norm="half", **kw):
+  workdir = str(tmp_path / "teacher")
+  card = run.import_teacher(framework=framework, arch="graph", checkpoint=checkpoint,
+                            dataset="digits", workdir=workdir, input_norm=norm, **kw)
+  return workdir, card
+
+
+@pytest.fixture(scope="module")
+def custom_teacher(tmp_path_factory):
+  """(the custom PyTorch module, its graph teacher's workdir, card)."""
+  tmp_path = tmp_path_factory.mktemp("custom")
+  torch.manual_seed(0)
+  model = graph_custom()
+  return (model, *_import(tmp_path, "torch", _export(model, tmp_path / "custom.pt2")))
+
+
+def test_custom_module_imports_within_tolerance(custom_teacher):
+  _, _, card = custom_teacher
+  check = card["import"]["check"]
+  assert check["verified"] and check["max_relative_logit_difference"] <= RTOL
+  assert check["argmax_agreement"] == 1.0
+  assert card["model"] == "graph" and card["graph"]["batch_norms"] == 1
+  assert {"conv2d", "group_norm", "layer_norm", "max_pool2d", "avg_pool2d", "hardswish",
+          "adaptive_avg_pool2d", "cat", "gelu", "silu"} <= set(card["graph"]["operations"])
+
+
+def test_custom_teacher_loads_gives_bn_inputs_and_runs_dpdfd(custom_teacher):
+  model, workdir, _ = custom_teacher
+  loaded = teacher_lib.load_teacher(workdir, dataset="digits")
+  # The batch-norm inputs reach the generator losses as for every zoo teacher.
+  x = jax.random.normal(jax.random.key(0), (4, *DIGITS.image_shape))
+  _, stats = srr_generator.teacher_forward_with_bn_statistics(*loaded.parts, x)
+  assert len(stats.batch_means) == 1 and stats.batch_means[0].shape == (16,)
+  np.testing.assert_allclose(stats.running_means[0], model.bn.running_mean.numpy(), rtol=1e-6)
+  _dpdfd_steps(workdir)
+
+
+def test_mobilenet_v3_small_logits_within_tolerance(tv_models):
+  # Hardswish, Hardsigmoid, squeeze-excitation; at CIFAR's 32x32x3, 4 random inputs. Its
+  # DPDFD steps are in the benchmark record (the custom and Keras teachers run them here).
+  info = data.DATASETS["cifar10"]
+  torch.manual_seed(0)
+  model = randomise_batch_norms(tv_models.mobilenet_v3_small(num_classes=10))
+  program = torch.export.export(model, (torch.zeros(2, 3, 32, 32),))
+  logits = torch_source._torch_logits(model)  # pylint: disable=protected-access
+  reference = verify.Reference(logits, "module")
+  converted = graph_torch.convert(program, reference)
+  parts = common.assemble(converted, info)
+  pixels = verify.check_pixels(np.zeros((0, *info.image_shape), np.uint8), info)[:4]
+  measured = verify.compare(reference, parts, pixels, info, info.mean, info.std)
+  assert measured["max_relative_logit_difference"] <= RTOL
+  assert measured["argmax_agreement"] == 1.0
+  assert {"hardswish", "hardsigmoid"} <= {n["op"] for n in converted.program["nodes"]}
+
+
+def test_keras_model_imports_and_runs_dpdfd(tmp_path):
+  os.environ.setdefault("KERAS_BACKEND", "jax")
+  path = str(tmp_path / "teacher.keras")
+  graph_fixtures.keras_model().save(path)
+  workdir, card = _import(tmp_path, "keras", path, norm="unit")
+  assert card["import"]["check"]["max_relative_logit_difference"] <= RTOL
+  assert any("softmax" in note for note in card["import"]["notes"])
+  assert card["graph"]["batch_norms"] == 2
+  _dpdfd_steps(workdir)
+
+
+@pytest.mark.parametrize("dynamic", [False, True], ids=["static_batch", "dynamic_batch"])
+def test_any_batch_size_runs_whatever_batch_the_program_was_exported_with(dynamic):
+  nn = torch.nn
+  model = randomise_batch_norms(nn.Sequential(nn.Conv2d(1, 4, 3), nn.BatchNorm2d(4), nn.ReLU(),
+                                              nn.Flatten(), nn.Linear(4 * 26 * 26, 10)))
+  shapes = ({0: torch.export.Dim("batch", min=1, max=1024)},) if dynamic else None
+  program = torch.export.export(model, (torch.zeros(4, 1, 28, 28),), dynamic_shapes=shapes)
+  logits = torch_source._torch_logits(model)  # pylint: disable=protected-access
+  reference = verify.Reference(logits, "module")
+  parts = common.assemble(graph_torch.convert(program, reference), DIGITS)
+  pixels = verify.check_pixels(np.zeros((0, *DIGITS.image_shape), np.uint8), DIGITS)[:5]
+  measured = verify.compare(reference, parts, pixels, DIGITS, DIGITS.mean, DIGITS.std)
+  assert measured["max_relative_logit_difference"] <= RTOL
+
+
+def test_operation_outside_the_table_is_refused_in_one_line(tmp_path):
+  nn = torch.nn
+  model = nn.Sequential(nn.Conv2d(1, 4, 3), nn.ELU(), nn.Flatten(), nn.Linear(4 * 26 * 26, 10))
+  with pytest.raises(errors.UserError) as raised:
+    _import(tmp_path, "torch", _export(model, tmp_path / "elu.pt2"))
+  message = str(raised.value)
+  assert "\n" not in message and "aten.elu.default" in message
+  assert "does not cover 1 operation" in message
+  assert not os.path.exists(tmp_path / "teacher" / "card.json")
+
+
+def test_torchscript_and_bare_state_dict_are_refused_for_graph(tmp_path):
+  model = graph_custom()
+  torch.jit.script(model).save(str(tmp_path / "m.pt"))
+  with pytest.raises(errors.UserError, match="reads a torch.export program"):
+    _import(tmp_path, "torch", str(tmp_path / "m.pt"))
+  torch.save(model.state_dict(), tmp_path / "s.pt")
+  with pytest.raises(errors.UserError, match="--torch_module"):
+    _import(tmp_path, "torch", str(tmp_path / "s.pt"))
+
+
+def test_tampered_program_is_refused_on_load(custom_teacher, tmp_path):
+  workdir = str(tmp_path / "copy")
+  shutil.copytree(custom_teacher[1], workdir)
+  with open(os.path.join(workdir, "graph.json")) as f:
+    program = json.load(f)
+  program["nodes"] = program["nodes"][:-1]
+  with open(os.path.join(workdir, "graph.json"), "w") as f:
+    json.dump(program, f)
+  with pytest.raises(errors.UserError, match="does not match the SHA-256"):
+    teacher_lib.load_teacher(workdir, dataset="digits")
