@@ -41,6 +41,14 @@ def _plain(value):
   return value
 
 
+def _as_baseline(plain: dict) -> dict:
+  """A config as tests/cli_baselines.json holds it: DPDFD's engine options (its nested
+  `engine` now) were top-level fields when those baselines were written."""
+  if not isinstance(plain.get("engine"), dict):
+    return plain
+  return {**{k: v for k, v in plain.items() if k != "engine"}, **plain["engine"]}
+
+
 def _method(path: str) -> str:
   return path.split("/")[1]
 
@@ -119,7 +127,7 @@ def test_default_commands_resolve_as_before(command, capsys):
   method, *argv = command.split()
   config, flags = _parse(method, _NOW.get(command, argv))
   expected = _BASELINES[command]
-  assert _plain(config) == expected["config"]
+  assert _as_baseline(_plain(config)) == expected["config"]
   if "teacher_config" in expected and "--teacher_dirs" not in " ".join(_NOW.get(command, [])):
     assert _plain(flags.teacher_config) == expected["teacher_config"]
 

@@ -15,6 +15,7 @@ import warnings
 
 import pytest
 from dp_accounting import dp_event
+from dpdfd_fixtures import dpdfd_config
 
 from dpkd_jax import teacher as teacher_lib
 from dpkd_jax.methods import dpdfd
@@ -75,12 +76,13 @@ def test_the_paper_and_ensemble_recipes():
   paper, _ = dpdfd_cli.parse_config(["--config=configs/dpdfd/mnist_paper_eps10.py"])
   assert paper.accounting == "paper" and paper.l2_norm_bound == 1e-10
   assert paper.teacher_loss_scale * paper.gamma == pytest.approx(1.0)
-  assert paper.class_conditional_weight == 1.0 and paper.class_codes == 10
+  assert paper.engine.class_conditional_weight == 1.0 and paper.class_codes == 10
   fashion, _ = dpdfd_cli.parse_config(["--config=configs/dpdfd/fashion_mnist_paper_eps10.py"])
-  assert fashion.class_conditional_weight == 3.0 and fashion.student_model == "small_cnn"
+  assert fashion.engine.class_conditional_weight == 3.0 and fashion.student_model == "small_cnn"
   # Sound, many disjoint teachers: the paper generator, C = 1, 2,000 steps, no teacher dirs.
   config, a = dpdfd_cli.parse_config(["--config=configs/dpdfd/mnist_ensemble_eps10.py"])
-  assert (config.steps, config.l2_norm_bound, config.generator_objective) == (2000, 1.0, "paper")
+  assert (config.steps, config.l2_norm_bound, config.engine.generator_objective) == (
+      2000, 1.0, "paper")
   assert config.teacher_dirs == () and a.teacher_config is None
 
 
@@ -91,11 +93,11 @@ def test_given_flags_always_win():
       "--l2_norm_bound=1", "--student_norm=group", "--batch_size=256"])
   assert (config.steps, config.l2_norm_bound, config.student_norm, config.batch_size) == (
       2000, 1.0, "group", 256)
-  assert config.generator_objective == "disagreement" and config.eval_every == 1000
+  assert config.engine.generator_objective == "disagreement" and config.eval_every == 1000
   config, _ = dpdfd_cli.parse_config([
       "--config=configs/dpdfd/mnist_ensemble_eps10.py", "--generator_objective=disagreement",
       "--steps=100", "--eval_every=50"])
-  assert (config.generator_objective, config.steps, config.eval_every,
+  assert (config.engine.generator_objective, config.steps, config.eval_every,
           config.l2_norm_bound) == ("disagreement", 100, 50, 1.0)
   config, _ = dpdfd_cli.parse_config([
       "--config=configs/dpdfd/mnist_paper_eps10.py", "--l2_norm_bound=1e-4"])
@@ -210,7 +212,7 @@ def test_convert_reuses_the_teacher_whose_card_matches(first_run, tmp_path):
 def _run_config(**kw):
   """A run's saved config (`DPDFDConfig.to_json`), as `chance_reason` reads it from results."""
   base = dict(dataset="digits", teacher_dirs=("t",), noise_multiplier=1.0)
-  return dpdfd.DPDFDConfig(**{**base, **kw}).to_json()
+  return dpdfd_config(**{**base, **kw}).to_json()
 
 
 def test_chance_reason_one_teacher_sound():
@@ -326,7 +328,7 @@ def test_recorded_mnist_commands_still_run_what_they_ran():
     with warnings.catch_warnings():
       warnings.simplefilter("ignore")
       config, _ = dpdfd_cli.parse_config(argv)
-    assert (config.teacher_loss, config.generator_objective) == ("dkd", "paper"), path
+    assert (config.teacher_loss, config.engine.generator_objective) == ("dkd", "paper"), path
     assert config.student_model == "datalens_cnn", path  # the student every such run had
     given = {flag.split("=")[0] for flag in argv}
     if "--l2_norm_bound" not in given and "--gamma" not in given:
@@ -353,6 +355,6 @@ def test_recorded_commands_that_ran_no_class_code_still_run_none():
     with warnings.catch_warnings():
       warnings.simplefilter("ignore")
       config, _ = dpdfd_cli.parse_config(argv)
-    assert config.class_conditional_weight == 0, path
+    assert config.engine.class_conditional_weight == 0, path
     checked += 1
   assert checked >= 60

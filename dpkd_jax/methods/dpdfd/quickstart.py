@@ -150,7 +150,7 @@ NEGLIGIBLE_NOISE = 0.01  # noise std per coordinate of the released mean row, in
 
 def _engine_reason(steps: int, config: config_lib.DPDFDConfig, noise: str) -> str:
   """The noise is not what failed: the engine did not learn in `steps` steps."""
-  if config.generator_objective == "disagreement":
+  if config.engine.generator_objective == "disagreement":
     return (f"why at chance: {noise}, so the engine itself did not learn in {steps} steps "
             f"(its outcome spreads from seed to seed and grows with steps: "
             f"{DISAGREEMENT_ANCHOR}); try more --steps or another --seed")
@@ -170,7 +170,7 @@ def chance_reason(results: Mapping[str, Any]) -> str:
   Args:
     results: a DPDFD run's results (`train_dpdfd`), its "config" the run's `to_json`.
   """
-  config = config_lib.DPDFDConfig(**results["config"])
+  config = config_lib.DPDFDConfig.from_json(results["config"])
   sigma, steps = results.get("noise_multiplier") or 0.0, results.get("steps", 0)
   n, m = results.get("num_teachers", 1), results.get("teachers_per_record", 1)
   bound = config.l2_norm_bound
