@@ -2,8 +2,8 @@
 
 `dpdfd_config(**values)` builds a `DPDFDConfig` from flat keyword values, as the CLI's flat
 flags do: the engine's options go into `engine`. `version1_json(config)` is the saved config as
-the version-1 `to_json` wrote it (flat, and the fields added after workdirs were first saved
-left out at their default): a checkpoint of an older run, for the migration and resume tests.
+the version-1 `to_json` wrote it (flat, the names before the renames to the library's
+vocabulary, and the fields added after workdirs were first saved left out at their default): a checkpoint of an older run, for the migration and resume tests.
 """
 
 import dataclasses
@@ -11,6 +11,9 @@ import dataclasses
 from dpkd_jax.methods import dpdfd
 
 ENGINE_FIELDS = tuple(f.name for f in dataclasses.fields(dpdfd.EngineOptions))
+# Version 1's names of the fields renamed since (written here, not read from the library).
+OLD_NAMES = {"l2_clip_norm": "l2_norm_bound", "student_learning_rate": "student_lr",
+             "generator_learning_rate": "generator_lr"}
 
 
 def dpdfd_config(**values) -> dpdfd.DPDFDConfig:
@@ -24,6 +27,7 @@ def version1_json(config: dpdfd.DPDFDConfig) -> dict:
   out = {**dataclasses.asdict(config), **dataclasses.asdict(config.engine)}
   del out["engine"]
   out["teacher_dirs"] = list(config.teacher_dirs)
+  out = {OLD_NAMES.get(name, name): value for name, value in out.items()}
   for name in ("param_averaging_decay", "diversity_weight", "released_balance_weight",
                "class_conditional_weight", "smoothness_weight", "secure_noise",
                "secure_grid_bits", "validation_examples"):

@@ -20,6 +20,7 @@ import shlex
 import pytest
 
 import configs
+from dpkd_jax.methods.dpdfd import config_migration
 from experiments import _recipes
 
 _REPO = pathlib.Path(__file__).resolve().parent.parent
@@ -43,10 +44,13 @@ def _plain(value):
 
 def _as_baseline(plain: dict) -> dict:
   """A config as tests/cli_baselines.json holds it: DPDFD's engine options (its nested
-  `engine` now) were top-level fields when those baselines were written."""
+  `engine` now) were top-level fields, and its renamed fields had their version-1 names
+  (`config_migration.V1_RENAMED`), when those baselines were written."""
   if not isinstance(plain.get("engine"), dict):
     return plain
-  return {**{k: v for k, v in plain.items() if k != "engine"}, **plain["engine"]}
+  old = {new: old for old, new in config_migration.V1_RENAMED.items()}
+  flat = {**{k: v for k, v in plain.items() if k != "engine"}, **plain["engine"]}
+  return {old.get(name, name): value for name, value in flat.items()}
 
 
 def _method(path: str) -> str:

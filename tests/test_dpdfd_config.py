@@ -25,7 +25,7 @@ def _direct(**kw):
 @pytest.mark.parametrize("kwargs,match", [
     (dict(noise_multiplier=0.0, target_epsilon=1.0), "needs noise"),
     (dict(noise_multiplier=-1.0), "noise_multiplier"),
-    (dict(l2_norm_bound=0.0), "l2_norm_bound"),
+    (dict(l2_clip_norm=0.0), "l2_clip_norm"),
     (dict(stability=-1e-3), "stability"),
     (dict(target_epsilon=-1.0), "target_epsilon"),
     (dict(delta=1.0), "delta"),
@@ -59,7 +59,7 @@ def test_bad_config_fails_at_construction(kwargs, match):
 
 @pytest.mark.parametrize("kwargs, match", [
     (dict(noise_multiplier=-1.0), "noise_multiplier"),
-    (dict(l2_norm_bound=0.0), "l2_norm_bound"),
+    (dict(l2_clip_norm=0.0), "l2_clip_norm"),
     (dict(norm="batch"), "norm"),
     (dict(dataset="nope"), "unknown dataset"),
     (dict(max_batch_size=8), "max_batch_size"),

@@ -7,7 +7,7 @@ import pathlib
 import shlex
 
 import pytest
-from dpdfd_fixtures import dpdfd_config, version1_json
+from dpdfd_fixtures import OLD_NAMES, dpdfd_config, version1_json
 
 from dpkd_jax.methods import dpdfd
 from dpkd_jax.methods.dpdfd import config_migration
@@ -55,6 +55,7 @@ def test_every_saved_form_loads_as_the_same_config(name):
   current = config.to_json()
   flat = {**dataclasses.asdict(config), **dataclasses.asdict(config.engine)}
   del flat["engine"]
+  flat = {OLD_NAMES.get(name, name): value for name, value in flat.items()}  # version 1
   flat = json.loads(json.dumps(flat))  # as saved: JSON
   nested_unversioned = {k: v for k, v in current.items() if k != "version"}
   for saved in (current, version1_json(config), flat, nested_unversioned):
@@ -74,6 +75,14 @@ def test_the_current_form_is_versioned_and_writes_every_field():
   # Version 1 left out only fields at their default, which is what migrate fills in.
   for name, value in config_migration.V1_OMITTED.items():
     assert saved["engine"].get(name, saved.get(name)) == value, name
+
+
+def test_version_1_names_are_the_renamed_fields():
+  assert config_migration.V1_RENAMED == {old: new for new, old in OLD_NAMES.items()}
+  assert dpdfd.DPDFDConfig.RENAMED == config_migration.V1_RENAMED  # the CLI's flag aliases
+  old = version1_json(dpdfd_config(**{**_BASE, "student_learning_rate": 3e-4}))
+  assert old["student_lr"] == 3e-4 and "student_learning_rate" not in old
+  assert dpdfd.DPDFDConfig.from_json(old).student_learning_rate == 3e-4
 
 
 def test_migrate_leaves_its_argument_as_it_was():
@@ -124,3 +133,5 @@ def test_the_flat_configs_the_cli_resolved_before_load():
     config = dpdfd.DPDFDConfig.from_json(saved)
     assert config.to_json()["engine"] == {name: saved[name]
                                           for name in config_migration.V2_ENGINE_FIELDS}, command
+    assert (config.l2_clip_norm, config.student_learning_rate) == (
+        saved["l2_norm_bound"], saved["student_lr"]), command

@@ -13,7 +13,7 @@ so the fields of those (C, e, the bound method, γ, L_S) are checked by one func
 from __future__ import annotations
 
 import dataclasses
-from typing import Any
+from typing import Any, ClassVar
 
 from dpkd_jax import config_checks
 from dpkd_jax import data
@@ -32,7 +32,7 @@ TEACHER_LOSSES = ("dkd", "logit")
 
 def check_output_gradient_fields(config: Any) -> None:
   """C, e, the bound method, γ and L_S: the fields of A_{C,σ} and y_s both modes share."""
-  config_checks.positive(config, "l2_norm_bound", "gamma")
+  config_checks.positive(config, "l2_clip_norm", "gamma")
   config_checks.non_negative(config, "stability")
   config_checks.one_of("bound_method", config.bound_method, mechanisms.ROW_BOUNDERS)
   config_checks.one_of("student_loss", config.student_loss, STUDENT_LOSSES)
@@ -116,7 +116,7 @@ class DPDFDConfig:
     delta: δ of every reported ε.
     accounting: "sound" (dp_accounting) or "paper" (Theorem 3 reconstruction; warned, and the
       sound ε is reported beside it).
-    l2_norm_bound: C, the norm bound of each released output-gradient row.
+    l2_clip_norm: C, the norm bound of each released output-gradient row.
     stability: e, the stabiliser of normalised rows C·g/(||g|| + e).
     bound_method: how rows are bounded: "normalize" (to norm C) or "clip" (to norm <= C).
     secure_noise: discrete Gaussian noise on an integer grid instead of float Gaussian noise.
@@ -153,8 +153,8 @@ class DPDFDConfig:
     entropy_weight: α of L_G, the information entropy of the batch-mean prediction.
     feature_weight: β of L_G, the student penultimate-feature term.
     one_hot_weight: weight of L_G's cross-entropy to the student's own argmax (0: drop it).
-    student_lr: the student's Adam learning rate (cosine-decayed over the steps).
-    generator_lr: the generator's Adam learning rate (cosine-decayed over the steps).
+    student_learning_rate: the student's Adam learning rate (cosine-decayed over the steps).
+    generator_learning_rate: the generator's Adam learning rate (cosine-decayed over the steps).
     engine: the engine's options around the algorithm (`options.EngineOptions`; flat flags).
     pretrained_generator_dir: a generator of `experiments.srr pretrain` to start from (None:
       random). Pretrained against the teacher WITHOUT noise: the record-level ε is then inf;
@@ -168,11 +168,14 @@ class DPDFDConfig:
     data_dir: the directory of `<dataset>.npz` (else $DPKD_DATA_DIR, else tensorflow-datasets).
   """
 
+  # Old flag and saved names of renamed fields (the library's vocabulary, docs/ARCHITECTURE.md).
+  RENAMED: ClassVar[dict[str, str]] = config_migration.V1_RENAMED
+
   noise_multiplier: float | None = None
   target_epsilon: float | None = None
   delta: float = 1e-5
   accounting: str = "sound"
-  l2_norm_bound: float = 1.0
+  l2_clip_norm: float = 1.0
   stability: float = 1e-6
   bound_method: str = "normalize"
   secure_noise: bool = False
@@ -197,8 +200,8 @@ class DPDFDConfig:
   entropy_weight: float = 5.0
   feature_weight: float = 0.1
   one_hot_weight: float = 1.0
-  student_lr: float = 1e-3
-  generator_lr: float = 1e-3
+  student_learning_rate: float = 1e-3
+  generator_learning_rate: float = 1e-3
   engine: options.EngineOptions = dataclasses.field(default_factory=options.EngineOptions)
   pretrained_generator_dir: str | None = None
   validation_examples: int = 0
@@ -216,8 +219,8 @@ class DPDFDConfig:
     config_checks.one_of("teacher_loss", self.teacher_loss, TEACHER_LOSSES)
     config_checks.seed(self.seed)
     config_checks.integers(self, "eval_every", "generator_channels", "batch_size", "latent_dim")
-    config_checks.positive(self, "student_lr", "generator_lr", "temperature",
-                           "teacher_loss_scale")
+    config_checks.positive(self, "student_learning_rate", "generator_learning_rate",
+                           "temperature", "teacher_loss_scale")
     config_checks.non_negative(self, "entropy_weight", "feature_weight", "one_hot_weight")
     if not isinstance(self.engine, options.EngineOptions):
       raise ValueError(f"engine must be an EngineOptions, got {type(self.engine).__name__}")
@@ -274,7 +277,7 @@ class DirectConfig:
 
   Attributes:
     noise_multiplier: σ of A_{C,σ}, the noise std per output coordinate in units of C.
-    l2_norm_bound: C, the norm bound of each released output-gradient row.
+    l2_clip_norm: C, the norm bound of each released output-gradient row.
     stability: e, the stabiliser of normalised rows C·g/(||g|| + e).
     bound_method: how rows are bounded: "normalize" (to norm C) or "clip" (to norm <= C).
     gamma: γ, the step size of the noisy target y_s = s - γ g~.
@@ -292,8 +295,10 @@ class DirectConfig:
     data_dir: the directory of `<dataset>.npz` (else $DPKD_DATA_DIR, else tensorflow-datasets).
   """
 
+  RENAMED: ClassVar[dict[str, str]] = {"l2_norm_bound": "l2_clip_norm"}  # old flag names
+
   noise_multiplier: float
-  l2_norm_bound: float = 1.0
+  l2_clip_norm: float = 1.0
   stability: float = 1e-6
   bound_method: str = "normalize"
   gamma: float = 1.0

@@ -9,7 +9,8 @@ any saved form through it. The forms, oldest first:
      so that those workdirs resumed. `dataclasses.asdict` of a config of that time is also a
      version-1 form (nothing left out).
   2  the paper's knobs at the top level, the engine's options nested under "engine"
-     (`options.EngineOptions`), every field written, and "version": 2.
+     (`options.EngineOptions`), every field written, and "version": 2; the library's
+     vocabulary (`V1_RENAMED`: l2_clip_norm, student_learning_rate, generator_learning_rate).
 
 A dict with "engine" but no "version" is read as version 2. Each step below upgrades one
 version to the next and says what it changes; `migrate` chains them. A dict of a newer
@@ -32,6 +33,12 @@ V1_OMITTED: dict[str, Any] = {
     "replay_batch": None, "replay_sampling": "uniform", "replay_memory": "ring",
     "teacher_ensemble_dir": None}
 
+# Fields version 2 renamed to the library's one vocabulary (docs/ARCHITECTURE.md#vocabulary):
+# {version-1 name: version-2 name}. The CLI keeps the old names as flag aliases.
+V1_RENAMED: dict[str, str] = {"l2_norm_bound": "l2_clip_norm",
+                              "student_lr": "student_learning_rate",
+                              "generator_lr": "generator_learning_rate"}
+
 # The engine's options as version 2 nests them (the fields of `EngineOptions` then).
 V2_ENGINE_FIELDS = (
     "generator_objective", "probe_directions", "probe_step", "diversity_weight",
@@ -53,8 +60,9 @@ def version_of(saved: dict[str, Any]) -> int:
 
 
 def _v1_to_v2(saved: dict[str, Any]) -> dict[str, Any]:
-  """Fills the fields version 1 left out, and nests the engine's options under "engine"."""
-  out = {**V1_OMITTED, **saved}
+  """Fills the fields version 1 left out, renames `V1_RENAMED`, and nests the engine's
+  options under "engine"."""
+  out = {V1_RENAMED.get(name, name): value for name, value in {**V1_OMITTED, **saved}.items()}
   missing = [name for name in V2_ENGINE_FIELDS if name not in out]
   if missing:
     raise ValueError(f"a saved DPDFD config (version 1) lacks {', '.join(missing)}: not a "

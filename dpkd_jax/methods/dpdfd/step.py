@@ -83,14 +83,14 @@ def _adam(config: config_lib.DPDFDConfig, lr: float) -> optax.GradientTransforma
 
 def generator_state(config: config_lib.DPDFDConfig, generator: core.ModelParts) -> TrainState:
   """The generator's train state: Adam on a cosine over the run's steps, from its start."""
-  return TrainState.create(generator, _adam(config, config.generator_lr))
+  return TrainState.create(generator, _adam(config, config.generator_learning_rate))
 
 
 def init_state(config: config_lib.DPDFDConfig, key: jax.Array) -> DPDFDState:
   """Fresh student and generator (keys split(key): 0 the student, 1 the generator), and the
   empty replay buffer of a run that keeps one."""
   student, generator = models.create_student_and_generator(config, key)
-  student_tx = _adam(config, config.student_lr)
+  student_tx = _adam(config, config.student_learning_rate)
   if config.engine.param_averaging_decay:  # the student's average: post-processing of the releases
     student_tx = averaging.param_averaging(student_tx, config.engine.param_averaging_decay)
   replay = None if not config.engine.replay_size else replay_lib.ReplayBuffer.empty(
