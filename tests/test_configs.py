@@ -21,6 +21,7 @@ import pytest
 
 import configs
 from dpkd_jax.methods.dpdfd import config_migration
+from dpkd_jax.methods.srr import config_migration as srr_migration
 from experiments import _recipes
 
 _REPO = pathlib.Path(__file__).resolve().parent.parent
@@ -44,8 +45,11 @@ def _plain(value):
 
 def _as_baseline(plain: dict) -> dict:
   """A config as tests/cli_baselines.json holds it: DPDFD's engine options (its nested
-  `engine` now) were top-level fields, and its renamed fields had their version-1 names
-  (`config_migration.V1_RENAMED`), when those baselines were written."""
+  `engine` now) were top-level fields, and the renamed fields of DPDFD and SRR had their
+  version-1 names (`config_migration.V1_RENAMED`), when those baselines were written."""
+  if "generator_terms" in plain:  # SRR: its renamed fields had their version-1 names
+    old = {new: old for old, new in srr_migration.V1_RENAMED.items()}
+    return {old.get(name, name): value for name, value in plain.items()}
   if not isinstance(plain.get("engine"), dict):
     return plain
   old = {new: old for old, new in config_migration.V1_RENAMED.items()}
