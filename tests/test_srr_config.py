@@ -13,7 +13,6 @@ import pytest
 
 from dpkd_jax.methods import srr
 from dpkd_jax.methods.srr import config as srr_config
-from dpkd_jax.methods.srr import config_migration
 from experiments import srr as srr_cli
 
 _REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -74,20 +73,8 @@ def test_config_round_trips_through_its_json():
   saved = config.to_json()
   assert saved["generator_terms"] == ["ce", "bn"]  # JSON: a list, as checkpoints hold it
   assert srr.SRRConfig.from_json(saved) == config
-  # Every field and the format's version; the first format (flat, old names, the later
-  # fields left out at their default) loads as the same config, and so does a newer one not.
+  # Every field and the format's version (older forms: tests/test_srr_config_migration.py).
   assert list(saved) == ["version"] + [f.name for f in dataclasses.fields(config)]
-  old_names = {new: old for old, new in config_migration.V1_RENAMED.items()}
-  version1 = {old_names.get(k, k): v for k, v in saved.items()
-              if k != "version" and k not in config_migration.V1_OMITTED}
-  assert "student_lr" in version1 and "query_pool" not in version1
-  assert config_migration.migrate(version1) == saved
-  assert srr.SRRConfig.from_json(version1) == config
-  assert srr.SRRConfig.RENAMED == config_migration.V1_RENAMED  # the CLI's flag aliases
-  with pytest.raises(ValueError, match="newer dpkd-jax"):
-    srr.SRRConfig.from_json({**saved, "version": 3})
-  with pytest.raises(ValueError, match="does not know: colour"):
-    srr.SRRConfig.from_json({**saved, "colour": 1})
 
 
 def test_the_config_holds_no_resolved_privacy():
