@@ -239,7 +239,8 @@ def _parse(argv: list[str]) -> tuple[argparse.Namespace, Variant, config_lib.DPD
       dataset=a.dataset, teacher_dirs=(a.teacher,), noise_multiplier=a.noise_multiplier,
       steps=a.steps, batch_size=a.batch_size, student_model=a.student_model,
       student_norm=a.student_norm, generator_channels=a.generator_channels, gamma=a.gamma,
-      l2_norm_bound=a.l2_norm_bound, bound_method=a.bound_method, student_lr=a.student_lr, generator_lr=a.generator_lr,
+      l2_clip_norm=a.l2_norm_bound, bound_method=a.bound_method,
+      student_learning_rate=a.student_lr, generator_learning_rate=a.generator_lr,
       seed=a.seed, eval_every=a.eval_every, data_dir=os.environ.get("DPKD_DATA_DIR"))
   return a, variant, config
 

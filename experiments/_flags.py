@@ -12,8 +12,14 @@ Every field becomes `--<field>`, typed from its annotation:
   tuple[str, ...]            comma-separated: `--f=a,b` (empty items dropped)
 A field without a default is a required flag unless `defaults` gives one. Help comes from
 `help`, else from the field's own entry in the "Attributes:" section of the class docstring
-(its first sentence), then "(default: <the value the run uses>[; `notes`])". Fields of other
-types (nested configs, `Any`) must be listed in `skip` and handled by the CLI.
+(its first sentence), then "(default: <the value the run uses>[; `notes`])". A field whose
+type is itself a config dataclass (DPDFD's `engine: EngineOptions`) gives its own fields as flat
+flags (their defaults from the nested config in `defaults`, else its class's), and
+`build_config` builds it from them. Fields of other types (`Any`), and nested configs the CLI
+builds itself, must be listed in `skip` and handled by the CLI. A config's `RENAMED` class
+attribute ({old name: field}) keeps each old flag name as an alias of the field's flag: hidden
+from --help, it prints one deprecation line on stderr and sets the field (recorded commands keep
+resolving to the same configs).
 """
 
 from __future__ import annotations
@@ -21,6 +27,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import re
+import sys
 import types
 import typing
 from typing import Any, Callable, Iterable, Union
@@ -139,6 +146,19 @@ def _with_default(text: str | None, default: Any, note: str | None = None) -> st
   return f"{text} (default: {default}{'; ' + note if note else ''})".strip()
 
 
+class _Renamed(argparse.Action):
+  """An old flag name of a renamed field: one deprecation line, then the field's value."""
+
+  def __init__(self, option_strings, dest, *, new_flag: str, **kwargs):
+    super().__init__(option_strings, dest, **kwargs)
+    self.new_flag = new_flag
+
+  def __call__(self, parser, namespace, values, option_string=None):
+    print(f"deprecated: {option_string} is now --{self.new_flag} (same meaning); the old name "
+          "still works", file=sys.stderr, flush=True)
+    setattr(namespace, self.dest, values)
+
+
 def add_config_flags(parser: argparse.ArgumentParser, cls: type, *,
                      defaults: dict[str, Any] | None = None, skip: Iterable[str] = (),
                      help: dict[str, str] | None = None,  # pylint: disable=redefined-builtin
@@ -177,6 +197,10 @@ def add_config_flags(parser: argparse.ArgumentParser, cls: type, *,
     text = texts.get(field.name, "").replace("%", "%%") or None
     flag = names.get(field.name, field.name)
     kind, _ = _unwrap_optional(hints[field.name])
+    if dataclasses.is_dataclass(kind):  # nested options: each of its fields is a flat flag
+      add_config_flags(parser, kind, defaults=dataclasses.asdict(default), help=help,
+                       choices=choices, names=names, notes=notes)
+      continue
     if kind is bool:
       # --f alone is True (const); --f=<bool> parses the value; --nof / --no-f is False.
       parser.add_argument(f"--{flag}", nargs="?", const=True, type=parse_bool,
@@ -198,6 +222,9 @@ def add_config_flags(parser: argparse.ArgumentParser, cls: type, *,
     parser.add_argument(f"--{flag}", type=convert, default=default, required=required,
                         choices=choices.get(field.name),
                         help=text if required else _with_default(text, shown, note))
+    for old in (old for old, new in getattr(cls, "RENAMED", {}).items() if new == field.name):
+      parser.add_argument(f"--{old}", dest=flag, type=convert, action=_Renamed, new_flag=flag,
+                          default=argparse.SUPPRESS, help=argparse.SUPPRESS)
 
 
 def build_config(cls: type, args: argparse.Namespace, *, names: dict[str, str] | None = None,
@@ -206,8 +233,13 @@ def build_config(cls: type, args: argparse.Namespace, *, names: dict[str, str] |
 
   `names` maps field names to flag names as given to `add_config_flags`.
   """
-  names = names or {}
+  names, hints = names or {}, typing.get_type_hints(cls)
   kwargs = {f.name: getattr(args, names.get(f.name, f.name)) for f in dataclasses.fields(cls)
             if hasattr(args, names.get(f.name, f.name))}
+  for field in dataclasses.fields(cls):  # nested options given as flat flags
+    kind, _ = _unwrap_optional(hints[field.name])
+    if field.name not in values and field.name not in kwargs and dataclasses.is_dataclass(
+        kind) and all(hasattr(args, names.get(f.name, f.name)) for f in dataclasses.fields(kind)):
+      kwargs[field.name] = build_config(kind, args, names=names)
   kwargs.update(values)
   return _cli.build(cls, **kwargs)

@@ -47,8 +47,8 @@ class Recipe:
     path: the file as `--config` names it (None: no recipe, the config's own defaults).
     module: the recipe's module (None without a recipe).
     config: its `get_config()` (None without a recipe).
-    values: {field: value} the flags start at (the recipe's top-level fields, partners of the
-      flags given reset).
+    values: {field: value} the flags start at (the recipe's top-level fields, a nested config
+      among them, partners of the flags given reset).
   """
   path: str | None
   module: ModuleType | None
@@ -60,9 +60,15 @@ class Recipe:
     """What `--help` says after a default the recipe sets (`_flags.add_config_flags`)."""
     if self.config is None:
       return {}
-    defaults = _class_defaults(type(self.config))
-    return {name: "the recipe's" for name, value in self.values.items()
-            if name not in defaults or defaults[name] != value}
+    notes, defaults = {}, _class_defaults(type(self.config))
+    for name, value in self.values.items():
+      if dataclasses.is_dataclass(value):  # nested options: a note per flag (field) of it
+        own = _class_defaults(type(value))
+        notes.update({field: "the recipe's" for field, v in dataclasses.asdict(value).items()
+                      if own.get(field) != v and field not in self.values})
+      elif name not in defaults or defaults[name] != value:
+        notes[name] = "the recipe's"
+    return notes
 
 
 def _class_defaults(cls: type) -> dict[str, Any]:
@@ -153,8 +159,7 @@ def chosen(argv: list[str], cls: type,
   if path is None:
     return Recipe(None, None, None, {})
   module, config = load(path, cls)
-  values = {f.name: getattr(config, f.name) for f in dataclasses.fields(config)
-            if not dataclasses.is_dataclass(getattr(config, f.name))}
+  values = {f.name: getattr(config, f.name) for f in dataclasses.fields(config)}
   defaults, flags = _class_defaults(cls), given(argv, cls)
   for flag in flags:
     for partner in PARTNERS.get(flag, ()):

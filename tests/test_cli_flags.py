@@ -127,6 +127,62 @@ def test_help_from_docstring_names_choices_skip(capsys):
   assert "invalid choice: 'r'" in capsys.readouterr().err
 
 
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class _Options:
+  """Nested options.
+
+  Attributes:
+    depth: how deep.
+  """
+
+  depth: int = 1
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class _Outer:
+  """A config with nested options and a renamed field.
+
+  Attributes:
+    clip_norm: the bound.
+    options: nested options.
+  """
+
+  RENAMED = {"norm_bound": "clip_norm"}  # a class attribute: the old flag name
+  clip_norm: float = 1.0
+  options: _Options = dataclasses.field(default_factory=_Options)
+
+
+def test_nested_options_are_flat_flags_and_old_names_still_work(capsys):
+  p = _cli.Parser(prog="outer")
+  _flags.add_config_flags(p, _Outer, defaults={"options": _Options(depth=4)},
+                          notes={"depth": "the recipe's"})
+  text = p.format_help()
+  assert "--depth" in text and "(default: 4; the recipe's)" in text
+  assert "--options" not in text and "--norm_bound" not in text  # the old name: hidden
+  assert _flags.build_config(_Outer, p.parse_args([])) == _Outer(options=_Options(depth=4))
+  config = _flags.build_config(_Outer, p.parse_args(["--depth=2", "--clip_norm=3"]))
+  assert config == _Outer(clip_norm=3.0, options=_Options(depth=2))
+  assert capsys.readouterr().err == ""
+  assert _flags.build_config(_Outer, p.parse_args(["--norm_bound=3", "--depth=2"])) == config
+  err = capsys.readouterr().err
+  assert err == ("deprecated: --norm_bound is now --clip_norm (same meaning); the old name "
+                 "still works\n")
+
+
+def test_dpdfd_old_flag_names_resolve_to_the_same_config(capsys):
+  new, _ = dpdfd_cli.parse_config(["--dataset=digits", "--l2_clip_norm=2",
+                                   "--student_learning_rate=3e-4",
+                                   "--generator_learning_rate=2e-4", "--replay_size=640"])
+  assert capsys.readouterr().err == ""
+  old, _ = dpdfd_cli.parse_config(["--dataset=digits", "--l2_norm_bound=2", "--student_lr=3e-4",
+                                   "--generator_lr=2e-4", "--replay_size=640"])
+  assert old == new and new.engine.replay_size == 640
+  assert capsys.readouterr().err.count("deprecated: ") == 3
+  direct, _ = dpdfd_cli.parse_direct(["--dataset=digits", "--noise_multiplier=1",
+                                      "--l2_norm_bound=2"])
+  assert direct.l2_clip_norm == 2.0
+
+
 def test_unsupported_field_type_is_named():
   @dataclasses.dataclass
   class Nested:

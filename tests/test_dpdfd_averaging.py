@@ -12,6 +12,7 @@ import warnings
 import chex
 import jax
 import pytest
+from dpdfd_fixtures import dpdfd_config
 
 from dpkd_jax import data
 from dpkd_jax.methods import dpdfd
@@ -28,7 +29,7 @@ def _config(teacher_dir, **kw):
   base = dict(dataset="digits", teacher_dirs=(teacher_dir,), student_model="lenet5_half",
               noise_multiplier=10.0, steps=4, batch_size=16, eval_every=2, latent_dim=8,
               seed=3)
-  return dpdfd.DPDFDConfig(**{**base, **kw})
+  return dpdfd_config(**{**base, **kw})
 
 
 def _student_arrays(config, workdir):
@@ -79,9 +80,9 @@ def test_the_average_is_evaluated_logged_and_released(runs):
   assert "test/accuracy_last_iterate" not in metrics_lib.read_metrics(runs["plain"][1])
 
 
-def test_the_config_saves_the_decay_only_when_averaging(teacher_dir):
-  assert "param_averaging_decay" not in _config(teacher_dir).to_json()
+def test_the_config_saves_the_decay_with_the_engine_options(teacher_dir):
+  assert _config(teacher_dir).to_json()["engine"]["param_averaging_decay"] == 0.0
   config = _config(teacher_dir, param_averaging_decay=0.99)
-  assert config.to_json()["param_averaging_decay"] == 0.99
+  assert config.to_json()["engine"]["param_averaging_decay"] == 0.99
   with pytest.raises(ValueError, match=r"param_averaging_decay must be in \[0, 1\)"):
-    dataclasses.replace(config, param_averaging_decay=1.0)
+    dataclasses.replace(config.engine, param_averaging_decay=1.0)

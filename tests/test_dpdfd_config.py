@@ -3,6 +3,7 @@
 import dataclasses
 
 import pytest
+from dpdfd_fixtures import dpdfd_config
 
 from dpkd_jax import errors
 from dpkd_jax.methods import dpdfd
@@ -12,7 +13,7 @@ from dpkd_jax.methods.dpdfd import config as config_lib
 def _config(**kw):
   base = dict(dataset="digits", teacher_dirs=("unused",), student_model="lenet5_half",
               noise_multiplier=10.0, steps=4, batch_size=16, eval_every=2, latent_dim=8)
-  return dpdfd.DPDFDConfig(**{**base, **kw})
+  return dpdfd_config(**{**base, **kw})  # the engine's options to `engine`, as the CLI
 
 
 def _direct(**kw):
@@ -24,7 +25,7 @@ def _direct(**kw):
 @pytest.mark.parametrize("kwargs,match", [
     (dict(noise_multiplier=0.0, target_epsilon=1.0), "needs noise"),
     (dict(noise_multiplier=-1.0), "noise_multiplier"),
-    (dict(l2_norm_bound=0.0), "l2_norm_bound"),
+    (dict(l2_clip_norm=0.0), "l2_clip_norm"),
     (dict(stability=-1e-3), "stability"),
     (dict(target_epsilon=-1.0), "target_epsilon"),
     (dict(delta=1.0), "delta"),
@@ -58,7 +59,7 @@ def test_bad_config_fails_at_construction(kwargs, match):
 
 @pytest.mark.parametrize("kwargs, match", [
     (dict(noise_multiplier=-1.0), "noise_multiplier"),
-    (dict(l2_norm_bound=0.0), "l2_norm_bound"),
+    (dict(l2_clip_norm=0.0), "l2_clip_norm"),
     (dict(norm="batch"), "norm"),
     (dict(dataset="nope"), "unknown dataset"),
     (dict(max_batch_size=8), "max_batch_size"),
@@ -93,21 +94,25 @@ def test_to_json_is_the_saved_config():
   assert config.teacher_dirs == ("a", "b")
   out = config.to_json()
   assert out["teacher_dirs"] == ["a", "b"]
-  # Every field but those omitted at their default: the dict of runs saved before they
-  # existed, so that those runs still resume.
-  assert list(out) == [f.name for f in dataclasses.fields(config)
-                       if f.name not in ("param_averaging_decay", "teacher_ensemble_dir",
-                                         "diversity_weight", "generator_restart_ratio",
-                                         "generator_restart_patience",
-                                         "generator_max_restarts", "replay_size",
-                                         "replay_batch", "replay_sampling", "replay_memory",
-                                         "released_balance_weight", "class_conditional_weight",
-                                         "smoothness_weight", "secure_noise",
-                                         "secure_grid_bits", "validation_examples")]
-  assert dpdfd.DPDFDConfig(**{**out, "teacher_dirs": tuple(out["teacher_dirs"])}) == config
+  # Every field, the engine's options nested, and the format's version (older forms:
+  # tests/test_dpdfd_config_migration.py).
+  assert list(out) == ["version"] + [f.name for f in dataclasses.fields(config)]
+  assert out["engine"] == dataclasses.asdict(dpdfd.EngineOptions())
+  assert dpdfd.DPDFDConfig.from_json(out) == config
   stacked = _config(teacher_dirs=(), teacher_ensemble_dir="ens")
   assert stacked.to_json()["teacher_ensemble_dir"] == "ens"
-  assert dpdfd.DPDFDConfig(**{**stacked.to_json(), "teacher_dirs": ()}) == stacked
+  assert dpdfd.DPDFDConfig.from_json(stacked.to_json()) == stacked
+
+
+def test_the_engine_options_are_one_nested_object():
+  config = _config(generator_objective="disagreement", bound_method="clip", replay_size=32)
+  assert config.engine == dpdfd.EngineOptions(generator_objective="disagreement",
+                                              replay_size=32)
+  assert config.probes_per_sample == config.engine.probes_per_sample == 1
+  assert _config().engine == dpdfd.EngineOptions()  # off: the paper's Algorithm 1
+  with pytest.raises(ValueError, match="engine must be an EngineOptions"):
+    dpdfd.DPDFDConfig(dataset="digits", teacher_dirs=("t",), noise_multiplier=1.0,
+                      engine={"replay_size": 32})
 
 
 @pytest.mark.parametrize("kwargs,error,match", [
@@ -122,8 +127,8 @@ def test_the_teachers_come_from_one_source(kwargs, error, match):
     _config(**kwargs)
 
 
-def test_validation_examples_is_checked_and_saved_only_when_set():
-  assert "validation_examples" not in _config().to_json()
+def test_validation_examples_is_checked_and_saved():
+  assert _config().to_json()["validation_examples"] == 0
   assert _config(validation_examples=300).to_json()["validation_examples"] == 300
   with pytest.raises(ValueError, match="validation_examples"):
     _config(validation_examples=-1)

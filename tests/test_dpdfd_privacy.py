@@ -11,6 +11,7 @@ import jax
 import numpy as np
 import pytest
 from flax import nnx
+from dpdfd_fixtures import dpdfd_config
 
 from dpkd_jax import models
 from dpkd_jax import teacher as teacher_lib
@@ -29,7 +30,7 @@ from experiments import dpdfd as dpdfd_cli
 def _config(**kw):
   base = dict(dataset="digits", teacher_dirs=("unused",), student_model="lenet5_half",
               noise_multiplier=10.0, steps=4, batch_size=16, eval_every=2, latent_dim=8)
-  return dpdfd.DPDFDConfig(**{**base, **kw})
+  return dpdfd_config(**{**base, **kw})
 
 
 # ----------------------------------------------------------------------------- resolution
@@ -229,7 +230,7 @@ def test_secure_noise_flags_are_checked():
   with pytest.raises(ValueError, match="secure_grid_bits"):
     _config(secure_grid_bits=8)
   assert _config(secure_noise=True, secure_grid_bits=8).secure_grid_bits == 8
-  assert "secure_noise" not in _config().to_json()
+  assert _config().to_json()["secure_noise"] is False  # saved, and read back
 
 
 def test_cli_secure_noise_run_charges_the_zcdp_events(teacher_dir, tmp_path, monkeypatch):

@@ -15,6 +15,7 @@ import warnings
 
 import pytest
 from dp_accounting import dp_event
+from dpdfd_fixtures import dpdfd_config
 
 from dpkd_jax import teacher as teacher_lib
 from dpkd_jax.methods import dpdfd
@@ -73,14 +74,15 @@ def test_a_dataset_without_config_runs_its_recipe_file(dataset):
 def test_the_paper_and_ensemble_recipes():
   # The paper's accounting: C far below the rows' scale, κ·γ = 1, the class code.
   paper, _ = dpdfd_cli.parse_config(["--config=configs/dpdfd/mnist_paper_eps10.py"])
-  assert paper.accounting == "paper" and paper.l2_norm_bound == 1e-10
+  assert paper.accounting == "paper" and paper.l2_clip_norm == 1e-10
   assert paper.teacher_loss_scale * paper.gamma == pytest.approx(1.0)
-  assert paper.class_conditional_weight == 1.0 and paper.class_codes == 10
+  assert paper.engine.class_conditional_weight == 1.0 and paper.class_codes == 10
   fashion, _ = dpdfd_cli.parse_config(["--config=configs/dpdfd/fashion_mnist_paper_eps10.py"])
-  assert fashion.class_conditional_weight == 3.0 and fashion.student_model == "small_cnn"
+  assert fashion.engine.class_conditional_weight == 3.0 and fashion.student_model == "small_cnn"
   # Sound, many disjoint teachers: the paper generator, C = 1, 2,000 steps, no teacher dirs.
   config, a = dpdfd_cli.parse_config(["--config=configs/dpdfd/mnist_ensemble_eps10.py"])
-  assert (config.steps, config.l2_norm_bound, config.generator_objective) == (2000, 1.0, "paper")
+  assert (config.steps, config.l2_clip_norm, config.engine.generator_objective) == (
+      2000, 1.0, "paper")
   assert config.teacher_dirs == () and a.teacher_config is None
 
 
@@ -89,17 +91,17 @@ def test_given_flags_always_win():
   config, _ = dpdfd_cli.parse_config([
       "--dataset=mnist", "--teacher_dirs=t", "--target_epsilon=10", "--steps=2000",
       "--l2_norm_bound=1", "--student_norm=group", "--batch_size=256"])
-  assert (config.steps, config.l2_norm_bound, config.student_norm, config.batch_size) == (
+  assert (config.steps, config.l2_clip_norm, config.student_norm, config.batch_size) == (
       2000, 1.0, "group", 256)
-  assert config.generator_objective == "disagreement" and config.eval_every == 1000
+  assert config.engine.generator_objective == "disagreement" and config.eval_every == 1000
   config, _ = dpdfd_cli.parse_config([
       "--config=configs/dpdfd/mnist_ensemble_eps10.py", "--generator_objective=disagreement",
       "--steps=100", "--eval_every=50"])
-  assert (config.generator_objective, config.steps, config.eval_every,
-          config.l2_norm_bound) == ("disagreement", 100, 50, 1.0)
+  assert (config.engine.generator_objective, config.steps, config.eval_every,
+          config.l2_clip_norm) == ("disagreement", 100, 50, 1.0)
   config, _ = dpdfd_cli.parse_config([
-      "--config=configs/dpdfd/mnist_paper_eps10.py", "--l2_norm_bound=1e-4"])
-  assert (config.l2_norm_bound, config.gamma) == (1e-4, 1e12)
+      "--config=configs/dpdfd/mnist_paper_eps10.py", "--l2_clip_norm=1e-4"])
+  assert (config.l2_clip_norm, config.gamma) == (1e-4, 1e12)
   # A given teacher is the run's own: nothing is trained.
   config, a = dpdfd_cli.parse_config(["--dataset=digits", "--teacher_dirs=t"])
   assert config.teacher_dirs == ("t",) and a.teacher_config is None
@@ -210,7 +212,7 @@ def test_prepare_teachers_reuses_the_teacher_whose_card_matches(first_run, tmp_p
 def _run_config(**kw):
   """A run's saved config (`DPDFDConfig.to_json`), as `chance_reason` reads it from results."""
   base = dict(dataset="digits", teacher_dirs=("t",), noise_multiplier=1.0)
-  return dpdfd.DPDFDConfig(**{**base, **kw}).to_json()
+  return dpdfd_config(**{**base, **kw}).to_json()
 
 
 def test_chance_reason_one_teacher_sound():
@@ -239,7 +241,7 @@ def test_chance_reason_many_teachers_sound():
   # 100 disjoint teachers: noise std σC/n per coordinate of the mean row.
   ensemble = {"noise_multiplier": 360.0, "steps": 2000, "epsilon": 9.999, "num_teachers": 100,
               "teachers_per_record": 1,
-              "config": _run_config(batch_size=64, l2_norm_bound=1.0)}
+              "config": _run_config(batch_size=64, l2_clip_norm=1.0)}
   line = quickstart.chance_reason(ensemble)
   assert line.startswith("why at chance: too much noise for 100 teachers: sound epsilon 9.999")
   assert "noise std 3.6*C per coordinate of the mean row" in line
@@ -253,18 +255,18 @@ def test_chance_reason_many_teachers_sound():
 def test_chance_reason_paper_accounting_and_negligible_noise():
   paper = {"noise_multiplier": 50_000.0, "steps": 8000, "epsilon": 4e9, "num_teachers": 1,
            "accounting_used_for_budget": "paper",
-           "config": _run_config(l2_norm_bound=1000.0, noise_multiplier=None,
+           "config": _run_config(l2_clip_norm=1000.0, noise_multiplier=None,
                                  target_epsilon=10.0)}
   line = quickstart.chance_reason(paper)
   assert line.startswith("why at chance: the paper's formula chose the noise")
-  given_sigma = quickstart.chance_reason({**paper, "config": _run_config(l2_norm_bound=1000.0)})
+  given_sigma = quickstart.chance_reason({**paper, "config": _run_config(l2_clip_norm=1000.0)})
   assert given_sigma.startswith("why at chance: the paper's epsilon grows with C^2/sigma^2")
   assert "at C = 1000 the noise std per coordinate 5e+07 drowns rows of norm <= C" in line
   assert "sound epsilon 4e+09" in line and quickstart.PAPER_TABLE_ANCHOR in line
-  assert "--l2_norm_bound=1e-10 --teacher_loss_scale=1e-12 --gamma=1e12" in line
+  assert "--l2_clip_norm=1e-10 --teacher_loss_scale=1e-12 --gamma=1e12" in line
   # The paper's tiny C: σ = C·sqrt(T/2ρ) leaves noise far below the rows: the engine failed.
   tiny = quickstart.chance_reason({**paper, "noise_multiplier": 5e-9, "config": _run_config(
-      l2_norm_bound=1e-10, generator_objective="disagreement", bound_method="clip",
+      l2_clip_norm=1e-10, generator_objective="disagreement", bound_method="clip",
       noise_multiplier=None, target_epsilon=10.0)})
   assert tiny.startswith("why at chance: noise std 5e-09*C is negligible beside the rows, so "
                          "the engine itself did not learn in 8000 steps")
@@ -326,11 +328,11 @@ def test_recorded_mnist_commands_still_run_what_they_ran():
     with warnings.catch_warnings():
       warnings.simplefilter("ignore")
       config, _ = dpdfd_cli.parse_config(argv)
-    assert (config.teacher_loss, config.generator_objective) == ("dkd", "paper"), path
+    assert (config.teacher_loss, config.engine.generator_objective) == ("dkd", "paper"), path
     assert config.student_model == "datalens_cnn", path  # the student every such run had
     given = {flag.split("=")[0] for flag in argv}
     if "--l2_norm_bound" not in given and "--gamma" not in given:
-      assert (config.l2_norm_bound, config.teacher_loss_scale, config.gamma) == (1, 1, 1), path
+      assert (config.l2_clip_norm, config.teacher_loss_scale, config.gamma) == (1, 1, 1), path
     if "--bound_method" not in given:
       assert config.bound_method == "normalize", path
     checked += 1
@@ -353,6 +355,6 @@ def test_recorded_commands_that_ran_no_class_code_still_run_none():
     with warnings.catch_warnings():
       warnings.simplefilter("ignore")
       config, _ = dpdfd_cli.parse_config(argv)
-    assert config.class_conditional_weight == 0, path
+    assert config.engine.class_conditional_weight == 0, path
     checked += 1
   assert checked >= 60

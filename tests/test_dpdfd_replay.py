@@ -8,6 +8,7 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 import pytest
+from dpdfd_fixtures import dpdfd_config
 
 from dpkd_jax import models
 from dpkd_jax.methods import dpdfd
@@ -119,7 +120,7 @@ def _config(teacher_dir, **kw):
               latent_dim=8, generator_objective="disagreement", bound_method="clip",
               teacher_loss="logit", generator_channels=16, seed=3)
   base.update(kw)
-  return dpdfd.DPDFDConfig(**base)
+  return dpdfd_config(**base)
 
 
 def test_config_checks_replay(teacher_dir):
@@ -130,7 +131,7 @@ def test_config_checks_replay(teacher_dir):
   assert _config(teacher_dir).replay_rows == 0
   assert _config(teacher_dir, replay_size=64).replay_rows == 8
   assert _config(teacher_dir, replay_size=64, replay_batch=5).replay_rows == 5
-  assert "replay_size" not in _config(teacher_dir).to_json()  # old runs resume
+  assert _config(teacher_dir).to_json()["engine"]["replay_size"] == 0
   with pytest.raises(ValueError, match="replay_sampling needs replay_size"):
     _config(teacher_dir, replay_sampling="class_balanced")
   with pytest.raises(ValueError, match="replay_sampling"):
@@ -139,9 +140,9 @@ def test_config_checks_replay(teacher_dir):
     _config(teacher_dir, replay_size=64, replay_memory="fifo")
   with pytest.raises(ValueError, match="replay_size must be >= 80"):
     _config(teacher_dir, replay_size=64, replay_memory="per_class")  # 6 rows a class < B = 8
-  assert _config(teacher_dir, replay_size=80, replay_memory="per_class").to_json()[
+  assert _config(teacher_dir, replay_size=80, replay_memory="per_class").to_json()["engine"][
       "replay_memory"] == "per_class"
-  assert "replay_memory" not in _config(teacher_dir, replay_size=64).to_json()
+  assert _config(teacher_dir, replay_size=64).to_json()["engine"]["replay_memory"] == "ring"
 
 
 def test_an_empty_buffer_changes_nothing_then_the_step_writes_its_batch(teacher_dir):

@@ -10,6 +10,7 @@ import chex
 import jax
 import numpy as np
 import pytest
+from dpdfd_fixtures import dpdfd_config
 
 from resume_fixtures import assert_same_dpdfd_state, interrupted_dpdfd, resume_dpdfd
 
@@ -92,7 +93,7 @@ def _config(teacher_dir, **kw):
               generator_objective="disagreement", bound_method="clip", teacher_loss="logit",
               generator_channels=16, seed=3)
   base.update(kw)
-  return dpdfd.DPDFDConfig(**base)
+  return dpdfd_config(**base)
 
 
 def test_config_checks_the_rule(teacher_dir):
@@ -101,11 +102,11 @@ def test_config_checks_the_rule(teacher_dir):
             generator_restart_ratio=1.5)
   with pytest.raises(ValueError, match="ratio"):
     _config(teacher_dir, generator_restart_ratio=0.5)
-  assert _config(teacher_dir).restart_rule is None
-  assert "generator_restart_ratio" not in _config(teacher_dir).to_json()  # old runs resume
+  assert _config(teacher_dir).engine.restart_rule is None
+  assert _config(teacher_dir).to_json()["engine"]["generator_restart_ratio"] == 0.0
   on = _config(teacher_dir, generator_restart_ratio=1.5, generator_restart_patience=1)
-  assert on.restart_rule == restarts.RestartRule(ratio=1.5, patience=1, max_restarts=2)
-  assert on.to_json()["generator_restart_ratio"] == 1.5
+  assert on.engine.restart_rule == restarts.RestartRule(ratio=1.5, patience=1, max_restarts=2)
+  assert on.to_json()["engine"]["generator_restart_ratio"] == 1.5
 
 
 # ----------------------------------------------------------------------------- a run

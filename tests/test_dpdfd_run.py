@@ -10,6 +10,7 @@ import jax
 import numpy as np
 import pytest
 import tensorflow_datasets as tfds
+from dpdfd_fixtures import version1_json
 from resume_fixtures import assert_same_dpdfd_state, interrupted_dpdfd, resume_dpdfd
 from teacher_fixtures import copy_without_partition
 
@@ -144,6 +145,17 @@ def test_resume_is_bit_identical(teacher_dir, finished_run, tmp_path):
   old = resume_dpdfd(config, old_dir)
   assert old["released_rows_counted_from_step"] == 2
   assert sum(old["released_rows_per_class"]) == 2 * 16
+  # A checkpoint whose config is in the first saved format (flat, the later fields left out
+  # at their default): compared after `config_migration.migrate`, it resumes as the new one.
+  v1_dir = str(tmp_path / "format_1")
+  checkpoint.save(os.path.join(v1_dir, "checkpoints"), 2, arrays,
+                  {**meta, "config": version1_json(config)})
+  assert "version" not in version1_json(config) and "replay_size" not in version1_json(config)
+  from_v1 = resume_dpdfd(config, v1_dir)
+  assert from_v1["test_accuracy"] == full["test_accuracy"]
+  assert from_v1["config"] == config.to_json()  # saved in today's format from then on
+  assert_same_dpdfd_state(v1_dir, workdir)
+  assert dpdfd.load_run(v1_dir)[0] == config
   # The checkpoint names its teachers by their weights: a directory retrained since (the same
   # path, other weights) is refused before any step.
   assert len(meta["teachers_sha256"]) == 64

@@ -16,7 +16,7 @@ from experiments import teacher as teacher_cli
     (dpdfd_cli.main, ["--dataset=digits", "--teacher_dirs=x", "--noise_multiplier=0",
                       "--target_epsilon=1"], "needs noise"),
     (dpdfd_cli.main, ["--dataset=digits", "--teacher_dirs=x", "--noise_multiplier=1",
-                      "--l2_norm_bound=0"], "l2_norm_bound"),
+                      "--l2_clip_norm=0"], "l2_clip_norm"),
     (dpdfd_cli.main, ["--dataset=digits", "--teacher_dirs=x", "--noise_multiplier=1",
                       "--delta=2"], "delta"),
     (dpsgd_cli.main, ["--dataset=digits", "--model=lenet5", "--norm=batch", "--steps=1",

@@ -187,8 +187,9 @@ def test_dpdfd_disagreement(recorder, teacher_run, tmp_path):
   config = dpdfd.DPDFDConfig(
       dataset="digits", teacher_dirs=(teacher_run[0],), student_model="lenet5_half",
       generator_channels=8, noise_multiplier=10.0, steps=2, batch_size=16, eval_every=2,
-      latent_dim=16, generator_objective="disagreement", bound_method="clip",
-      teacher_loss="logit", class_conditional_weight=1.0)
+      latent_dim=16, bound_method="clip", teacher_loss="logit",
+      engine=dpdfd.EngineOptions(generator_objective="disagreement",
+                                 class_conditional_weight=1.0))
   with recorder.collect() as uses:
     dpdfd.train_dpdfd(config, str(tmp_path), progress=False)
   # latents, noise, probe directions and the requested classes per step; the sample grid

@@ -42,7 +42,7 @@ def _config(teacher_dir, **kw):
     (dict(samples_per_stage=40), "multiple of batch_size"),
     (dict(stages=0), "stages"),
     (dict(student_epochs=0), "student_epochs"),
-    (dict(student_lr=0.0), "student_lr"),
+    (dict(student_learning_rate=0.0), "student_learning_rate"),
     (dict(student_loss="mse"), "student_loss"),
     (dict(student_shift=-1), "student_shift"),
     (dict(dataset="imagenet"), "unknown dataset"),
@@ -73,6 +73,8 @@ def test_config_round_trips_through_its_json():
   saved = config.to_json()
   assert saved["generator_terms"] == ["ce", "bn"]  # JSON: a list, as checkpoints hold it
   assert srr.SRRConfig.from_json(saved) == config
+  # Every field and the format's version (older forms: tests/test_srr_config_migration.py).
+  assert list(saved) == ["version"] + [f.name for f in dataclasses.fields(config)]
 
 
 def test_the_config_holds_no_resolved_privacy():
@@ -104,11 +106,11 @@ def test_the_cli_points_to_the_noisy_label_recipe_and_merges_nothing(capsys):
   assert dataclasses.replace(default, epsilon=10.0) == engine  # the same recipe file
   noisy, _ = srr_cli.parse_config(["--config=configs/srr/mnist_eps1.py", *base])
   assert capsys.readouterr().out == ""
-  assert (noisy.student_lr, noisy.stages, noisy.samples_per_stage, noisy.student_epochs,
+  assert (noisy.student_learning_rate, noisy.stages, noisy.samples_per_stage, noisy.student_epochs,
           noisy.generator_epochs) == (3e-4, 16, 25600, 5, 0)
   given, _ = srr_cli.parse_config(["--config=configs/srr/mnist_eps1.py", *base,
-                                   "--student_lr=0.001", "--stages=4"])
-  assert (given.student_lr, given.stages, given.samples_per_stage) == (1e-3, 4, 25600)
+                                   "--student_lr=0.001", "--stages=4"])  # the old name
+  assert (given.student_learning_rate, given.stages, given.samples_per_stage) == (1e-3, 4, 25600)
   target, _ = srr_cli.parse_config(base + ["--target_epsilon=10"])
   assert (target.epsilon, target.target_epsilon, target.stages) == (None, 10.0, 4)
 
@@ -134,8 +136,8 @@ def test_recorded_commands_name_every_flag_the_cli_defaults_changed():
   assert checked >= 20
 
 
-def test_validation_examples_is_checked_and_saved_only_when_set():
-  assert "validation_examples" not in _config("t").to_json()
+def test_validation_examples_is_checked_and_saved():
+  assert _config("t").to_json()["validation_examples"] == 0
   assert _config("t", validation_examples=50).to_json()["validation_examples"] == 50
   with pytest.raises(ValueError, match="validation_examples"):
     _config("t", validation_examples=-1)

@@ -15,6 +15,7 @@ from dpkd_jax import data
 from dpkd_jax import teacher as teacher_lib
 from dpkd_jax.errors import UserError
 from dpkd_jax.methods import srr
+from dpkd_jax.methods.srr import config_migration
 from dpkd_jax.methods.srr import pretraining
 from dpkd_jax.methods.srr import stage as stage_lib
 from dpkd_jax.privacy import accounting
@@ -104,7 +105,7 @@ def test_resume_is_bit_identical_and_refused_without_resume(teacher_dir, finishe
   # An interruption after stage 1: a fresh workdir holding only the stage-1 checkpoint.
   _, template, _ = srr.load_run(workdir)
   resumed_dir = str(tmp_path / "resumed")
-  interrupted_at(workdir, 1, template.arrays(), resumed_dir)
+  arrays, meta = interrupted_at(workdir, 1, template.arrays(), resumed_dir)
   resumed = srr.train_srr(config, resumed_dir, resume=True, progress=False)
   assert resumed["accuracy_per_stage"] == full["accuracy_per_stage"]
   assert resumed["labels_epsilon"] == pytest.approx(full["labels_epsilon"], rel=1e-9)
@@ -113,6 +114,17 @@ def test_resume_is_bit_identical_and_refused_without_resume(teacher_dir, finishe
   _, b, _ = srr.load_run(workdir)
   chex.assert_trees_all_equal(a.student.params, b.student.params)
   chex.assert_trees_all_equal(a.generator.params, b.generator.params)
+  # A checkpoint whose config is in the first saved format (flat, the old names, the later
+  # fields left out at their default) resumes the same, compared after the migration.
+  old_names = {new: old for old, new in config_migration.V1_RENAMED.items()}
+  version1 = {old_names.get(k, k): v for k, v in config.to_json().items() if k != "version"
+              and config_migration.V1_OMITTED.get(k, object()) != v}
+  assert "student_lr" in version1 and "student_replay" not in version1
+  v1_dir = str(tmp_path / "format_1")
+  checkpoint.save(os.path.join(v1_dir, "checkpoints"), 1, arrays, {**meta, "config": version1})
+  from_v1 = srr.train_srr(config, v1_dir, resume=True, progress=False)
+  assert from_v1["accuracy_per_stage"] == full["accuracy_per_stage"]
+  assert from_v1["config"] == config.to_json()
 
 
 def test_replay_resumes_with_every_earlier_release(teacher_dir, tmp_path):

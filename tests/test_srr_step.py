@@ -1,6 +1,7 @@
 """SRR steps: generator pretraining and fine-tuning steps, and the stage step bound to a plan
 (each query asked once, its labels reused by every epoch)."""
 
+import dataclasses
 import math
 
 import chex
@@ -142,7 +143,7 @@ def test_replay_keeps_every_release_and_trains_on_them_without_asking_again():
 
 def test_replay_flag_is_left_out_of_saved_configs_at_its_default():
   base = dict(dataset="digits", teacher_dir="t", epsilon=1.0)
-  assert "student_replay" not in srr.SRRConfig(**base).to_json()  # older workdirs still resume
+  assert srr.SRRConfig(**base).to_json()["student_replay"] is False  # older: the migration
   saved = srr.SRRConfig(**base, student_replay=True).to_json()
   assert saved["student_replay"] is True
   assert srr.SRRConfig.from_json(saved).student_replay
@@ -161,8 +162,7 @@ def test_stage_config_takes_epsilon_from_the_plan_and_the_rest_from_the_config()
   assert (first.samples, first.batch_size, first.threshold, first.student_epochs,
           first.generator_epochs) == (32, 16, 0.3, 3, 0)
   assert first.uniform_prior and not later.uniform_prior
-  student_first = srr.SRRConfig(**{**config.to_json(), "generator_terms": ("ce",),
-                                   "first_prior": "student"})
+  student_first = dataclasses.replace(config, generator_terms=("ce",), first_prior="student")
   assert not step_lib.stage_config(plan, student_first, first=True).uniform_prior
 
 
@@ -250,7 +250,7 @@ def test_the_student_schedule_is_cosine_over_all_stages_or_constant():
   constant_config = srr.SRRConfig(**base, student_schedule="constant")
   constant = srr.init_state(constant_config, jax.random.key(0), stages=3)
   assert constant.student.tx is step_lib.adam(1e-3, None)
-  assert "student_schedule" not in srr.SRRConfig(**base).to_json()  # older workdirs resume
+  assert srr.SRRConfig(**base).to_json()["student_schedule"] == "cosine"
   assert srr.SRRConfig.from_json(constant_config.to_json()).student_schedule == "constant"
   with pytest.raises(ValueError, match="student_schedule"):
     srr.SRRConfig(**base, student_schedule="linear")

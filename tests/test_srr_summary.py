@@ -44,8 +44,8 @@ def test_small_epsilon_per_query_prints_the_keep_probability():
   assert lines[-1].endswith("try a larger --epsilon")
   # A larger student than lenet5 is also pointed to a smaller learning rate (measured fix).
   line = srr_summary.chance_reason(_results(0.1, epsilon=1.0, student_model="small_cnn"))
-  assert line.endswith("try a larger --epsilon, or a --student_lr below 0.001 (a small_cnn "
-                       "student can fit such labels' noise: small_cnn collapsed on Fashion-MNIST "
+  assert line.endswith("try a larger --epsilon, or a --student_learning_rate below 0.001 (a "
+                       "small_cnn student can fit such labels' noise: small_cnn collapsed on Fashion-MNIST "
                        f"at epsilon 1 with 1e-3 and learned with 3e-4, "
                        f"{srr_summary.STUDENT_ANCHOR})")
 

@@ -27,5 +27,6 @@ def get_config() -> dpdfd.DPDFDConfig:
       target_epsilon=10.0,  # sound (dp_accounting), replace-one
       steps=8000, eval_every=1000, batch_size=64, generator_channels=64,
       student_model="small_cnn", student_norm="batch", teacher_loss="logit",
-      bound_method="clip", l2_norm_bound=1000.0, generator_objective="disagreement",
-      probe_directions=1, class_conditional_weight=3.0)
+      bound_method="clip", l2_clip_norm=1000.0,
+      engine=dpdfd.EngineOptions(generator_objective="disagreement", probe_directions=1,
+                                 class_conditional_weight=3.0))

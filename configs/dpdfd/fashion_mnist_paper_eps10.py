@@ -24,5 +24,6 @@ def get_config() -> dpdfd.DPDFDConfig:
       accounting="paper", target_epsilon=10.0,
       steps=8000, eval_every=500, batch_size=64, generator_channels=64,
       student_model="small_cnn", student_norm="batch", teacher_loss="logit",
-      bound_method="clip", l2_norm_bound=1e-10, teacher_loss_scale=1e-12, gamma=1e12,
-      generator_objective="disagreement", probe_directions=1, class_conditional_weight=3.0)
+      bound_method="clip", l2_clip_norm=1e-10, teacher_loss_scale=1e-12, gamma=1e12,
+      engine=dpdfd.EngineOptions(generator_objective="disagreement", probe_directions=1,
+                                 class_conditional_weight=3.0))

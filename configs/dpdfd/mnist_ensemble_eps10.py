@@ -23,4 +23,4 @@ def get_config() -> dpdfd.DPDFDConfig:
       target_epsilon=10.0,  # sound (dp_accounting), replace-one
       steps=2000, eval_every=500, batch_size=64, generator_channels=64,
       student_model="datalens_cnn", student_norm="batch", teacher_loss="logit",
-      bound_method="clip", l2_norm_bound=1.0, generator_objective="paper")
+      bound_method="clip", l2_clip_norm=1.0, engine=dpdfd.EngineOptions())

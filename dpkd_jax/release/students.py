@@ -71,7 +71,10 @@ class Layout:
 
   def params_path(self, config: dict[str, Any]) -> tuple[str, ...]:
     """The key path of the parameters to release for a run of `config`."""
-    if self.averaged_params is not None and config.get("param_averaging_decay", 0.0) > 0:
+    # DPDFD's saved config nests it in its engine options (a DPDFD config before: top level).
+    decay = config.get("param_averaging_decay",
+                       (config.get("engine") or {}).get("param_averaging_decay", 0.0))
+    if self.averaged_params is not None and decay > 0:
       return self.averaged_params
     return self.params
 

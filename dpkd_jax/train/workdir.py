@@ -145,7 +145,8 @@ def run_scope(fn: _F) -> _F:
 
 
 def open_run(workdir: str, *, kind: str, config: dict[str, Any], resume: bool | None = None,
-             resumable: bool = True) -> "Run":
+             resumable: bool = True,
+             migrate: Callable[[dict[str, Any]], dict[str, Any]] | None = None) -> "Run":
   """Locks `workdir` and decides between a fresh run and a resumed one.
 
   Args:
@@ -157,6 +158,8 @@ def open_run(workdir: str, *, kind: str, config: dict[str, Any], resume: bool | 
       one place a run is resumed, started or refused.
     resumable: False for methods that cannot resume: an existing run is always refused, and
       so is `resume=True`.
+    migrate: the method's upgrade of a saved config to its current format (e.g. DPDFD's
+      `config_migration.migrate`): the saved config is compared with `config` after it.
 
   Returns:
     The `Run`, holding the lock until `close` (or the end of the enclosing `run_scope`).
@@ -171,7 +174,8 @@ def open_run(workdir: str, *, kind: str, config: dict[str, Any], resume: bool | 
                            "resume")
   lock = _Lock(workdir) if jax.process_index() == 0 else None
   try:
-    run = Run(workdir, kind=kind, config=config, resume=resume, resumable=resumable, lock=lock)
+    run = Run(workdir, kind=kind, config=config, resume=resume, resumable=resumable, lock=lock,
+              migrate=migrate)
   except BaseException:
     if lock is not None:
       lock.release()
@@ -182,11 +186,24 @@ def open_run(workdir: str, *, kind: str, config: dict[str, Any], resume: bool | 
   return run
 
 
+def _saved_config(saved: dict[str, Any], migrate: Callable[[dict], dict] | None) -> Any:
+  """The checkpoint's config in the current format (as saved without `migrate`); a config
+  `migrate` cannot read is refused in one line."""
+  config = saved.get("config")
+  if migrate is None or config is None:
+    return config
+  try:
+    return migrate(config)
+  except ValueError as error:
+    raise errors.UserError(f"the checkpoint's config cannot be read: {error}") from error
+
+
 class Run:
   """A locked workdir: fresh or resumed (`resuming`, `step`, `saved`), its ledger, checkpoints."""
 
   def __init__(self, workdir: str, *, kind: str, config: dict[str, Any], resume: bool | None,
-               resumable: bool, lock: _Lock | None):
+               resumable: bool, lock: _Lock | None,
+               migrate: Callable[[dict[str, Any]], dict[str, Any]] | None = None):
     self.workdir, self.kind, self._lock = workdir, kind, lock
     self.ckpt_dir = os.path.join(workdir, "checkpoints")
     self.ledger_path = os.path.join(workdir, ledger_file.FILE_NAME)
@@ -201,7 +218,7 @@ class Run:
     self.resuming = self._verified is not None
     self.step = self._verified.step if self.resuming else 0
     self.saved: dict[str, Any] = self._verified.meta if self.resuming else {}
-    if self.resuming and self.saved.get("config") != config:
+    if self.resuming and _saved_config(self.saved, migrate) != config:
       raise errors.UserError(f"{workdir!r} holds a {kind} run with another config; use a "
                              "fresh workdir (or the same flags to continue it)")
     self._check_seeds(steps)

@@ -7,7 +7,9 @@ release, and the student and generator learn from it by post-processing. The dir
 (`--mode=direct`, the paper's Table 4) applies A_{C,σ} to private inputs instead: NOT DP.
 
 Rooms:
-  config.py   `DPDFDConfig`, `DirectConfig`: frozen, validated user requests (σ and/or ε).
+  config.py   `DPDFDConfig`, `DirectConfig`: frozen, validated user requests (σ and/or ε);
+              `DPDFDConfig` holds the paper's knobs, its `engine` the engine's options
+              (options.py, `EngineOptions`); config_migration.py upgrades saved configs.
   privacy.py  `DPDFDPlan` / `DirectPlan` and `make_plan` / `make_direct_plan`: the only place
               σ and the step count are resolved (calibration included), `event(n)`, budget.
   step.py     `init_state(config, key)`, the pure jittable step (`build_train_step(plan,
@@ -33,6 +35,7 @@ noise -> the ledger is charged `plan.event(n)` before each chunk of n steps, wit
 
 from dpkd_jax.methods.dpdfd.config import DirectConfig
 from dpkd_jax.methods.dpdfd.config import DPDFDConfig
+from dpkd_jax.methods.dpdfd.options import EngineOptions
 from dpkd_jax.methods.dpdfd.direct import build_direct_step
 from dpkd_jax.methods.dpdfd.direct import train_direct
 from dpkd_jax.methods.dpdfd.privacy import DirectPlan
@@ -57,6 +60,7 @@ __all__ = [
     "DPDFDState",
     "DirectConfig",
     "DirectPlan",
+    "EngineOptions",
     "TeacherEnsemble",
     "build_direct_step",
     "build_train_step",

@@ -5,19 +5,22 @@ Both are frozen, keyword-only and validated at construction (one line naming the
 or both), and `privacy.make_plan` / `privacy.make_direct_plan` turn it into what runs.
 Both modes share the output-gradient mechanism A_{C,σ} and the noisy target y_s = s - γ g~,
 so the fields of those (C, e, the bound method, γ, L_S) are checked by one function.
+`DPDFDConfig` holds the paper's knobs; the options the engine adds are its nested `engine`
+(`options.EngineOptions`). A saved config (`to_json`) carries a format version, and
+`from_json` reads every older form through `config_migration.migrate`.
 """
 
 from __future__ import annotations
 
 import dataclasses
-from typing import Any
+from typing import Any, ClassVar
 
 from dpkd_jax import config_checks
 from dpkd_jax import data
 from dpkd_jax import errors
 from dpkd_jax import models
-from dpkd_jax.methods.dpdfd import replay
-from dpkd_jax.methods.dpdfd import restarts
+from dpkd_jax.methods.dpdfd import config_migration
+from dpkd_jax.methods.dpdfd import options
 from dpkd_jax.privacy import mechanisms
 from dpkd_jax.privacy import plan as plan_lib
 
@@ -25,13 +28,11 @@ STUDENT_LOSSES = ("ce", "mse", "l1")
 # L_T, whose per-sample output gradient is the released row: "dkd" (the paper's decoupled KD,
 # row = dDKD/ds) or "logit" (0.5||s - t||², row = s - t: the student-to-teacher logit gap).
 TEACHER_LOSSES = ("dkd", "logit")
-# How the generator learns: through the student (paper), or up the released disagreement.
-GENERATOR_OBJECTIVES = ("paper", "disagreement")
 
 
 def check_output_gradient_fields(config: Any) -> None:
   """C, e, the bound method, γ and L_S: the fields of A_{C,σ} and y_s both modes share."""
-  config_checks.positive(config, "l2_norm_bound", "gamma")
+  config_checks.positive(config, "l2_clip_norm", "gamma")
   config_checks.non_negative(config, "stability")
   config_checks.one_of("bound_method", config.bound_method, mechanisms.ROW_BOUNDERS)
   config_checks.one_of("student_loss", config.student_loss, STUDENT_LOSSES)
@@ -75,12 +76,39 @@ def check_teacher_source(config: "DPDFDConfig") -> None:
                      "pretrained against, in teacher_dirs)")
 
 
+def check_engine(config: "DPDFDConfig") -> None:
+  """The engine options against the paper's knobs (each option alone: its own checks)."""
+  engine, classes = config.engine, config.info.num_classes
+  if engine.generator_objective == "disagreement" and config.bound_method != "clip":
+    raise ValueError("generator_objective='disagreement' reads the disagreement from the size "
+                     "of the released rows, which bound_method='normalize' sets to C for "
+                     "every row: use bound_method='clip'")
+  if engine.class_conditional_weight and config.latent_dim <= classes:
+    raise ValueError(f"class_conditional_weight puts a class code in the first {classes} "
+                     f"latent coordinates: latent_dim must exceed it, got {config.latent_dim}")
+  if engine.replay_size and engine.replay_size < config.batch_size:
+    raise ValueError(f"replay_size must be 0 or >= batch_size={config.batch_size} (a step "
+                     f"writes its whole batch), got {engine.replay_size}")
+  if engine.replay_memory != "ring" and engine.replay_size < classes * config.batch_size:
+    raise ValueError(f"replay_memory={engine.replay_memory!r} keeps replay_size // {classes} "
+                     f"rows per class, which must hold a step's batch: replay_size must be "
+                     f">= {classes * config.batch_size}, got {engine.replay_size}")
+
+
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class DPDFDConfig:
-  """A DPDFD run. Privacy fields first, then model/optimization, then bookkeeping.
+  """A DPDFD run: Algorithm 1 of the paper, with the engine's options in `engine`.
 
-  One entry per field, its first sentence the flag's `--help` line. What the engine options
-  were measured to do: docs/RESULTS.md#dpdfd-engine and the records it links.
+  Each of `steps` iterations: the generator G maps B latents z to synthetic images x; the
+  student s and the teacher(s) t score them; the per-sample output gradients of L_T, the rows
+  g_b = κ·dL_T(s_b, t_b)/ds_b (B, K), are bounded to norm C and noised, g~ = A_{C,σ}(g) (the
+  only release, charged to the ledger each step); the student descends L_S(s, y_s) to the noisy
+  targets y_s = s - γ g~; the generator descends L_S + L_G (entropy, features, one-hot) through
+  the updated student. Privacy fields first, then the models, losses and optimisation, then
+  bookkeeping. What the engine adds around this (`EngineOptions`, off at its defaults): the
+  disagreement generator and its terms, replay, averaging, restarts.
+
+  One entry per field, its first sentence the flag's `--help` line.
 
   Attributes:
     noise_multiplier: σ, the noise std per output coordinate in units of C; None: calibrate.
@@ -88,7 +116,7 @@ class DPDFDConfig:
     delta: δ of every reported ε.
     accounting: "sound" (dp_accounting) or "paper" (Theorem 3 reconstruction; warned, and the
       sound ε is reported beside it).
-    l2_norm_bound: C, the norm bound of each released output-gradient row.
+    l2_clip_norm: C, the norm bound of each released output-gradient row.
     stability: e, the stabiliser of normalised rows C·g/(||g|| + e).
     bound_method: how rows are bounded: "normalize" (to norm C) or "clip" (to norm <= C).
     secure_noise: discrete Gaussian noise on an integer grid instead of float Gaussian noise.
@@ -125,43 +153,9 @@ class DPDFDConfig:
     entropy_weight: α of L_G, the information entropy of the batch-mean prediction.
     feature_weight: β of L_G, the student penultimate-feature term.
     one_hot_weight: weight of L_G's cross-entropy to the student's own argmax (0: drop it).
-    student_lr: the student's Adam learning rate (cosine-decayed over the steps).
-    generator_lr: the generator's Adam learning rate (cosine-decayed over the steps).
-    generator_objective: how the generator learns: "paper" or "disagreement". "paper": L_S +
-      L_G through the updated student. "disagreement": it ascends ||s(x) - y_s(x)||_1, the
-      disagreement the released rows show, by forward differences along `probe_directions`
-      directions per sample (DFME); the probes' rows are released and charged with the batch
-      (B·(1 + m) rows a step). Needs bound_method="clip".
-    probe_directions: m, random probe directions per sample of the disagreement generator.
-    probe_step: δ, the step of the disagreement probes x + δu.
-    diversity_weight: weight of a class-balance entropy on the student's view of the batch.
-      The disagreement generator's DAFL entropy of the student's predictions (0: off; the
-      paper generator's is `entropy_weight`). Teacher-free: no row, no privacy cost.
-    released_balance_weight: weight of a class-balance entropy on the released targets y_s.
-      H(mean_b softmax(y_s)), ascended along the probes (`probes.released_balance_ascent`; 0:
-      off). Released rows only: post-processing, same ε.
-    class_conditional_weight: weight of a class code asked of the generator (0: off).
-      Each sample asks for a uniform class through its first K latent coordinates; the
-      released targets' cross-entropy to it is descended along the probes
-      (`probes.released_class_descent`). Post-processing, same ε. Needs latent_dim > K.
-    smoothness_weight: weight of a total-variation prior on the generated images (0: off).
-      DeepInversion's `losses.total_variation`: no teacher, no row, no privacy cost.
-    param_averaging_decay: d in [0, 1) of a moving average of the student's weights (0: off).
-      The bias-corrected average (`train.averaging`) is evaluated and released instead of
-      the last iterate (BatchNorm statistics: the running ones). Post-processing: same ε.
-    generator_restart_ratio: restart the generator when its released disagreement stalls (0:
-      never). It restarts when `generator_restart_patience` windows in a row exceed this
-      ratio times the lowest since the last (re)start (`dpdfd.restarts`). Same ε.
-    generator_restart_patience: evaluation windows in a row that trigger a generator restart.
-    generator_max_restarts: the most generator restarts of a run.
-    replay_size: rows of earlier released pairs (x, y_s) kept for the student (0: none).
-      Each student update also draws `replay_batch` of them (`dpdfd.replay`). Same ε.
-    replay_batch: replayed rows per student update; None: batch_size.
-    replay_sampling: how replayed rows are drawn: "uniform" or "class_balanced".
-      "class_balanced": every class (the stored target's argmax) alike.
-    replay_memory: which released rows the replay memory keeps: "ring" or "per_class".
-      "per_class": the newest replay_size // K of each class, so a class the generator left
-      is not forgotten (needs replay_size >= K · batch_size).
+    student_learning_rate: the student's Adam learning rate (cosine-decayed over the steps).
+    generator_learning_rate: the generator's Adam learning rate (cosine-decayed over the steps).
+    engine: the engine's options around the algorithm (`options.EngineOptions`; flat flags).
     pretrained_generator_dir: a generator of `experiments.srr pretrain` to start from (None:
       random). Pretrained against the teacher WITHOUT noise: the record-level ε is then inf;
       the release ε (conditional on that generator) is kept beside it.
@@ -174,11 +168,14 @@ class DPDFDConfig:
     data_dir: the directory of `<dataset>.npz` (else $DPKD_DATA_DIR, else tensorflow-datasets).
   """
 
+  # Old flag and saved names of renamed fields (the library's vocabulary, docs/ARCHITECTURE.md).
+  RENAMED: ClassVar[dict[str, str]] = config_migration.V1_RENAMED
+
   noise_multiplier: float | None = None
   target_epsilon: float | None = None
   delta: float = 1e-5
   accounting: str = "sound"
-  l2_norm_bound: float = 1.0
+  l2_clip_norm: float = 1.0
   stability: float = 1e-6
   bound_method: str = "normalize"
   secure_noise: bool = False
@@ -203,33 +200,14 @@ class DPDFDConfig:
   entropy_weight: float = 5.0
   feature_weight: float = 0.1
   one_hot_weight: float = 1.0
-  student_lr: float = 1e-3
-  generator_lr: float = 1e-3
-  generator_objective: str = "paper"
-  probe_directions: int = 1
-  probe_step: float = 1e-3
-  diversity_weight: float = 0.0
-  released_balance_weight: float = 0.0
-  class_conditional_weight: float = 0.0
-  smoothness_weight: float = 0.0
-  param_averaging_decay: float = 0.0
-  generator_restart_ratio: float = 0.0
-  generator_restart_patience: int = 2
-  generator_max_restarts: int = 2
-  replay_size: int = 0
-  replay_batch: int | None = None
-  replay_sampling: str = "uniform"
-  replay_memory: str = "ring"
+  student_learning_rate: float = 1e-3
+  generator_learning_rate: float = 1e-3
+  engine: options.EngineOptions = dataclasses.field(default_factory=options.EngineOptions)
   pretrained_generator_dir: str | None = None
   validation_examples: int = 0
   seed: int | None = None
   eval_every: int = 200
   data_dir: str | None = None
-
-  @property
-  def probes_per_sample(self) -> int:
-    """Extra released rows per synthetic sample: the disagreement probes, else 0."""
-    return self.probe_directions if self.generator_objective == "disagreement" else 0
 
   def __post_init__(self):
     config_checks.integer("validation_examples", self.validation_examples, minimum=0)
@@ -241,50 +219,12 @@ class DPDFDConfig:
     config_checks.one_of("teacher_loss", self.teacher_loss, TEACHER_LOSSES)
     config_checks.seed(self.seed)
     config_checks.integers(self, "eval_every", "generator_channels", "batch_size", "latent_dim")
-    config_checks.positive(self, "student_lr", "generator_lr", "temperature", "probe_step",
-                           "teacher_loss_scale")
-    config_checks.one_of("generator_objective", self.generator_objective,
-                         GENERATOR_OBJECTIVES)
-    config_checks.integers(self, "probe_directions")
-    config_checks.fraction("param_averaging_decay", self.param_averaging_decay, open_low=False)
-    if self.generator_objective == "disagreement" and self.bound_method != "clip":
-      raise ValueError("generator_objective='disagreement' reads the disagreement from the size "
-                       "of the released rows, which bound_method='normalize' sets to C for "
-                       "every row: use bound_method='clip'")
-    config_checks.non_negative(self, "entropy_weight", "feature_weight", "one_hot_weight",
-                               "diversity_weight", "released_balance_weight",
-                               "class_conditional_weight", "smoothness_weight")
-    if self.diversity_weight and self.generator_objective != "disagreement":
-      raise ValueError("diversity_weight adds the class-balance term to the disagreement "
-                       "generator; the paper generator weighs it by entropy_weight")
-    for name in ("released_balance_weight", "class_conditional_weight", "smoothness_weight"):
-      if getattr(self, name) and self.generator_objective != "disagreement":
-        raise ValueError(f"{name} is a term of the disagreement generator: it needs "
-                         "generator_objective='disagreement'")
-    if self.class_conditional_weight and self.latent_dim <= self.info.num_classes:
-      raise ValueError(f"class_conditional_weight puts a class code in the first "
-                       f"{self.info.num_classes} latent coordinates: latent_dim must exceed "
-                       f"it, got {self.latent_dim}")
-    _ = self.restart_rule  # validates the restart fields
-    config_checks.integers(self, "replay_size", minimum=0)
-    if self.replay_size and self.replay_size < self.batch_size:
-      raise ValueError(f"replay_size must be 0 or >= batch_size={self.batch_size} (a step "
-                       f"writes its whole batch), got {self.replay_size}")
-    if self.replay_batch is not None:
-      config_checks.integer("replay_batch", self.replay_batch, minimum=1)
-      if not self.replay_size:
-        raise ValueError("replay_batch needs replay_size > 0")
-    config_checks.one_of("replay_sampling", self.replay_sampling, replay.SAMPLINGS)
-    if self.replay_sampling != "uniform" and not self.replay_size:
-      raise ValueError("replay_sampling needs replay_size > 0")
-    config_checks.one_of("replay_memory", self.replay_memory, replay.MEMORIES)
-    if self.replay_memory != "ring":
-      classes = self.info.num_classes
-      if self.replay_size < classes * self.batch_size:
-        raise ValueError(f"replay_memory={self.replay_memory!r} keeps replay_size // "
-                         f"{classes} rows per class, which must hold a step's batch: "
-                         f"replay_size must be >= {classes * self.batch_size}, got "
-                         f"{self.replay_size}")
+    config_checks.positive(self, "student_learning_rate", "generator_learning_rate",
+                           "temperature", "teacher_loss_scale")
+    config_checks.non_negative(self, "entropy_weight", "feature_weight", "one_hot_weight")
+    if not isinstance(self.engine, options.EngineOptions):
+      raise ValueError(f"engine must be an EngineOptions, got {type(self.engine).__name__}")
+    check_engine(self)
     check_output_gradient_fields(self)
     check_privacy_request(self)
 
@@ -293,52 +233,42 @@ class DPDFDConfig:
     return data.DATASETS[self.dataset]
 
   @property
+  def probes_per_sample(self) -> int:
+    """Extra released rows per synthetic sample (`EngineOptions.probes_per_sample`)."""
+    return self.engine.probes_per_sample
+
+  @property
   def class_codes(self) -> int:
     """K when the generator is class-conditional (`class_conditional_weight`), else 0."""
-    return self.info.num_classes if self.class_conditional_weight else 0
+    return self.info.num_classes if self.engine.class_conditional_weight else 0
 
   @property
   def replay_rows(self) -> int:
     """Replayed rows per step: 0 without replay, else replay_batch (default batch_size)."""
-    if not self.replay_size:
+    if not self.engine.replay_size:
       return 0
-    return self.batch_size if self.replay_batch is None else self.replay_batch
-
-  @property
-  def restart_rule(self) -> restarts.RestartRule | None:
-    """The generator-restart rule, or None when the run never restarts its generator."""
-    if isinstance(self.generator_restart_ratio, (int, float)) and not isinstance(
-        self.generator_restart_ratio, bool) and self.generator_restart_ratio == 0:
-      return None
-    if self.generator_objective != "disagreement":
-      raise ValueError("generator_restart_ratio reads the released disagreement: it needs "
-                       "generator_objective='disagreement'")
-    return restarts.RestartRule(ratio=self.generator_restart_ratio,
-                                patience=self.generator_restart_patience,
-                                max_restarts=self.generator_max_restarts)
+    return self.batch_size if self.engine.replay_batch is None else self.engine.replay_batch
 
   def to_json(self) -> dict[str, Any]:
-    """The config as saved in checkpoints and results (a resumed run must match it)."""
+    """The config as saved in checkpoints and results: every field, the engine nested, and
+    the format's `version` (`config_migration`; a resumed run must match it)."""
     out = dataclasses.asdict(self)
     out["teacher_dirs"] = list(self.teacher_dirs)
-    for name in ("param_averaging_decay", "diversity_weight", "released_balance_weight",
-                 "class_conditional_weight", "smoothness_weight", "secure_noise",
-                 "secure_grid_bits", "validation_examples"):
-      if not out[name]:  # at its default: the dict saved before the field existed
-        del out[name]
-    if not self.generator_restart_ratio:  # restarts off: the dict saved before they existed
-      for name in ("generator_restart_ratio", "generator_restart_patience",
-                   "generator_max_restarts"):
-        del out[name]
-    if not self.replay_size:  # replay off: likewise
-      del out["replay_size"], out["replay_batch"]
-    if self.replay_sampling == "uniform":  # as saved before the field existed
-      del out["replay_sampling"]
-    if self.replay_memory == "ring":  # likewise
-      del out["replay_memory"]
-    if self.teacher_ensemble_dir is None:  # as saved before the field existed: runs resume
-      del out["teacher_ensemble_dir"]
-    return out
+    return {"version": config_migration.VERSION, **out}
+
+  @classmethod
+  def from_json(cls, saved: dict[str, Any]) -> "DPDFDConfig":
+    """The config of a saved dict of any format (`config_migration.migrate` first)."""
+    values = config_migration.migrate(saved)
+    del values["version"]
+    engine_values = values.pop("engine")
+    unknown = sorted((set(values) - {f.name for f in dataclasses.fields(cls)}) | (
+        set(engine_values) - {f.name for f in dataclasses.fields(options.EngineOptions)}))
+    if unknown:
+      raise ValueError(f"a saved DPDFD config holds fields this dpkd-jax does not know: "
+                       f"{', '.join(unknown)}")
+    engine = options.EngineOptions(**engine_values)
+    return cls(**{**values, "teacher_dirs": tuple(values["teacher_dirs"])}, engine=engine)
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -347,7 +277,7 @@ class DirectConfig:
 
   Attributes:
     noise_multiplier: σ of A_{C,σ}, the noise std per output coordinate in units of C.
-    l2_norm_bound: C, the norm bound of each released output-gradient row.
+    l2_clip_norm: C, the norm bound of each released output-gradient row.
     stability: e, the stabiliser of normalised rows C·g/(||g|| + e).
     bound_method: how rows are bounded: "normalize" (to norm C) or "clip" (to norm <= C).
     gamma: γ, the step size of the noisy target y_s = s - γ g~.
@@ -365,8 +295,10 @@ class DirectConfig:
     data_dir: the directory of `<dataset>.npz` (else $DPKD_DATA_DIR, else tensorflow-datasets).
   """
 
+  RENAMED: ClassVar[dict[str, str]] = {"l2_norm_bound": "l2_clip_norm"}  # old flag names
+
   noise_multiplier: float
-  l2_norm_bound: float = 1.0
+  l2_clip_norm: float = 1.0
   stability: float = 1e-6
   bound_method: str = "normalize"
   gamma: float = 1.0

@@ -173,7 +173,7 @@ def _resolve(config: config_lib.DPDFDConfig, *, num_teachers: int,
                 " (a reconstruction), which is NOT a valid guarantee for this mechanism;"
                 " the sound epsilon of the run is reported beside it.",
                 paper_accounting.PaperAccountingWarning, stacklevel=3)
-  rho, bound = paper_rho(target, config.delta), config.l2_norm_bound
+  rho, bound = paper_rho(target, config.delta), config.l2_clip_norm
   if sigma is None:
     sigma = bound * math.sqrt(steps / (2.0 * rho))
   else:
@@ -222,7 +222,7 @@ def make_plan(config: config_lib.DPDFDConfig, teachers_per_record: int | None = 
                   f"{target:g}: accounting='{config.accounting}' bounds only the paper's"
                   " formula", paper_accounting.PaperAccountingWarning, stacklevel=2)
   return DPDFDPlan(
-      noise_multiplier=float(sigma), l2_norm_bound=config.l2_norm_bound,
+      noise_multiplier=float(sigma), l2_norm_bound=config.l2_clip_norm,
       stability=config.stability, bound_method=config.bound_method,
       batch_size=config.batch_size, probes_per_sample=config.probes_per_sample,
       num_teachers=num_teachers, teachers_per_record=m,
@@ -231,16 +231,16 @@ def make_plan(config: config_lib.DPDFDConfig, teachers_per_record: int | None = 
       releases=int(steps), delta=config.delta, accounting=config.accounting,
       sound_epsilon=sound, budget_epsilon=plan_lib.budget(
           target_epsilon=target, accounting=config.accounting, sound_epsilon=sound),
-      paper_epsilon=paper_epsilon(noise_multiplier=sigma, l2_norm_bound=config.l2_norm_bound,
+      paper_epsilon=paper_epsilon(noise_multiplier=sigma, l2_norm_bound=config.l2_clip_norm,
                                   steps=steps, delta=config.delta))
 
 
 def make_direct_plan(config: config_lib.DirectConfig) -> DirectPlan:
   """The direct mode's plan: σ as given, `config.steps` releases, ε = inf, no ledger."""
   return DirectPlan(
-      noise_multiplier=float(config.noise_multiplier), l2_norm_bound=config.l2_norm_bound,
+      noise_multiplier=float(config.noise_multiplier), l2_norm_bound=config.l2_clip_norm,
       stability=config.stability, bound_method=config.bound_method, releases=config.steps,
       delta=config.delta, budget_epsilon=None, sound_epsilon=math.inf,
       paper_epsilon=paper_epsilon(noise_multiplier=config.noise_multiplier,
-                                  l2_norm_bound=config.l2_norm_bound, steps=config.steps,
+                                  l2_norm_bound=config.l2_clip_norm, steps=config.steps,
                                   delta=config.delta))

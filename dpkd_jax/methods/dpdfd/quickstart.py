@@ -139,14 +139,14 @@ NEGLIGIBLE_NOISE = 0.01  # noise std per coordinate of the released mean row, in
 
 def _engine_reason(steps: int, config: config_lib.DPDFDConfig, noise: str) -> str:
   """The noise is not what failed: the engine did not learn in `steps` steps."""
-  if config.generator_objective == "disagreement":
+  if config.engine.generator_objective == "disagreement":
     return (f"why at chance: {noise}, so the engine itself did not learn in {steps} steps "
             f"(its outcome spreads from seed to seed and grows with steps: "
             f"{DISAGREEMENT_ANCHOR}); try more --steps or another --seed")
   return (f"why at chance: {noise}, so the engine itself did not learn in {steps} steps "
           f"(the generator sees only the student and can collapse: {ENGINE_ANCHOR}); try "
           "more --steps, or the disagreement generator: --generator_objective=disagreement "
-          "--bound_method=clip --teacher_loss=logit --l2_norm_bound=1000")
+          "--bound_method=clip --teacher_loss=logit --l2_clip_norm=1000")
 
 
 def chance_reason(results: Mapping[str, Any]) -> str:
@@ -159,10 +159,10 @@ def chance_reason(results: Mapping[str, Any]) -> str:
   Args:
     results: a DPDFD run's results (`train_dpdfd`), its "config" the run's `to_json`.
   """
-  config = config_lib.DPDFDConfig(**results["config"])
+  config = config_lib.DPDFDConfig.from_json(results["config"])
   sigma, steps = results.get("noise_multiplier") or 0.0, results.get("steps", 0)
   n, m = results.get("num_teachers", 1), results.get("teachers_per_record", 1)
-  bound = config.l2_norm_bound
+  bound = config.l2_clip_norm
   std = sigma / n  # noise std per coordinate of the released mean row, in units of C
   if std < NEGLIGIBLE_NOISE:
     noise = "no noise" if sigma == 0 else f"noise std {std:.2g}*C is negligible beside the rows"
@@ -174,7 +174,7 @@ def chance_reason(results: Mapping[str, Any]) -> str:
              "the paper's epsilon grows with C^2/sigma^2")
     return (f"why at chance: {chose}: at C = {bound:g} the noise std per coordinate "
             f"{std * bound:.3g} drowns rows of norm <= C ({eps} for this run); its Table 1 "
-            "recipe keeps rows far below a tiny C: --l2_norm_bound=1e-10 "
+            "recipe keeps rows far below a tiny C: --l2_clip_norm=1e-10 "
             f"--teacher_loss_scale=1e-12 --gamma=1e12 ({PAPER_TABLE_ANCHOR})")
   batch = config.batch_size * (1 + config.probes_per_sample)  # rows of one release
   z = sigma / (2 * m * math.sqrt(batch))

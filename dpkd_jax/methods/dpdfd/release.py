@@ -50,8 +50,7 @@ def load_run(workdir: str) -> tuple[config_lib.DPDFDConfig, step_lib.DPDFDState,
   """Restores (config, state, metadata) of a DPDFD workdir (latest checkpoint)."""
   ckpt_dir = os.path.join(workdir, "checkpoints")
   meta = checkpoint.restore_metadata(ckpt_dir)
-  config = config_lib.DPDFDConfig(**{**meta["config"],
-                                     "teacher_dirs": tuple(meta["config"]["teacher_dirs"])})
+  config = config_lib.DPDFDConfig.from_json(meta["config"])  # any saved format
   template = step_lib.init_state(config, jax.random.key(0))
   arrays, meta = checkpoint.restore(ckpt_dir, template.arrays())
   return config, template.with_arrays(arrays), meta

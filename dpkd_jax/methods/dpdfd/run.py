@@ -27,6 +27,7 @@ from dpkd_jax import teacher as teacher_lib
 from dpkd_jax import teacher_ensemble
 from dpkd_jax import teacher_partition
 from dpkd_jax.methods.dpdfd import config as config_lib
+from dpkd_jax.methods.dpdfd import config_migration
 from dpkd_jax.methods.dpdfd import generator_prior
 from dpkd_jax.methods.dpdfd import privacy
 from dpkd_jax.methods.dpdfd import replay as replay_lib
@@ -306,7 +307,8 @@ def train_dpdfd(config: config_lib.DPDFDConfig, workdir: str, *, resume: bool = 
   # 1. Workdir: lock, resume or refuse (for the whole run); the device mesh.
   memory.check_batch("--batch_size", config.batch_size, config.info.image_shape)  # fits?
   clock = outputs.RunClock()
-  run = workdir_lib.open_run(workdir, kind="DPDFD", config=config.to_json(), resume=resume)
+  run = workdir_lib.open_run(workdir, kind="DPDFD", config=config.to_json(), resume=resume,
+                             migrate=config_migration.migrate)
   mesh = sharding.data_mesh() if mesh is None else mesh
   sharding.check_divisible(config.batch_size, mesh)
   # 2. Data, teachers (m from their cards), the hold-out (a bad count fails before a charge).
@@ -336,9 +338,9 @@ def train_dpdfd(config: config_lib.DPDFDConfig, workdir: str, *, resume: bool = 
   meta = {"config": config.to_json(), "plan": plan.to_json(), "root_seed": list(root_seed),
           "teachers_sha256": teachers_sha256}
   restarter = None
-  if config.restart_rule is not None:  # resumes the rule where the checkpoint left it
+  if config.engine.restart_rule is not None:  # resumes the rule where the checkpoint left it
     saved_rule = run.saved.get("generator_restarts") if run.resuming else None
-    restarter = _Restarter(config, config.restart_rule,
+    restarter = _Restarter(config, config.engine.restart_rule,
                            restarts.RestartState.from_json(saved_rule), init_key, mesh)
   meta.update(_released_rows_meta(run, start))
   state, step, accuracy, released_rows = _train(

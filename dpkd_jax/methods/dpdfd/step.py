@@ -83,19 +83,19 @@ def _adam(config: config_lib.DPDFDConfig, lr: float) -> optax.GradientTransforma
 
 def generator_state(config: config_lib.DPDFDConfig, generator: core.ModelParts) -> TrainState:
   """The generator's train state: Adam on a cosine over the run's steps, from its start."""
-  return TrainState.create(generator, _adam(config, config.generator_lr))
+  return TrainState.create(generator, _adam(config, config.generator_learning_rate))
 
 
 def init_state(config: config_lib.DPDFDConfig, key: jax.Array) -> DPDFDState:
   """Fresh student and generator (keys split(key): 0 the student, 1 the generator), and the
   empty replay buffer of a run that keeps one."""
   student, generator = models.create_student_and_generator(config, key)
-  student_tx = _adam(config, config.student_lr)
-  if config.param_averaging_decay:  # the student's average: post-processing of the releases
-    student_tx = averaging.param_averaging(student_tx, config.param_averaging_decay)
-  replay = None if not config.replay_size else replay_lib.ReplayBuffer.empty(
-      config.replay_size, config.info.image_shape, config.info.num_classes,
-      memory=config.replay_memory)
+  student_tx = _adam(config, config.student_learning_rate)
+  if config.engine.param_averaging_decay:  # the student's average: post-processing of the releases
+    student_tx = averaging.param_averaging(student_tx, config.engine.param_averaging_decay)
+  replay = None if not config.engine.replay_size else replay_lib.ReplayBuffer.empty(
+      config.engine.replay_size, config.info.image_shape, config.info.num_classes,
+      memory=config.engine.replay_memory)
   return DPDFDState(TrainState.create(student, student_tx), generator_state(config, generator),
                     replay)
 
@@ -268,29 +268,30 @@ def _generator_grad(config: config_lib.DPDFDConfig, stu: TrainState, target: jax
   (B,) of a class-conditional generator."""
   if directions is None:
     return _paper_generator_grad(config, stu, target, x)
+  engine = config.engine  # the disagreement generator's terms
   g_loss, terms, d_images = probes_lib.disagreement_ascent(config.gamma, noisy, directions,
-                                                           step=config.probe_step)
-  if config.diversity_weight:  # class balance through the updated student
-    div_loss, d_div = probes_lib.diversity_ascent(config.diversity_weight, stu,
+                                                           step=engine.probe_step)
+  if engine.diversity_weight:  # class balance through the updated student
+    div_loss, d_div = probes_lib.diversity_ascent(engine.diversity_weight, stu,
                                                   jax.lax.stop_gradient(x))
     terms["diversity"] = div_loss
     g_loss, d_images = g_loss + div_loss, d_images + d_div
   released_targets = dpdfd_update.dpdfd_student_target(s_queries, noisy, config.gamma)
-  if config.released_balance_weight:  # class balance as the release shows it
+  if engine.released_balance_weight:  # class balance as the release shows it
     entropy, d_entropy = probes_lib.released_balance_ascent(released_targets, directions,
-                                                            step=config.probe_step)
+                                                            step=engine.probe_step)
     terms["released_entropy"] = entropy
-    weight = config.released_balance_weight
+    weight = engine.released_balance_weight
     g_loss, d_images = g_loss - weight * entropy, d_images - weight * d_entropy
-  if config.smoothness_weight:  # an image prior: no teacher, no row
+  if engine.smoothness_weight:  # an image prior: no teacher, no row
     tv, d_tv = jax.value_and_grad(losses.total_variation)(jax.lax.stop_gradient(x))
-    terms["smoothness"] = config.smoothness_weight * tv
-    g_loss, d_images = g_loss + terms["smoothness"], d_images + config.smoothness_weight * d_tv
+    terms["smoothness"] = engine.smoothness_weight * tv
+    g_loss, d_images = g_loss + terms["smoothness"], d_images + engine.smoothness_weight * d_tv
   if classes is not None:  # the requested classes, as the release shows them
     ce, d_ce = probes_lib.released_class_descent(released_targets, classes, directions,
-                                                 step=config.probe_step)
+                                                 step=engine.probe_step)
     terms["released_class_ce"] = ce
-    weight = config.class_conditional_weight
+    weight = engine.class_conditional_weight
     g_loss, d_images = g_loss + weight * ce, d_images + weight * d_ce
   return g_loss, terms, d_images
 
@@ -344,14 +345,14 @@ def build_train_step(plan: privacy.DPDFDPlan, config: config_lib.DPDFDConfig,
 
     replayed = None if replay is None else replay_lib.sample(
         replay, jax.random.fold_in(key, 3), config.replay_rows,
-        sampling=config.replay_sampling)
+        sampling=config.engine.replay_sampling)
     all_logits, student_vjp, s_stats = _student_forward(stu, x_const, replayed)
     s_logits = all_logits[:plan.batch_size]
     queries, s_queries, directions = x_const, s_logits, None
     if plan.probes_per_sample:  # the disagreement probes x + δu are queries of the same release
       directions = probes_lib.unit_directions(probe_key, x_const,
                                               plan.probes_per_sample)  # (m, B, ...)
-      probes = (x_const[None] + config.probe_step * directions).reshape(
+      probes = (x_const[None] + config.engine.probe_step * directions).reshape(
           (-1,) + x_const.shape[1:])  # (m·B, ...)
       s_probes, _ = core.apply(stu.graphdef, stu.params, stu.batch_stats, probes, train=True)
       queries = jnp.concatenate([x_const, probes])

@@ -9,7 +9,8 @@ Learning with Differentially Private Data-Free Distillation", arXiv:2409.12384.
    of KL on the noisy labels, generator fine-tuning on the same labels through the student.
 
 Rooms:
-  config.py       `SRRConfig`: the flags, validated once (it never resolves ε or stages)
+  config.py       `SRRConfig`: the flags, validated once (it never resolves ε or stages);
+                  config_migration.py reads every saved form of it (format versions)
   privacy.py      `SRRPlan`, `make_plan` (the only place ε per query / stages are resolved,
                   calibration included), `report`; the privacy argument (paper label-DP per
                   query, RR composition of the labels, record level: inf with the teacher prior)

@@ -9,12 +9,13 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from typing import Any
+from typing import Any, ClassVar
 
 from dpkd_jax import config_checks
 from dpkd_jax import data
 from dpkd_jax import models
 from dpkd_jax import teacher as teacher_lib
+from dpkd_jax.methods.srr import config_migration
 from dpkd_jax.methods.srr import generator
 from dpkd_jax.models import core
 from dpkd_jax.privacy import randomized_response
@@ -36,11 +37,6 @@ def labels_mostly_noise(epsilon: float | None, num_classes: int) -> bool:
   if epsilon is None:
     return False
   return float(randomized_response.keep_probability(epsilon, num_classes)) < MOSTLY_NOISE
-
-
-# Fields added after workdirs were first saved: left out of `to_json` at their default.
-_OMITTED_AT_DEFAULT = ("student_replay", "query_pool", "student_schedule",
-                       "validation_examples")
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -65,7 +61,7 @@ class SRRConfig:
     latent_dim: the size of the generator's latent input.
     pretrain_steps: steps of the generator's pretraining against the teacher.
     pretrain_batch_size: samples per generator pretraining step.
-    pretrain_lr: Adam learning rate of the generator's pretraining.
+    pretrain_learning_rate: Adam learning rate of the generator's pretraining.
     generator_terms: the pretraining loss terms among ce, ie, bn (ablation).
     entropy_weight: alpha, the weight of the information-entropy (ie) pretraining term.
     bn_weight: beta, the weight of the BatchNorm-statistics (bn) pretraining term.
@@ -78,8 +74,8 @@ class SRRConfig:
     batch_size: B, samples per training step.
     student_epochs: the student's passes over each stage's labels.
     generator_epochs: the generator's fine-tuning passes over each stage's labels (0: none).
-    student_lr: the student's Adam learning rate (on `student_schedule`).
-    generator_lr: the generator's Adam learning rate.
+    student_learning_rate: the student's Adam learning rate (on `student_schedule`).
+    generator_learning_rate: the generator's Adam learning rate.
     student_schedule: "cosine" (decayed over all the student's steps, every stage's) or
       "constant" (later stages' labels are learnt at the same rate as the first's).
     student_loss: "kl" (paper: KL to the one-hot released label) or "rr_likelihood" (-log of
@@ -98,6 +94,9 @@ class SRRConfig:
     data_dir: directory of `<dataset>.npz`.
   """
 
+  # Old flag and saved names of renamed fields (the library's vocabulary, docs/ARCHITECTURE.md).
+  RENAMED: ClassVar[dict[str, str]] = config_migration.V1_RENAMED
+
   epsilon: float | None = None
   target_epsilon: float | None = None
   delta: float = 1e-5
@@ -113,7 +112,7 @@ class SRRConfig:
   latent_dim: int = 100
   pretrain_steps: int = 1000
   pretrain_batch_size: int = 128
-  pretrain_lr: float = 1e-3
+  pretrain_learning_rate: float = 1e-3
   generator_terms: tuple[str, ...] = generator.GENERATOR_TERMS
   entropy_weight: float = 5.0
   bn_weight: float = 10.0
@@ -123,13 +122,13 @@ class SRRConfig:
   batch_size: int = 128
   student_epochs: int = 10
   generator_epochs: int = 1
-  student_lr: float = 1e-3
+  student_learning_rate: float = 1e-3
   student_schedule: str = "cosine"
   student_loss: str = "kl"
   student_shift: int = 0
   student_replay: bool = False
   query_pool: int = 1
-  generator_lr: float = 1e-4
+  generator_learning_rate: float = 1e-4
   validation_examples: int = 0
   seed: int | None = None
   data_dir: str | None = None
@@ -158,7 +157,7 @@ class SRRConfig:
     if self.samples_per_stage % self.batch_size:
       raise ValueError(f"samples_per_stage={self.samples_per_stage} must be a multiple of"
                        f" batch_size={self.batch_size}")
-    config_checks.positive(self, "student_lr", "generator_lr")
+    config_checks.positive(self, "student_learning_rate", "generator_learning_rate")
     if self.generator_prior == "none" and self.pretrained_generator_dir is not None:
       raise ValueError("generator_prior='none' never uses a teacher-pretrained generator;"
                        f" drop pretrained_generator_dir={self.pretrained_generator_dir!r}")
@@ -190,7 +189,7 @@ class SRRConfig:
     return generator.PretrainConfig(
         terms=self.generator_terms, entropy_weight=self.entropy_weight, bn_weight=self.bn_weight,
         steps=self.pretrain_steps, batch_size=self.pretrain_batch_size,
-        latent_dim=self.latent_dim, learning_rate=self.pretrain_lr)
+        latent_dim=self.latent_dim, learning_rate=self.pretrain_learning_rate)
 
   def generator_identity(self, teacher: core.ModelParts) -> dict[str, Any]:
     """What a pretrained generator must have been trained for to be reused by this run, with
@@ -198,15 +197,19 @@ class SRRConfig:
     return models.generator_identity(self, teacher_lib.weights_sha256(teacher))
 
   def to_json(self) -> dict[str, Any]:
-    """The config as saved in checkpoints and results (a resumed run must match it)."""
+    """The config as saved in checkpoints and results: every field and the format's
+    `version` (`config_migration`; a resumed run must match it)."""
     out = dataclasses.asdict(self)
     out["generator_terms"] = list(self.generator_terms)
-    for field in dataclasses.fields(self):  # older workdirs saved none of them: they resume
-      if field.name in _OMITTED_AT_DEFAULT and out[field.name] == field.default:
-        del out[field.name]
-    return out
+    return {"version": config_migration.VERSION, **out}
 
   @classmethod
   def from_json(cls, saved: dict[str, Any]) -> "SRRConfig":
-    """Inverse of `to_json`."""
-    return cls(**{**saved, "generator_terms": tuple(saved["generator_terms"])})
+    """The config of a saved dict of any format (`config_migration.migrate` first)."""
+    values = config_migration.migrate(saved)
+    del values["version"]
+    unknown = sorted(set(values) - {f.name for f in dataclasses.fields(cls)})
+    if unknown:
+      raise ValueError(f"a saved SRR config holds fields this dpkd-jax does not know: "
+                       f"{', '.join(unknown)}")
+    return cls(**{**values, "generator_terms": tuple(values["generator_terms"])})

@@ -28,6 +28,7 @@ from dpkd_jax import data
 from dpkd_jax import models
 from dpkd_jax import teacher as teacher_lib
 from dpkd_jax.methods.srr import config as config_lib
+from dpkd_jax.methods.srr import config_migration
 from dpkd_jax.methods.srr import pretraining
 from dpkd_jax.methods.srr import privacy
 from dpkd_jax.methods.srr import stage as stage_lib
@@ -126,7 +127,8 @@ def train_srr(config: config_lib.SRRConfig, workdir: str, *, resume: bool = Fals
   """
   clock = outputs.RunClock()
   # 1. Workdir: lock, resume or refuse; devices.
-  run = workdir_lib.open_run(workdir, kind="SRR", config=config.to_json(), resume=resume)
+  run = workdir_lib.open_run(workdir, kind="SRR", config=config.to_json(), resume=resume,
+                             migrate=config_migration.migrate)
   mesh = sharding.data_mesh() if mesh is None else mesh
   for size in (config.batch_size, config.pretrain_batch_size):
     sharding.check_divisible(size, mesh)

@@ -67,16 +67,16 @@ def init_state(config: config_lib.SRRConfig, key: jax.Array, *,
     released = stage_lib.Released.empty(stages * config.samples_per_stage,
                                         config.info.image_shape, config.info.num_classes)
   return stage_lib.SRRState(
-      TrainState.create(student, adam(config.student_lr, max(student_steps, 1)
+      TrainState.create(student, adam(config.student_learning_rate, max(student_steps, 1)
                                       if config.student_schedule == "cosine" else None)),
-      TrainState.create(generator, adam(config.generator_lr)), released)
+      TrainState.create(generator, adam(config.generator_learning_rate)), released)
 
 
 def with_generator(config: config_lib.SRRConfig, state: stage_lib.SRRState,
                    generator: core.ModelParts) -> stage_lib.SRRState:
   """`state` with `generator` (the prior the stages start from) and a fresh Adam state for it,
   as `init_state` builds it."""
-  return state.replace(generator=TrainState.create(generator, adam(config.generator_lr)))
+  return state.replace(generator=TrainState.create(generator, adam(config.generator_learning_rate)))
 
 
 def student_kl_loss(logits: jax.Array, labels: jax.Array) -> jax.Array:

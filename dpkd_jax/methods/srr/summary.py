@@ -49,9 +49,9 @@ def chance_reason(results: Mapping[str, Any]) -> str:
     more = ("fewer queries (--stages, --samples_per_stage) leave more epsilon to each"
             if target is not None and config.get("epsilon") is None else "a larger --epsilon")
     student = config.get("student_model", "lenet5")
-    lr = config.get("student_lr", 1e-3)
+    lr = config.get("student_learning_rate", config.get("student_lr", 1e-3))  # (version 1)
     smaller = ("" if student == "lenet5" else
-               f", or a --student_lr below {lr:g} (a {student} student can fit such labels' "
+               f", or a --student_learning_rate below {lr:g} (a {student} student can fit such labels' "
                "noise: small_cnn collapsed on Fashion-MNIST at epsilon 1 with 1e-3 and learned "
                f"with 3e-4, {STUDENT_ANCHOR})")
     return (f"why at chance: the labels are mostly noise: {labels}; a student trained on them "

@@ -1,0 +1,60 @@
+"""Saved SRR configs: the format versions, and one migration of every older form to today's.
+
+A run saves its config (`SRRConfig.to_json`) in its checkpoints and results.json; a resumed run
+compares the saved config with its own after `migrate`, and `SRRConfig.from_json` loads any
+saved form through it. The forms, oldest first:
+
+  1  flat, no "version"; the fields added after workdirs were first saved were left out while
+     at their default (`V1_OMITTED`: the value a run had before the field existed).
+  2  every field written, "version": 2, the library's vocabulary (`V1_RENAMED`:
+     pretrain_learning_rate, student_learning_rate, generator_learning_rate).
+
+A dict of a newer version than `VERSION` is refused in one line (saved by a newer dpkd-jax).
+"""
+
+from __future__ import annotations
+
+import copy
+from typing import Any, Callable
+
+VERSION = 2
+
+# Version 1 left these out at their default (the value a run had before the field existed).
+V1_OMITTED: dict[str, Any] = {"student_replay": False, "query_pool": 1,
+                              "student_schedule": "cosine", "validation_examples": 0}
+
+# Fields version 2 renamed to the library's one vocabulary (docs/ARCHITECTURE.md#vocabulary):
+# {version-1 name: version-2 name}. The CLI keeps the old names as flag aliases.
+V1_RENAMED: dict[str, str] = {"pretrain_lr": "pretrain_learning_rate",
+                              "student_lr": "student_learning_rate",
+                              "generator_lr": "generator_learning_rate"}
+
+
+def _v1_to_v2(saved: dict[str, Any]) -> dict[str, Any]:
+  """Fills the fields version 1 left out and renames `V1_RENAMED`."""
+  return {V1_RENAMED.get(name, name): value for name, value in {**V1_OMITTED, **saved}.items()}
+
+
+# _STEPS[v] upgrades a version-v dict to version v + 1.
+_STEPS: dict[int, Callable[[dict[str, Any]], dict[str, Any]]] = {1: _v1_to_v2}
+
+
+def migrate(saved: dict[str, Any]) -> dict[str, Any]:
+  """`saved` (any version) as a version-`VERSION` dict; `saved` itself is left as it is.
+
+  Raises:
+    ValueError: not a dict, or a bad or newer version.
+  """
+  if not isinstance(saved, dict):
+    raise ValueError(f"a saved SRR config is a JSON object, got {type(saved).__name__}")
+  version = saved.get("version", 1)
+  if isinstance(version, bool) or not isinstance(version, int) or version < 1:
+    raise ValueError(f"a saved SRR config's version must be an integer >= 1, got {version!r}")
+  if version > VERSION:
+    raise ValueError(f"this SRR config was saved in format version {version} by a newer "
+                     f"dpkd-jax; this one reads versions up to {VERSION}: upgrade dpkd-jax")
+  out = copy.deepcopy(saved)
+  out.pop("version", None)
+  for step in range(version, VERSION):
+    out = _STEPS[step](out)
+  return {"version": VERSION, **out}
