@@ -4,7 +4,9 @@ The file is the embedded digits written as `mnist.npz` (1,442 training records),
 few steps with 100 canaries. It checks the plumbing, not the bound: inclusion reproducible from
 the recorded key, the run trained on the inserted labels, the scores recomputed from the
 released run alone (the secret canaries/ folder removed) give the recorded audit, the auditor's
-bounds are finite and >= 0, and the record, results and model card carry the block.
+bounds are finite and >= 0, and the record, results and model card carry the block; the
+white-box last-iterate block (final parameters against the public initialisation) is scored
+from the same released copy and written as its own threat model's record.
 """
 
 import json
@@ -70,6 +72,16 @@ def test_the_block_is_recomputed_from_the_released_run_alone(audited, data_dir, 
     assert json.load(f)["audit"] == block
   with open(os.path.join(audited, audit_run.RUN_DIR, "model_card.md")) as f:
     assert "## Audit" in f.read()
+  white_box = audit.released_scores(str(released), "white_box", images, labels)
+  blocks = records.read_record(os.path.join(audited, audit_run.RUN_DIR, "record.json"))[
+      audit_run.THREATS_KEY]
+  assert blocks["student"] == block and block["threat"] == "black-box final model"
+  assert blocks["white_box"]["threat"] == "white-box last iterate"
+  assert blocks["white_box"]["auroc"] == pytest.approx(
+      audit.audit_scores(white_box, design.included, delta=1e-5).auroc)
+  assert not np.allclose(white_box, scores)  # the initialisation is subtracted
+  assert records.read_record(os.path.join(
+      audited, audit_run.THREAT_DIR, "white_box", "record.json"))["audit"] == blocks["white_box"]
 
 
 def test_user_errors_are_one_line_exit_2_before_anything_is_written(data_dir, tmp_path, capsys):
@@ -81,7 +93,12 @@ def test_user_errors_are_one_line_exit_2_before_anything_is_written(data_dir, tm
       ("dpsgd", ["--confidence=1", "--", *_DPSGD, f"--data_dir={data_dir}"]),
       ("dpdfd", ["--", "--dataset=mnist", f"--data_dir={data_dir}"]),  # no --teacher_audit
       ("dpdfd", [f"--teacher_audit={tmp_path / 'none'}", "--", "--dataset=mnist",
-                 f"--data_dir={data_dir}", "--target_epsilon=10"])):
+                 f"--data_dir={data_dir}", "--target_epsilon=10"]),
+      ("rknn", [f"--teacher_audit={tmp_path}", "--", "--dataset=mnist"]),  # no teachers
+      ("rona", [f"--teacher_audit={tmp_path / 'none'}", "--", "--dataset=mnist",
+                f"--data_dir={data_dir}", "--noise_multiplier=20"]),
+      ("dfpate", ["--canaries=2000", "--", "--dataset=mnist", f"--data_dir={data_dir}",
+                  "--target_epsilon=10", "--validation_examples=100"])):
     with pytest.raises(SystemExit) as exit_info:
       audit_cli.main([f"--method={method}", f"--workdir={tmp_path / 'w'}", *flags])
     assert exit_info.value.code == 2
@@ -96,10 +113,10 @@ def test_committed_audits_keep_sound_claims_and_show_power():
   names = [n for n in os.listdir(results) if n.startswith("audit__") and n.endswith(".json")]
   for name in names:
     record = records.read_record(os.path.join(results, name))
-    block = record["audit"]
-    assert 0 <= block["epsilon_lower_bound"] <= block["epsilon_ceiling"], name
-    if record["accounting"] == "sound" and record["sound_epsilon"] != "inf":
-      assert block["epsilon_lower_bound"] <= record["sound_epsilon"], name
-      assert not block["exceeds_sound_claim"], name
+    for block in [record["audit"], *record.get(audit_run.THREATS_KEY, {}).values()]:
+      assert 0 <= block["epsilon_lower_bound"] <= block["epsilon_ceiling"], name
+      if record["accounting"] == "sound" and record["sound_epsilon"] != "inf":
+        assert block["epsilon_lower_bound"] <= record["sound_epsilon"], name
+        assert not block["exceeds_sound_claim"], name
     if record["method"] == "teacher":
-      assert block["epsilon_lower_bound"] > 0.5, name
+      assert record["audit"]["epsilon_lower_bound"] > 0.5, name

@@ -18,11 +18,15 @@ Modules:
   canaries    the design (indices, wrong labels, inclusion bits from `fold_in` tags of the audit
               key), insertion into a training split, the public view a scorer gets
   scores      each canary's log-odds of its wrong label under the released classifier (student
-              weights as exported, or the teacher's for the power reference); threat models
+              weights as exported, or the teacher's for the power reference); DP-SGD's
+              white-box last iterate (loss decrease from the public initialisation); DPDFD's
+              generator samples (distance to the nearest released sample); threat models
   statistics  `audit_scores` -> `AuditResult`: one-run ε and f-DP lower bounds, AUROC, TPR at
               1% FPR, the bound's ceiling for m canaries
+  methods     per method: train function, threat models, the `private_rows` hook that keeps
+              canaries in the records the run protects, teachers trained on the canary data
   run         `run_audit`: canary data -> the method's run -> scores -> the `audit` block of the
-              run's record, results and model card
+              run's record, results and model card (one block per threat model)
 
 A lower bound above a sound claim is a privacy defect; a paper-mode run's bound above the
 paper's ε is measured evidence against that accounting; a bound of 0 proves nothing by itself

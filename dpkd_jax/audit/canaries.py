@@ -91,23 +91,29 @@ class CanaryDesign:
 
 
 def design_canaries(labels: np.ndarray, num_classes: int, m: int, *,
-                    seed: int | None = None) -> CanaryDesign:
+                    seed: int | None = None, rows: np.ndarray | None = None) -> CanaryDesign:
   """Draws the design of m canaries among the N records with `labels` (module docstring).
 
   Args:
-    labels: (N,) int labels of the private training split.
+    labels: (N,) int labels of the training split.
     num_classes: K >= 2.
-    m: number of canaries, 2 <= m <= N.
+    m: number of canaries, 2 <= m <= len(rows).
     seed: the audit key's seed (None: 64 secret bits from OS entropy, `privacy.seeds`).
+    rows: (R,) distinct rows of the split that the run keeps private and trains on (the
+      method's `private_rows`: not a public part, not a validation hold-out); None: all N.
   """
   n = len(labels)
-  if not 2 <= m <= n:
-    raise ValueError(f"canaries must be in [2, {n}] (the training records), got {m}")
+  rows = np.arange(n) if rows is None else np.asarray(rows, np.int64)
+  if not 2 <= m <= len(rows):
+    raise ValueError(f"canaries must be in [2, {len(rows)}] (the private training records), "
+                     f"got {m}")
   if num_classes < 2:
     raise ValueError(f"a wrong label needs num_classes >= 2, got {num_classes}")
   resolved = seeds.resolve_seed(seed)
   key = seeds.root_key(resolved)
-  indices = np.asarray(jax.random.permutation(jax.random.fold_in(key, INDEX_TAG), n))[:m]
+  # A permutation of the eligible rows (of all N by default: the draw of earlier designs).
+  indices = rows[np.asarray(jax.random.permutation(jax.random.fold_in(key, INDEX_TAG),
+                                                   len(rows)))[:m]]
   true_labels = np.asarray(labels)[indices].astype(np.int64)
   offset = np.asarray(jax.random.randint(jax.random.fold_in(key, LABEL_TAG), (m,), 0,
                                          num_classes - 1))

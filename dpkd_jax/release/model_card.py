@@ -219,6 +219,7 @@ def build_card(workdir: str, *, exports: list[dict[str, Any]] | None = None,
                      "run_commit": record.get("commit"), "card_commit": records.current_commit(),
                      "record": "record.json of the run (its command may hold the seed)"},
       "exports": list(exports or []), "measured": measured, "audit": record.get("audit"),
+      "audit_threat_models": record.get("audit_threat_models"),
   }
 
 
@@ -293,18 +294,19 @@ def _md_exports(card: dict[str, Any]) -> list[str]:
 
 
 def _md_audit(card: dict[str, Any]) -> list[str]:
-  """The run's one-run canary audit (`dpkd_jax.audit`), when one was run."""
+  """The run's one-run canary audit (`dpkd_jax.audit`), one line per threat model scored."""
   audit = card.get("audit")
   if not audit:
     return []
+  lines = [f"- {b.get('threat', b['threat_model'])}: epsilon >= "
+           f"{_number(b['epsilon_lower_bound'], '.3f')} (f-DP: "
+           f"{_number(b['epsilon_lower_bound_fdp'], '.3f')}), AUROC {_number(b['auroc'], '.3f')}"
+           f", TPR at 1% FPR {_number(b['tpr_at_1pct_fpr'], '.3f')} ({b['threat_model']})"
+           for b in (card.get("audit_threat_models") or {"": audit}).values()]
   return ["## Audit", "", f"One-run canary audit ({audit['canaries']}; {audit['m']} canaries, "
-          f"{audit['threat_model']}): epsilon >= {_number(audit['epsilon_lower_bound'], '.3f')} "
-          f"(f-DP: {_number(audit['epsilon_lower_bound_fdp'], '.3f')}; at most "
-          f"{_number(audit['epsilon_ceiling'], '.3g')} measurable with this m) at "
-          f"{audit['confidence']:.0%} confidence, delta {audit['delta']:g}; AUROC "
-          f"{_number(audit['auroc'], '.3f')}, TPR at 1% FPR "
-          f"{_number(audit['tpr_at_1pct_fpr'], '.3f')}. A lower bound, not a guarantee: the "
-          "sound epsilon above is the guarantee.", ""]
+          f"{audit['confidence']:.0%} confidence, delta {audit['delta']:g}; at most "
+          f"{_number(audit['epsilon_ceiling'], '.3g')} measurable with this m):", "", *lines, "",
+          "A lower bound, not a guarantee: the sound epsilon above is the guarantee.", ""]
 
 
 def _md_measured(card: dict[str, Any]) -> list[str]:

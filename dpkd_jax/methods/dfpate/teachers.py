@@ -23,6 +23,7 @@ from dpkd_jax.methods.dfpate import config as config_lib
 from dpkd_jax.methods.dfpate import query_model as query_model_lib
 from dpkd_jax.teacher_ensemble import store
 from dpkd_jax.train import checkpoint
+from dpkd_jax.train import selection
 
 def own_pseudo_labels(ensemble: teacher_ensemble.Ensemble, pool: np.ndarray,
                       info: data.DatasetInfo, *, threshold: float) -> np.ndarray:
@@ -105,6 +106,13 @@ def get_teachers(config: config_lib.DFPATEConfig, train: data.ArrayDataset,
   if saved_dir:
     store.save(saved_dir, ensemble, meta)
   return ensemble, meta["train_seconds"], meta["report"]
+
+
+def private_rows(config: config_lib.DFPATEConfig, num_train: int) -> np.ndarray:
+  """(R,) rows of the N = `num_train` training records the teachers' shards partition (all
+  but the validation hold-out, `run._prepare`): where a one-run audit's canaries go, each in
+  exactly one shard (`dpkd_jax.audit`)."""
+  return selection.hold_out_indices(num_train, config.validation_examples)[0]
 
 
 def self_train_teachers(config: config_lib.DFPATEConfig, ensemble: teacher_ensemble.Ensemble,

@@ -54,6 +54,13 @@ class _Data(NamedTuple):
 # labelling round's index (round r's student uses fold_in(student key, r)).
 _SELF_TRAINING_TAG = 1_000_000
 
+def private_rows(config: config_lib.RKNNConfig, num_train: int) -> np.ndarray:
+  """(R,) rows of the N = `num_train` training records in the private set that labels the
+  public queries (all but the validation hold-out, `_load`): where a one-run audit's canaries
+  go (`dpkd_jax.audit`)."""
+  return selection.hold_out_indices(num_train, config.validation_examples)[0]
+
+
 def public_evaluation_split(num_examples: int, num_public: int, *,
                             seed: int) -> tuple[np.ndarray, np.ndarray]:
   """Sorted (public, evaluation) indices: `num_public` of a seeded permutation, then the rest.

@@ -17,6 +17,7 @@ from typing import Any
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 from dpkd_jax import data
 from dpkd_jax import errors
@@ -24,7 +25,9 @@ from dpkd_jax import teacher as teacher_lib
 from dpkd_jax.methods.rona.config import RONAConfig
 from dpkd_jax.models import core
 from dpkd_jax.privacy import seeds
+from dpkd_jax.data import splits
 from dpkd_jax.train import checkpoint
+from dpkd_jax.train import selection
 from dpkd_jax.train import sharding
 from dpkd_jax.train.state import TrainState
 from dpkd_jax.train.progress import StepBar
@@ -34,6 +37,17 @@ def public_split_card(config: RONAConfig, num_public: int) -> dict[str, Any]:
   """What an auxiliary teacher's card must record to prove it saw only this public split."""
   return {"dataset": config.dataset, "public_fraction": config.public_fraction,
           "split_seed": config.split_seed, "num_examples": num_public}
+
+
+def private_rows(config: RONAConfig, num_train: int) -> np.ndarray:
+  """(R,) sorted rows of the N = `num_train` training records that are only private: the
+  seeded sensitive part (`run._data`'s `private_public_split`) less its validation hold-out.
+  The teacher trains on every row, the student on the public part's labels: a one-run audit
+  puts its canaries here only (`dpkd_jax.audit`), where the run promises privacy."""
+  fractions = {"private": 1.0 - config.public_fraction, "public": config.public_fraction}
+  sensitive = splits.partition(num_train, fractions, seed=config.split_seed)["private"]
+  kept, _ = selection.hold_out_indices(len(sensitive), config.validation_examples)
+  return np.sort(sensitive[kept])
 
 
 def hint_shape(parts: core.ModelParts, info: data.DatasetInfo) -> tuple[int, ...]:
