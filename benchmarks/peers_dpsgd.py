@@ -265,7 +265,7 @@ def jax_steps(images_uint8: jax.Array, labels: jax.Array, key: jax.Array,
     steps["jax-privacy DP-SGD"] = jaxp_step
 
   direct_config = dpdfd.DirectConfig(dataset="mnist", noise_multiplier=NOISE_MULTIPLIER,
-                                     l2_norm_bound=L2_CLIP_NORM)
+                                     l2_clip_norm=L2_CLIP_NORM)
   direct = jax.jit(dpdfd.build_direct_step(dpdfd.make_direct_plan(direct_config), direct_config),
                    donate_argnums=0)
   holder["direct"] = TrainState.create(parts._replace(params=copy(parts.params)),
