@@ -23,6 +23,7 @@ import os
 import re
 import sys
 import tempfile
+import warnings
 from typing import Any, Callable, NoReturn, TypeVar
 
 from dpkd_jax import errors, kernels
@@ -42,6 +43,8 @@ _written: list[str] = []  # the file most recently opened for writing (`_note_wr
 _hooked: list[bool] = []  # the audit hook is installed (once per process: it stays)
 _running_commands: list[str] = []  # the `entry_point` commands running now (innermost last)
 _T = TypeVar("_T")
+# The library's own package directory: its warnings are notes to the person running a command.
+_LIBRARY_DIR = os.path.join(os.path.dirname(os.path.abspath(errors.__file__)), "")
 
 
 def one_line(message: str) -> str:
@@ -246,10 +249,26 @@ class _HeldWriteFailures(logging.Filter):
     self.held.clear()
 
 
+def _one_line_warnings(show: Callable[..., None]) -> Callable[..., None]:
+  """`warnings.showwarning` that says the library's own notes (a `UserWarning` raised from
+  dpkd_jax, e.g. a corrupt checkpoint moved aside) as one line, without Python's source
+  excerpt; every other warning is shown by `show` as before."""
+
+  def showwarning(message, category, filename, lineno, file=None, line=None):
+    if issubclass(category, UserWarning) and _LIBRARY_DIR in os.path.abspath(filename):
+      print(f"warning: {one_line(str(message))}", file=sys.stderr if file is None else file)
+    else:
+      show(message, category, filename, lineno, file, line)
+
+  return showwarning
+
+
 @contextlib.contextmanager
 def user_errors():
-  """Turns the user errors raised inside into `fail(...)` (one line, exit 2)."""
+  """Turns the user errors raised inside into `fail(...)` (one line, exit 2), and the
+  library's warnings into one line each."""
   sys.unraisablehook = _quiet_closed_loop
+  shown, warnings.showwarning = warnings.showwarning, _one_line_warnings(warnings.showwarning)
   if not _hooked:
     sys.addaudithook(_note_writes)
     _hooked.append(True)
@@ -273,6 +292,7 @@ def user_errors():
     fail(line)
   finally:
     held.release(absl_logger)  # what was not said in one line above
+    warnings.showwarning = shown
 
 
 def entry_point(main: Callable[..., Any]) -> Callable[..., Any]:

@@ -4,6 +4,7 @@ import errno
 import os
 import sys
 import types
+import warnings
 
 import pytest
 
@@ -104,3 +105,18 @@ def test_check_output_file(tmp_path):
   with pytest.raises(errors.UserError, match="is a directory"):
     _cli.check_output_file(str(tmp_path), "--out")
   assert os.listdir(tmp_path) == []
+
+
+def test_a_library_warning_is_one_line_and_others_are_shown_as_before(capsys):
+  library_file = os.path.join(_cli._LIBRARY_DIR, "train", "workdir.py")
+  with warnings.catch_warnings(record=True) as shown_before:  # whatever showed warnings before
+    warnings.simplefilter("always")
+    before = warnings.showwarning
+    with _cli.user_errors():
+      warnings.warn_explicit("checkpoint step 4 is corrupt: moved to 'x'\n resuming from step 2",
+                             UserWarning, filename=library_file, lineno=1)
+      warnings.warn_explicit("something else", UserWarning, filename="/elsewhere/m.py", lineno=7)
+    assert warnings.showwarning is before  # restored when the command ends
+  err = capsys.readouterr().err
+  assert err == "warning: checkpoint step 4 is corrupt: moved to 'x'; resuming from step 2\n"
+  assert [str(w.message) for w in shown_before] == ["something else"]  # shown as before
