@@ -8,8 +8,9 @@ turn it into one line and exit 2).
 
 from __future__ import annotations
 
+import copy
 import math
-from collections.abc import Collection
+from collections.abc import Callable, Collection, Mapping
 from typing import Any
 
 from dpkd_jax.privacy import validation
@@ -93,3 +94,30 @@ def seed(value: Any) -> None:
   """A run's seed: None (a secret one is drawn) or an integer in [0, 2**64) (64-bit keys)."""
   if value is not None and integer("seed", value, minimum=0) >= 2**64:
     raise ValueError(f"seed must be < 2**64, got {value}")
+
+
+def upgrade_saved(saved: Any, *, what: str, current: int,
+                  steps: Mapping[int, Callable[[dict[str, Any]], dict[str, Any]]],
+                  unversioned: Callable[[dict[str, Any]], int] = lambda saved: 1
+                  ) -> dict[str, Any]:
+  """A saved config of any format version as a version-`current` dict (`saved` is left as it
+  is): `steps[v]` upgrades a version-v dict to v + 1; a dict without "version" is of version
+  `unversioned(saved)`. `what` names the config in messages (e.g. "DPDFD").
+
+  Raises:
+    ValueError: not a dict, a version that is not an integer >= 1, or a newer version.
+  """
+  if not isinstance(saved, dict):
+    raise ValueError(f"a saved {what} config is a JSON object, got {type(saved).__name__}")
+  version = saved["version"] if "version" in saved else unversioned(saved)
+  if isinstance(version, bool) or not isinstance(version, int) or version < 1:
+    raise ValueError(f"a saved {what} config's version must be an integer >= 1, got "
+                     f"{version!r}")
+  if version > current:
+    raise ValueError(f"this {what} config was saved in format version {version} by a newer "
+                     f"dpkd-jax; this one reads versions up to {current}: upgrade dpkd-jax")
+  out = copy.deepcopy(saved)
+  out.pop("version", None)
+  for step in range(version, current):
+    out = steps[step](out)
+  return {"version": current, **out}

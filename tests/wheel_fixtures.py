@@ -9,7 +9,7 @@ appended as plain directories, so the `.pth` files inside them (among them the e
 install of this checkout) are not processed: `import dpkd_jax` in the virtualenv can only find
 the wheel's copy. `.ci/check_wheel` is the slower variant that lets pip resolve every dependency.
 
-Built once per test session: the pytest-xdist workers share one build through a file lock.
+Built once per pytest run: its pytest-xdist workers share one build through a file lock.
 """
 
 import dataclasses
@@ -78,7 +78,7 @@ def installed_wheel(tmp_path_factory) -> InstalledWheel:
   tracked = _tracked_files()
   shared = tmp_path_factory.getbasetemp()
   if "PYTEST_XDIST_WORKER" in os.environ:
-    shared = shared.parent  # this session's directory, above every worker's own
+    shared = shared.parent  # this pytest run's directory, above every worker's own
   root = shared / "installed_wheel"
   with filelock.FileLock(str(shared / "installed_wheel.lock")):
     done = root / "done.json"

@@ -19,8 +19,9 @@ version than `VERSION` is refused in one line (saved by a newer dpkd-jax).
 
 from __future__ import annotations
 
-import copy
 from typing import Any, Callable
+
+from dpkd_jax import config_checks
 
 VERSION = 2
 
@@ -48,17 +49,6 @@ V2_ENGINE_FIELDS = (
     "replay_memory")
 
 
-def version_of(saved: dict[str, Any]) -> int:
-  """The format version of a saved config (module docstring)."""
-  if "version" in saved:
-    version = saved["version"]
-    if isinstance(version, bool) or not isinstance(version, int) or version < 1:
-      raise ValueError(f"a saved DPDFD config's version must be an integer >= 1, got "
-                       f"{version!r}")
-    return version
-  return 2 if isinstance(saved.get("engine"), dict) else 1
-
-
 def _v1_to_v2(saved: dict[str, Any]) -> dict[str, Any]:
   """Fills the fields version 1 left out, renames `V1_RENAMED`, and nests the engine's
   options under "engine"."""
@@ -82,14 +72,7 @@ def migrate(saved: dict[str, Any]) -> dict[str, Any]:
     ValueError: not a dict, a bad or newer version, or a version-1 dict without a field that
       version always wrote.
   """
-  if not isinstance(saved, dict):
-    raise ValueError(f"a saved DPDFD config is a JSON object, got {type(saved).__name__}")
-  version = version_of(saved)
-  if version > VERSION:
-    raise ValueError(f"this DPDFD config was saved in format version {version} by a newer "
-                     f"dpkd-jax; this one reads versions up to {VERSION}: upgrade dpkd-jax")
-  out = copy.deepcopy(saved)
-  out.pop("version", None)
-  for step in range(version, VERSION):
-    out = _STEPS[step](out)
-  return {"version": VERSION, **out}
+  # Without "version": version 2 when the engine's options are nested, else version 1.
+  return config_checks.upgrade_saved(
+      saved, what="DPDFD", current=VERSION, steps=_STEPS,
+      unversioned=lambda saved: 2 if isinstance(saved.get("engine"), dict) else 1)

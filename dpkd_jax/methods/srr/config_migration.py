@@ -14,8 +14,9 @@ A dict of a newer version than `VERSION` is refused in one line (saved by a newe
 
 from __future__ import annotations
 
-import copy
 from typing import Any, Callable
+
+from dpkd_jax import config_checks
 
 VERSION = 2
 
@@ -45,16 +46,4 @@ def migrate(saved: dict[str, Any]) -> dict[str, Any]:
   Raises:
     ValueError: not a dict, or a bad or newer version.
   """
-  if not isinstance(saved, dict):
-    raise ValueError(f"a saved SRR config is a JSON object, got {type(saved).__name__}")
-  version = saved.get("version", 1)
-  if isinstance(version, bool) or not isinstance(version, int) or version < 1:
-    raise ValueError(f"a saved SRR config's version must be an integer >= 1, got {version!r}")
-  if version > VERSION:
-    raise ValueError(f"this SRR config was saved in format version {version} by a newer "
-                     f"dpkd-jax; this one reads versions up to {VERSION}: upgrade dpkd-jax")
-  out = copy.deepcopy(saved)
-  out.pop("version", None)
-  for step in range(version, VERSION):
-    out = _STEPS[step](out)
-  return {"version": VERSION, **out}
+  return config_checks.upgrade_saved(saved, what="SRR", current=VERSION, steps=_STEPS)
