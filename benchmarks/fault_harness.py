@@ -12,6 +12,7 @@ import resource
 import signal
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 from typing import Any
@@ -45,12 +46,18 @@ _cache_dir: list[str] = []  # set by `run_all`: runs after the first of a kind s
 
 
 def start(module: str, flags: list[str], workdir: str, *,
-          file_size_limit: int | None = None) -> subprocess.Popen:
+          file_size_limit: int | None = None) -> subprocess.Popen | Forked:
   """`python -m experiments.<module> <flags> --workdir=<workdir>`; `file_size_limit` (bytes):
-  as `ulimit -f`, with SIGXFSZ ignored so that a write past it fails (EFBIG)."""
+  as `ulimit -f`, with SIGXFSZ ignored so that a write past it fails (EFBIG).
+
+  Forked from the fork server once `run_all` has set the shared compilation cache (the CLIs
+  imported once: `fault_forkserver.py`), else, and for a limited run, a process of its own."""
   env = {**os.environ, "PYTHONPATH": str(REPO), "JAX_PLATFORMS": "cpu"}
   if _cache_dir and file_size_limit is None:  # a limited run must not fail on the cache
     env.update(CACHE_ENV, JAX_COMPILATION_CACHE_DIR=_cache_dir[0])
+    server = _fork_server(env)
+    if server is not None:
+      return server.start(module, [*flags, f"--workdir={workdir}"])
   elif file_size_limit is not None:
     env = {k: v for k, v in env.items() if not k.startswith("JAX_COMPILATION_CACHE")}
 
@@ -62,6 +69,84 @@ def start(module: str, flags: list[str], workdir: str, *,
                            f"--workdir={workdir}"], cwd=str(REPO), env=env,
                           stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                           preexec_fn=None if file_size_limit is None else limit)
+
+
+class Forked:
+  """A run forked by the fork server, with the parts of `subprocess.Popen` the scenarios use."""
+
+  def __init__(self, pid: int, files: dict[str, str]):
+    self.pid, self._files, self.returncode = pid, files, None
+
+  def poll(self) -> int | None:
+    if self.returncode is None and os.path.exists(self._files["status"]):
+      self.returncode = int(pathlib.Path(self._files["status"]).read_text())
+    return self.returncode
+
+  def send_signal(self, sig: int) -> None:
+    if self.poll() is None:
+      os.kill(self.pid, sig)
+
+  def kill(self) -> None:
+    self.send_signal(signal.SIGKILL)
+
+  def communicate(self, timeout: float | None = None) -> tuple[str, str]:
+    deadline = None if timeout is None else time.time() + timeout
+    while self.poll() is None:
+      if deadline is not None and time.time() > deadline:
+        raise subprocess.TimeoutExpired(f"pid {self.pid}", timeout)
+      time.sleep(0.01)
+    return tuple(pathlib.Path(self._files[k]).read_text(errors="replace") for k in ("out", "err"))
+
+
+class _ForkServer:
+  """`fault_forkserver.py` in a process of its own; `start` is safe from several threads."""
+
+  def __init__(self, env: dict[str, str], directory: str):
+    self._lock, self._directory, self._count = threading.Lock(), directory, 0
+    self.proc = subprocess.Popen(
+        [sys.executable, str(REPO / "benchmarks" / "fault_forkserver.py"), *FORKED_MODULES],
+        cwd=str(REPO), env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    self.ready = bool(self.proc.stdout.readline())
+
+  def start(self, module: str, argv: list[str]) -> Forked:
+    with self._lock:
+      self._count += 1
+      files = {k: os.path.join(self._directory, f"{self._count}.{k}")
+               for k in ("out", "err", "status")}
+      self.proc.stdin.write(json.dumps({"module": module, "argv": argv, "cwd": str(REPO),
+                                        **files}) + "\n")
+      self.proc.stdin.flush()
+      return Forked(json.loads(self.proc.stdout.readline())["pid"], files)
+
+  def stop(self) -> None:
+    self.proc.stdin.close()
+    self.proc.wait()
+
+
+FORKED_MODULES = ("dpsgd", "dpdfd", "rona", "srr", "teacher")
+_servers: dict[str, _ForkServer | None] = {}  # by compilation cache directory
+
+
+def _fork_server(env: dict[str, str]) -> _ForkServer | None:
+  """The fork server of this cache directory (None: it could not start; spawn instead)."""
+  cache = env["JAX_COMPILATION_CACHE_DIR"]
+  with _servers_lock:
+    if cache not in _servers:
+      directory = tempfile.mkdtemp(prefix="forked_", dir=os.path.dirname(cache))
+      server = _ForkServer(env, directory)
+      _servers[cache] = server if server.ready else None
+    return _servers[cache]
+
+
+def stop_fork_servers() -> None:
+  with _servers_lock:
+    for server in _servers.values():
+      if server is not None:
+        server.stop()
+    _servers.clear()
+
+
+_servers_lock = threading.Lock()
 
 
 def finish(proc: subprocess.Popen, timeout: float = TIMEOUT_S) -> tuple[int, str, str]:

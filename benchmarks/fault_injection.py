@@ -3,8 +3,11 @@ missing data offline. Prints what it tried and whether anything was lost.
 
     PYTHONPATH=. python benchmarks/fault_injection.py [--seed=N] [--workdir=DIR]
 
-Tiny runs on the embedded digits (`python -m experiments.<method>` subprocesses), each compared
-with an uninterrupted run of the same flags and `--seed`:
+Tiny runs on the embedded digits, each a process of its own running `python -m
+experiments.<method>`, compared with an uninterrupted run of the same flags and `--seed`. The
+runs are forked from one interpreter that has imported the CLIs (`fault_forkserver.py`: the
+same code from `main` on, without paying Python's and JAX's start-up in every run; the
+file-size-limited run is spawned):
   * kill -9 a DP-SGD, a DPDFD (with a per-class replay memory), a RONA (cosine rates, shifted
     self learning) and an SRR run (with replay of earlier stages) at a random release (after
     the k-th charge of the ledger file, plus a random delay), then resume: the same final
@@ -45,7 +48,7 @@ sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
 # pylint: disable=g-import-not-at-top,wrong-import-position
 from fault_harness import (  # noqa: E402  (re-exported: tests use overwrite_array_bytes)
     Outcome, checkpoint, compare, finish, kill_and_resume, ledger_entries, one_line_error,
-    overwrite_array_bytes, parallel, run, start, wait_for, _cache_dir)
+    overwrite_array_bytes, parallel, run, start, stop_fork_servers, wait_for, _cache_dir)
 
 DPSGD_FLAGS = ["--dataset=digits", "--model=lenet5_half", "--expected_batch_size=64",
                "--noise_multiplier=1", "--steps=60", "--seed=0", "--no-download", "--no_progress"]
@@ -259,7 +262,10 @@ def run_all(tmp: str, seed: int, methods: tuple[str, ...] = tuple(TEACHER_METHOD
     outcomes["offline"] = offline_missing_data(tmp)
     outcomes.update(bad_input(tmp))
 
-  parallel(dpsgd, with_teacher, offline)
+  try:
+    parallel(dpsgd, with_teacher, offline)
+  finally:
+    stop_fork_servers()
   kills = {"dpsgd": ("test_accuracy", "test_loss", "epsilon"),
            **{m: TEACHER_METHODS[m][2] for m in methods}}
   for method, keys in kills.items():

@@ -32,6 +32,8 @@ import math
 import os
 from typing import Sequence
 
+import numpy as np
+
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class MethodFields:
@@ -191,6 +193,7 @@ def plot_privacy_utility(runs: Sequence[RunSummary], out_path: str, *,
   import matplotlib  # pylint: disable=g-import-not-at-top
   matplotlib.use("Agg")  # Headless: CI and notebooks on machines without a display.
   import matplotlib.pyplot as plt  # pylint: disable=g-import-not-at-top
+  from matplotlib import collections as collections_lib  # pylint: disable=g-import-not-at-top
 
   fig, ax = plt.subplots(figsize=(6.4, 4.4))
   by_method: dict[str, list[RunSummary]] = collections.defaultdict(list)
@@ -205,28 +208,32 @@ def plot_privacy_utility(runs: Sequence[RunSummary], out_path: str, *,
     if private:
       ax.plot([r.epsilon for r in private], [r.accuracy for r in private], "o-", color=color,
               label=f"{method} (sound ε)")
-    # A legend entry per method and kind, not per run: sweeps have many runs.
-    trajectory_label = f"{method} during training (ε spent)"
-    paper_label = f"{method}: paper-formula ε (NOT a guarantee)"
-    unbounded = sum(not math.isfinite(r.epsilon) for r in method_runs)
-    unbounded_label = (f"{method}: ε = ∞, no guarantee"
-                       + (f" ({unbounded} runs)" if unbounded > 1 else ""))
-    for run in method_runs:
-      if not math.isfinite(run.epsilon):
-        # ε = ∞ has no x position: a reference line at the run's accuracy, one legend entry
-        # per method (record names mean nothing to a reader).
-        ax.axhline(run.accuracy, linestyle="--", linewidth=1, color=color,
-                   label=unbounded_label)
-        unbounded_label = None
-      if trajectories and run.trajectory:
-        eps, acc = zip(*run.trajectory)
-        ax.plot(eps, acc, ".:", color=color, alpha=0.7, label=trajectory_label)
-        trajectory_label = None
-      if paper_epsilon and run.paper_epsilon is not None and run.paper_epsilon > 0:
-        ax.plot([run.paper_epsilon], [run.accuracy], "o", mfc="none", color=color,
-                label=paper_label)
-        paper_label = None
-        finite_epsilons.append(run.paper_epsilon)
+    # One artist per method and kind, not per run (a dataset has hundreds of records, and
+    # matplotlib's cost is per artist); a legend entry per method and kind.
+    unbounded = [r.accuracy for r in method_runs if not math.isfinite(r.epsilon)]
+    if unbounded:
+      # ε = ∞ has no x position: a reference line across the axes at the run's accuracy
+      # (record names mean nothing to a reader).
+      lines = collections_lib.LineCollection(
+          [[(0.0, acc), (1.0, acc)] for acc in unbounded], transform=ax.get_yaxis_transform(),
+          linestyles="--", linewidths=1, colors=color,
+          label=f"{method}: ε = ∞, no guarantee"
+          + (f" ({len(unbounded)} runs)" if len(unbounded) > 1 else ""))
+      ax.add_collection(lines, autolim=False)
+      ax.dataLim.update_from_data_y(np.asarray(unbounded), ignore=False)  # y limits hold them
+    if trajectories:
+      # The runs' curves in one line, NaN between runs (a break, not a segment).
+      curves = [[*run.trajectory, (math.nan, math.nan)] for run in method_runs if run.trajectory]
+      if curves:
+        eps, acc = zip(*[point for curve in curves for point in curve])
+        ax.plot(eps, acc, ".:", color=color, alpha=0.7,
+                label=f"{method} during training (ε spent)")
+    paper = [(r.paper_epsilon, r.accuracy) for r in method_runs
+             if paper_epsilon and r.paper_epsilon is not None and r.paper_epsilon > 0]
+    if paper:
+      ax.plot(*zip(*paper), "o", mfc="none", color=color, linestyle="none",
+              label=f"{method}: paper-formula ε (NOT a guarantee)")
+      finite_epsilons += [e for e, _ in paper]
   if finite_epsilons:
     ax.set_xscale("log")
   ax.set_xlabel("ε (sound, dp_accounting)")
