@@ -290,7 +290,7 @@ def test_documented_rona_rknn_dfpate_commands():
       data_dir="../shared/data", public_fraction=0.4, student_model="compact_5k",
       hint_epochs=2, rounds=5, self_learning_epochs=4, distillation_epochs=1,
       num_query_samples=2560, seed=0, target_epsilon=7.68, bound_mode="fixed",
-      hint_l2_bound=2000.0, distill_l2_bound=16.0)
+      hint_l2_clip_norm=2000.0, distill_l2_clip_norm=16.0)
   config, args = rknn_cli.parse_config(shlex.split(
       "--dataset=mnist --representation=pca --num_queries=200 --k=1 --epsilon=0.1"))
   assert config == rknn.RKNNConfig(dataset="mnist", representation="pca", num_queries=200, k=1,

@@ -242,7 +242,7 @@ def test_rona(recorder, teacher_run, tmp_path):
   # that reuses the teacher's keys on purpose (module docstring).
   config = rona.RONAConfig(
       noise_multiplier=1.0, dataset="digits", teacher_dir=teacher_run[0], bound_mode="fixed",
-      hint_l2_bound=1.0, distill_l2_bound=1.0, student_model="lenet5_half", hint_epochs=1,
+      hint_l2_clip_norm=1.0, distill_l2_clip_norm=1.0, student_model="lenet5_half", hint_epochs=1,
       rounds=1, self_learning_epochs=2, distillation_epochs=1, num_query_samples=32,
       batch_size=32, self_learning_batch_size=64, public_fraction=0.2,
       self_learning_augment=True)  # the shifts have their own stream
