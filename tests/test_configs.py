@@ -51,7 +51,7 @@ def _as_baseline(method: str, plain: dict) -> dict:
   (each config's `RENAMED`, its migration's `V1_RENAMED`), when those baselines were written."""
   renamed = {"srr": srr.SRRConfig, "rona": rona.RONAConfig, "dfpate": dfpate.DFPATEConfig}
   if method in renamed:
-    old = {new: old for old, new in getattr(renamed[method], "RENAMED", {}).items()}
+    old = {new: old for old, new in renamed[method].RENAMED.items()}
     return {old.get(name, name): value for name, value in plain.items()}
   if not isinstance(plain.get("engine"), dict):
     return plain
