@@ -56,7 +56,7 @@ def train(weights, keys):
     teacher_probs = jax.nn.softmax(inputs @ teacher_weights)
     per_sample_grads = jax.nn.softmax(student_logits) - teacher_probs  # (B, K) dCE/ds
     release = privacy.output_gradient_mechanism(
-        noise_key, per_sample_grads, l2_norm_bound=1.0, noise_multiplier=sigma)
+        noise_key, per_sample_grads, l2_clip_norm=1.0, noise_multiplier=sigma)
     noisy_target = jax.lax.stop_gradient(student_logits - release.noisy)  # (B, K)
     grads = jax.grad(student_loss)(weights, inputs, noisy_target)
     agreement = jnp.mean(jnp.argmax(student_logits, 1) == jnp.argmax(teacher_probs, 1))
@@ -174,7 +174,7 @@ except privacy.BudgetExceededError as err:
 sigma_audit, rows = 4.0, 4
 x = jnp.ones((rows, 2))
 mechanism = lambda k, g: privacy.output_gradient_mechanism(  # noqa: E731
-    k, g, l2_norm_bound=1.0, noise_multiplier=sigma_audit, method="clip").noisy
+    k, g, l2_clip_norm=1.0, noise_multiplier=sigma_audit, method="clip").noisy
 key, audit_key = jax.random.split(key)
 audit = privacy.audit_mechanism(audit_key, mechanism, x, -x, delta=DELTA,
                                 num_samples=4000 if SMALL else 100_000)

@@ -151,7 +151,7 @@ def fit_query_model(key: jax.Array, images: np.ndarray,
   n = len(images)  # public under replace-one
   rows = jnp.asarray(images.reshape(n, dim), jnp.float32) / 255.0  # (N, D)
   moment = releases.second_moment_release(
-      keys["moment"], rows, l2_norm_bound=config.l2_clip_norm, constant=config.constant,
+      keys["moment"], rows, l2_clip_norm=config.l2_clip_norm, constant=config.constant,
       noise_multiplier=config.pca_noise_multiplier)  # (D + 1, D + 1)
   mean = moment[:dim, dim] / (n * config.constant)  # (D,)
   covariance = moment[:dim, :dim] / n - jnp.outer(mean, mean)
