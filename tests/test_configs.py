@@ -21,9 +21,9 @@ import pytest
 
 import configs
 from dpkd_jax.methods import dfpate
+from dpkd_jax.methods import dpdfd
 from dpkd_jax.methods import rona
 from dpkd_jax.methods import srr
-from dpkd_jax.methods.dpdfd import config_migration
 from experiments import _recipes
 
 _REPO = pathlib.Path(__file__).resolve().parent.parent
@@ -46,18 +46,15 @@ def _plain(value):
 
 
 def _as_baseline(method: str, plain: dict) -> dict:
-  """A config as tests/cli_baselines.json holds it: DPDFD's engine options (its nested
-  `engine` now) were top-level fields, and the renamed fields had their version-1 names
+  """A config as tests/cli_baselines.json holds it: the engine options of DPDFD and SRR (their
+  nested `engine` now) were top-level fields, and the renamed fields had their version-1 names
   (each config's `RENAMED`, its migration's `V1_RENAMED`), when those baselines were written."""
-  renamed = {"srr": srr.SRRConfig, "rona": rona.RONAConfig, "dfpate": dfpate.DFPATEConfig}
-  if method in renamed:
-    old = {new: old for old, new in renamed[method].RENAMED.items()}
-    return {old.get(name, name): value for name, value in plain.items()}
-  if not isinstance(plain.get("engine"), dict):
-    return plain
-  old = {new: old for old, new in config_migration.V1_RENAMED.items()}
-  flat = {**{k: v for k, v in plain.items() if k != "engine"}, **plain["engine"]}
-  return {old.get(name, name): value for name, value in flat.items()}
+  renamed = {"dpdfd": dpdfd.DPDFDConfig, "srr": srr.SRRConfig, "rona": rona.RONAConfig,
+             "dfpate": dfpate.DFPATEConfig}
+  if isinstance(plain.get("engine"), dict):
+    plain = {**{k: v for k, v in plain.items() if k != "engine"}, **plain["engine"]}
+  old = {new: old for old, new in getattr(renamed.get(method), "RENAMED", {}).items()}
+  return {old.get(name, name): value for name, value in plain.items()}
 
 
 def _method(path: str) -> str:

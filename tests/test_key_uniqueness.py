@@ -220,7 +220,8 @@ def test_srr_pretrain_and_run(recorder, teacher_run, tmp_path):
   config = srr.SRRConfig(
       dataset="digits", teacher_dir=teacher_run[0], epsilon=1.0, student_model="lenet5_half",
       generator_channels=8, latent_dim=8, pretrain_steps=1, pretrain_batch_size=16, stages=2,
-      samples_per_stage=16, batch_size=16, student_epochs=1, query_pool=2)
+      samples_per_stage=16, batch_size=16, student_epochs=1,
+      engine=srr.EngineOptions(query_pool=2))
   with recorder.collect() as uses:  # stage 2 draws its queries from a pool (`srr.selection`)
     srr.train_srr(config, str(tmp_path), progress=False)  # pretrains its generator first
   assert os.path.isdir(tmp_path / "generator_pretrain")
