@@ -98,7 +98,7 @@ num_batches, query_batch = 6, 16
 key, data_key, noise_key = jax.random.split(key, 3)
 soft_labels = jax.nn.softmax(jax.random.normal(data_key, (num_batches, query_batch, 10)))
 sanitize_all = jax.jit(jax.vmap(
-    lambda k, x: privacy.sanitize(k, x, l2_bound=1.0, noise_multiplier=6.0)))
+    lambda k, x: privacy.sanitize(k, x, l2_clip_norm=1.0, noise_multiplier=6.0)))
 release = sanitize_all(jax.random.split(noise_key, num_batches), soft_labels)
 print("noisy knowledge", release.noisy.shape, "noise multiplier per release",
       float(release.accounting_noise_multiplier[0]))

@@ -57,7 +57,7 @@ def _multi_teacher(sigma):
 
 def _sanitize(sigma):
   def mechanism(key, knowledge):
-    return mechanisms.sanitize(key, knowledge, l2_bound=1.0, noise_multiplier=sigma).noisy
+    return mechanisms.sanitize(key, knowledge, l2_clip_norm=1.0, noise_multiplier=sigma).noisy
   return mechanism
 
 

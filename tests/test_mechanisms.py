@@ -36,7 +36,7 @@ MECHANISMS = {
         shape=(3, 6, 5), stddev=SIGMA * C / 3, sensitivity=2 * C * math.sqrt(6) / 3,
         multiplier=SIGMA / (2 * math.sqrt(6))),
     "sanitize": dict(
-        fn=functools.partial(mechanisms.sanitize, l2_bound=C, noise_multiplier=SIGMA),
+        fn=functools.partial(mechanisms.sanitize, l2_clip_norm=C, noise_multiplier=SIGMA),
         bounded=lambda x: mechanisms.clip_rows(x[None], C)[0],
         shape=(6, 5), stddev=SIGMA * C, sensitivity=2 * C, multiplier=SIGMA / 2),
 }
@@ -146,17 +146,17 @@ def test_sigma_zero_equals_non_private_computation(name):
 
 def test_sanitize_bounds_the_whole_batch_not_each_row():
   x = _input((8, 5)) * 100.0
-  bounded = mechanisms.sanitize(jax.random.key(0), x, l2_bound=C, noise_multiplier=0.0).noisy
+  bounded = mechanisms.sanitize(jax.random.key(0), x, l2_clip_norm=C, noise_multiplier=0.0).noisy
   np.testing.assert_allclose(np.linalg.norm(np.asarray(bounded)), C, rtol=1e-5)
   # Same direction as the input (a scalar rescaling of the whole tensor).
   np.testing.assert_allclose(bounded, x * (C / np.linalg.norm(np.asarray(x))), rtol=1e-4)
   small = x * 1e-5  # Frobenius norm < C: unchanged
   np.testing.assert_array_equal(
-      mechanisms.sanitize(jax.random.key(0), small, l2_bound=C, noise_multiplier=0.0).noisy,
+      mechanisms.sanitize(jax.random.key(0), small, l2_clip_norm=C, noise_multiplier=0.0).noisy,
       small)
   nan_batch = x.at[3, 3].set(jnp.nan)
   np.testing.assert_array_equal(
-      mechanisms.sanitize(jax.random.key(0), nan_batch, l2_bound=C, noise_multiplier=0.0).noisy,
+      mechanisms.sanitize(jax.random.key(0), nan_batch, l2_clip_norm=C, noise_multiplier=0.0).noisy,
       jnp.zeros_like(x))
 
 
@@ -262,9 +262,9 @@ def test_traced_noise_multiplier_is_accepted_under_vmap():
     (lambda: mechanisms.multi_teacher_output_gradients(
         jax.random.key(0), jnp.ones((2, 2, 2)), l2_clip_norm=-2.0, noise_multiplier=1.0),
      "l2_clip_norm"),
-    (lambda: mechanisms.sanitize(jax.random.key(0), jnp.ones((2, 2)), l2_bound=0.0,
-                                 noise_multiplier=1.0), "l2_bound"),
-    (lambda: mechanisms.sanitize(jax.random.key(0), jnp.ones((2, 2)), l2_bound=1.0,
+    (lambda: mechanisms.sanitize(jax.random.key(0), jnp.ones((2, 2)), l2_clip_norm=0.0,
+                                 noise_multiplier=1.0), "l2_clip_norm"),
+    (lambda: mechanisms.sanitize(jax.random.key(0), jnp.ones((2, 2)), l2_clip_norm=1.0,
                                  noise_multiplier=math.nan), "noise_multiplier"),
 ])
 def test_invalid_parameters_raise_value_error_naming_them(call, param):

@@ -284,8 +284,9 @@ def sanitize(
     key: jax.Array,
     knowledge: jax.Array,
     *,
-    l2_bound: float,
+    l2_clip_norm: float | None = None,
     noise_multiplier: float,
+    l2_bound: float | None = None,
 ) -> GaussianRelease:
   """RONA's sanitizer: bound the whole batch tensor, then add Gaussian noise.
 
@@ -302,26 +303,30 @@ def sanitize(
   Args:
     key: a `jax.random.key`, used once for the noise draw.
     knowledge: (B, ...) teacher-side tensor for the query batch.
-    l2_bound: B > 0, the Frobenius-norm bound of the whole tensor.
+    l2_clip_norm: B > 0, the Frobenius-norm bound of the whole tensor.
     noise_multiplier: sigma >= 0.
+    l2_bound: the old name of `l2_clip_norm` (deprecated: a `DeprecationWarning`).
 
   Returns:
     GaussianRelease with `noisy` (same shape as `knowledge`), `noise_stddev` = sigma B and
     `l2_sensitivity` = 2B.
   """
-  validation.check_float("l2_bound", l2_bound, positive=True)
+  l2_clip_norm = validation.renamed_keyword(
+      "sanitize", new="l2_clip_norm", new_value=l2_clip_norm, old="l2_bound",
+      old_value=l2_bound)
+  validation.check_float("l2_clip_norm", l2_clip_norm, positive=True)
   validation.check_float("noise_multiplier", noise_multiplier, positive=False)
   chex.assert_rank(knowledge, {1, 2, 3, 4, 5})
   chex.assert_type(knowledge, float)
   # Treat the whole tensor as one row so the row helpers bound the Frobenius norm.
   as_one_row = knowledge[None]  # (1, B, ...)
-  bounded = clip_rows(as_one_row, l2_bound)[0]  # (B, ...)
-  noise_stddev = noise_multiplier * l2_bound
+  bounded = clip_rows(as_one_row, l2_clip_norm)[0]  # (B, ...)
+  noise_stddev = noise_multiplier * l2_clip_norm
   noise = jax.random.normal(key, bounded.shape, bounded.dtype)
   noisy = bounded + noise_stddev * noise
   chex.assert_equal_shape((noisy, knowledge))
   return GaussianRelease(
       noisy=noisy,
       noise_stddev=jnp.asarray(noise_stddev, noisy.dtype),
-      l2_sensitivity=jnp.asarray(2.0 * l2_bound, noisy.dtype),
+      l2_sensitivity=jnp.asarray(2.0 * l2_clip_norm, noisy.dtype),
   )
