@@ -30,7 +30,7 @@ def main() -> None:
   for name, s in (("output-gradient A_{C,σ}, σ as accounted", sigma),
                   ("same, noise 10× too small (broken)", sigma / 10)):
     mech = lambda key, g, s=s: mechanisms.output_gradient_mechanism(  # noqa: E731
-        key, g, l2_norm_bound=1.0, noise_multiplier=s).noisy
+        key, g, l2_clip_norm=1.0, noise_multiplier=s).noisy
     result = audit.audit_mechanism(jax.random.key(0), mech, rows, -rows, num_samples=N, delta=DELTA)
     print(f"| {name} | {claimed:.3f} | {result.epsilon_lower_bound:.3f} |")
   labels, other = jnp.zeros((1,), jnp.int32), jnp.ones((1,), jnp.int32)

@@ -224,7 +224,7 @@ def output_gradient_mechanism(cfg, g: torch.Tensor, noise: torch.Tensor) -> torc
   max_abs = g.abs().amax(1)
   safe_max = torch.where(max_abs > 0, max_abs, 1.0)
   norms = torch.where(max_abs > 0, safe_max * (g / safe_max[:, None]).square().sum(1).sqrt(), 0.0)
-  bound = cfg.l2_norm_bound
+  bound = cfg.l2_clip_norm
   if cfg.bound_method == "normalize":
     denominator = norms + cfg.stability
     positive = denominator > 0

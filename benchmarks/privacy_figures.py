@@ -41,7 +41,7 @@ def dpdfd_one_step() -> None:
         f"{accounting.epsilon(event, delta=DELTA, accountant='rdp'):.4f}")
   for bound in (1.0, 1e-4):
     paper = _paper(paper_accounting.paper_dpdfd_epsilon, noise_multiplier=100.0,
-                   l2_norm_bound=bound, steps=1, delta=DELTA)
+                   l2_clip_norm=bound, steps=1, delta=DELTA)
     print(f"paper eps (Theorem 3 reconstruction, C = {bound:g}): {paper:.3g}")
   print()
 
@@ -56,7 +56,7 @@ def dpdfd_steps() -> None:
     pld = accounting.epsilon(event, delta=DELTA)
     rdp = accounting.epsilon(event, delta=DELTA, accountant="rdp")
     paper = _paper(paper_accounting.paper_dpdfd_epsilon, noise_multiplier=100.0,
-                   l2_norm_bound=1.0, steps=steps, delta=DELTA)
+                   l2_clip_norm=1.0, steps=steps, delta=DELTA)
     print(f"| {steps} | {pld:.3f} | {rdp:.3f} | {paper:.3g} |")
   print()
 

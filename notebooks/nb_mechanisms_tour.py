@@ -56,7 +56,7 @@ def train(weights, keys):
     teacher_probs = jax.nn.softmax(inputs @ teacher_weights)
     per_sample_grads = jax.nn.softmax(student_logits) - teacher_probs  # (B, K) dCE/ds
     release = privacy.output_gradient_mechanism(
-        noise_key, per_sample_grads, l2_norm_bound=1.0, noise_multiplier=sigma)
+        noise_key, per_sample_grads, l2_clip_norm=1.0, noise_multiplier=sigma)
     noisy_target = jax.lax.stop_gradient(student_logits - release.noisy)  # (B, K)
     grads = jax.grad(student_loss)(weights, inputs, noisy_target)
     agreement = jnp.mean(jnp.argmax(student_logits, 1) == jnp.argmax(teacher_probs, 1))
@@ -98,7 +98,7 @@ num_batches, query_batch = 6, 16
 key, data_key, noise_key = jax.random.split(key, 3)
 soft_labels = jax.nn.softmax(jax.random.normal(data_key, (num_batches, query_batch, 10)))
 sanitize_all = jax.jit(jax.vmap(
-    lambda k, x: privacy.sanitize(k, x, l2_bound=1.0, noise_multiplier=6.0)))
+    lambda k, x: privacy.sanitize(k, x, l2_clip_norm=1.0, noise_multiplier=6.0)))
 release = sanitize_all(jax.random.split(noise_key, num_batches), soft_labels)
 print("noisy knowledge", release.noisy.shape, "noise multiplier per release",
       float(release.accounting_noise_multiplier[0]))
@@ -174,7 +174,7 @@ except privacy.BudgetExceededError as err:
 sigma_audit, rows = 4.0, 4
 x = jnp.ones((rows, 2))
 mechanism = lambda k, g: privacy.output_gradient_mechanism(  # noqa: E731
-    k, g, l2_norm_bound=1.0, noise_multiplier=sigma_audit, method="clip").noisy
+    k, g, l2_clip_norm=1.0, noise_multiplier=sigma_audit, method="clip").noisy
 key, audit_key = jax.random.split(key)
 audit = privacy.audit_mechanism(audit_key, mechanism, x, -x, delta=DELTA,
                                 num_samples=4000 if SMALL else 100_000)

@@ -85,7 +85,7 @@ for row in table["rows"]:
     with warnings.catch_warnings():
       warnings.simplefilter("ignore", privacy.PaperAccountingWarning)
       paper = privacy.paper_dpdfd_epsilon(noise_multiplier=sigma, steps=setting["steps"],
-                                          l2_norm_bound=setting["l2_norm_bound"], delta=DELTA)
+                                          l2_clip_norm=setting["l2_norm_bound"], delta=DELTA)
     check(f"paper-formula eps at sigma {sigma}", row["paper_formula_epsilon"], paper, 0.01)'''),
       ("md", """
 ## Training on private data directly (paper Table 4)

@@ -44,20 +44,20 @@ def _rows(sign):
 def _output_gradient(method, sigma):
   def mechanism(key, grads):
     return mechanisms.output_gradient_mechanism(
-        key, grads, l2_norm_bound=1.0, noise_multiplier=sigma, method=method).noisy
+        key, grads, l2_clip_norm=1.0, noise_multiplier=sigma, method=method).noisy
   return mechanism
 
 
 def _multi_teacher(sigma):
   def mechanism(key, grads):
     return mechanisms.multi_teacher_output_gradients(
-        key, grads, l2_norm_bound=1.0, noise_multiplier=sigma).noisy
+        key, grads, l2_clip_norm=1.0, noise_multiplier=sigma).noisy
   return mechanism
 
 
 def _sanitize(sigma):
   def mechanism(key, knowledge):
-    return mechanisms.sanitize(key, knowledge, l2_bound=1.0, noise_multiplier=sigma).noisy
+    return mechanisms.sanitize(key, knowledge, l2_clip_norm=1.0, noise_multiplier=sigma).noisy
   return mechanism
 
 

@@ -268,16 +268,17 @@ def test_documented_srr_commands():
       dataset="mnist", teacher_dir="runs/teacher/mnist_small_cnn_aug15",
       data_dir="../shared/data", generator_channels=64, stages=10, samples_per_stage=5120,
       student_epochs=5, seed=0, generator_terms=("ce", "ie"), epsilon=10.0,
-      pretrained_generator_dir="runs/srr/g", student_loss="rr_likelihood",
-      student_model="small_cnn")
+      pretrained_generator_dir="runs/srr/g", student_model="small_cnn",
+      engine=srr.EngineOptions(student_loss="rr_likelihood"))
   assert args.resume and args.workdir == "runs/srr/a"
   config, args = srr_cli.parse_config(
       ["--dataset=mnist", "--teacher_dir=t"], pretrain_only=True)
   assert config == srr.SRRConfig(  # configs/srr/mnist_eps10.py, with no label query
       dataset="mnist", teacher_dir="t", epsilon=math.inf, generator_channels=64, stages=4,
-      samples_per_stage=12800, student_epochs=10, student_loss="rr_likelihood",
-      student_model="small_cnn")
-  assert (config.stages, config.samples_per_stage, config.student_loss, config.student_model) == (
+      samples_per_stage=12800, student_epochs=10, student_model="small_cnn",
+      engine=srr.EngineOptions(student_loss="rr_likelihood"))
+  assert (config.stages, config.samples_per_stage, config.engine.student_loss,
+          config.student_model) == (
       4, 12800, "rr_likelihood", "small_cnn")  # the best measured engine, not the paper's
   assert args.workdir == os.path.join("runs", "srr", "mnist_generator")
 
@@ -290,7 +291,7 @@ def test_documented_rona_rknn_dfpate_commands():
       data_dir="../shared/data", public_fraction=0.4, student_model="compact_5k",
       hint_epochs=2, rounds=5, self_learning_epochs=4, distillation_epochs=1,
       num_query_samples=2560, seed=0, target_epsilon=7.68, bound_mode="fixed",
-      hint_l2_bound=2000.0, distill_l2_bound=16.0)
+      hint_l2_clip_norm=2000.0, distill_l2_clip_norm=16.0)
   config, args = rknn_cli.parse_config(shlex.split(
       "--dataset=mnist --representation=pca --num_queries=200 --k=1 --epsilon=0.1"))
   assert config == rknn.RKNNConfig(dataset="mnist", representation="pca", num_queries=200, k=1,

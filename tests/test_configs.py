@@ -20,8 +20,10 @@ import shlex
 import pytest
 
 import configs
-from dpkd_jax.methods.dpdfd import config_migration
-from dpkd_jax.methods.srr import config_migration as srr_migration
+from dpkd_jax.methods import dfpate
+from dpkd_jax.methods import dpdfd
+from dpkd_jax.methods import rona
+from dpkd_jax.methods import srr
 from experiments import _recipes
 
 _REPO = pathlib.Path(__file__).resolve().parent.parent
@@ -43,18 +45,16 @@ def _plain(value):
   return value
 
 
-def _as_baseline(plain: dict) -> dict:
-  """A config as tests/cli_baselines.json holds it: DPDFD's engine options (its nested
-  `engine` now) were top-level fields, and the renamed fields of DPDFD and SRR had their
-  version-1 names (`config_migration.V1_RENAMED`), when those baselines were written."""
-  if "generator_terms" in plain:  # SRR: its renamed fields had their version-1 names
-    old = {new: old for old, new in srr_migration.V1_RENAMED.items()}
-    return {old.get(name, name): value for name, value in plain.items()}
-  if not isinstance(plain.get("engine"), dict):
-    return plain
-  old = {new: old for old, new in config_migration.V1_RENAMED.items()}
-  flat = {**{k: v for k, v in plain.items() if k != "engine"}, **plain["engine"]}
-  return {old.get(name, name): value for name, value in flat.items()}
+def _as_baseline(method: str, plain: dict) -> dict:
+  """A config as tests/cli_baselines.json holds it: the engine options of DPDFD and SRR (their
+  nested `engine` now) were top-level fields, and the renamed fields had their version-1 names
+  (each config's `RENAMED`, its migration's `V1_RENAMED`), when those baselines were written."""
+  renamed = {"dpdfd": dpdfd.DPDFDConfig, "srr": srr.SRRConfig, "rona": rona.RONAConfig,
+             "dfpate": dfpate.DFPATEConfig}
+  if isinstance(plain.get("engine"), dict):
+    plain = {**{k: v for k, v in plain.items() if k != "engine"}, **plain["engine"]}
+  old = {new: old for old, new in getattr(renamed.get(method), "RENAMED", {}).items()}
+  return {old.get(name, name): value for name, value in plain.items()}
 
 
 def _method(path: str) -> str:
@@ -135,7 +135,7 @@ def test_default_commands_resolve_as_before(command, capsys):
   method, *argv = command.split()
   config, flags = _parse(method, _NOW.get(command, argv))
   expected = _BASELINES[command]
-  assert _as_baseline(_plain(config)) == expected["config"]
+  assert _as_baseline(method, _plain(config)) == expected["config"]
   if "teacher_config" in expected and "--teacher_dirs" not in " ".join(_NOW.get(command, [])):
     assert _plain(flags.teacher_config) == expected["teacher_config"]
 

@@ -28,7 +28,7 @@ _TINY = dict(dataset="digits", num_teachers=4, teacher_epochs=1, teacher_batch_s
     ({"query_model_noise": 0.0}, "query_model_noise"),
     ({"query_model_components": 0}, "query_model_components"),
     ({"student_pseudo_threshold": 1.5}, "student_pseudo_threshold"),
-    ({"teacher_lr": 0.0}, "teacher_lr"),
+    ({"teacher_learning_rate": 0.0}, "teacher_learning_rate"),
 ])
 def test_config_errors(kwargs, match):
   with pytest.raises(ValueError, match=match):

@@ -43,7 +43,7 @@ def test_event_composes_every_release_and_costs_less_with_more_noise():
 
 
 def test_noiseless_fit_recovers_the_data_statistics(digits):
-  config = qm.QueryModelConfig(num_components=8, num_clusters=5, l2_norm_bound=100.0,
+  config = qm.QueryModelConfig(num_components=8, num_clusters=5, l2_clip_norm=100.0,
                                projection_bound=100.0, residual_bound=100.0, **_NO_NOISE)
   model = qm.fit_query_model(jax.random.key(0), digits.images, config)
   x = digits.images.reshape(len(digits.images), -1).astype(np.float32) / 255.0
@@ -80,7 +80,7 @@ def test_samples_come_only_from_clusters_with_positive_count():
 
 @pytest.mark.parametrize("kwargs,match", [
     (dict(num_components=0), "num_components"),
-    (dict(l2_norm_bound=0.0), "l2_norm_bound"),
+    (dict(l2_clip_norm=0.0), "l2_clip_norm"),
     (dict(kmeans_noise_multiplier=-1.0), "kmeans_noise_multiplier"),
     (dict(temperature=0.0), "temperature"),
 ])

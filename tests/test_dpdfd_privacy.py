@@ -126,7 +126,7 @@ def test_direct_plan_is_not_private():
   assert plan.releases == 3 and plan.noise_multiplier == 5.0 and not plan.private
   assert accounting.epsilon(plan.event(3), delta=1e-5) == math.inf == plan.sound_epsilon
   with pytest.warns(paper_accounting.PaperAccountingWarning):
-    expected = paper_accounting.paper_dpdfd_epsilon(noise_multiplier=5.0, l2_norm_bound=1.0,
+    expected = paper_accounting.paper_dpdfd_epsilon(noise_multiplier=5.0, l2_clip_norm=1.0,
                                                     steps=3, delta=1e-5)
   assert plan.paper_epsilon == pytest.approx(expected)
 
@@ -164,7 +164,7 @@ def test_the_step_takes_its_noise_from_the_plan(monkeypatch):
     step = jax.jit(dpdfd.build_train_step(dataclasses.replace(plan, noise_multiplier=sigma),
                                           config, ensemble.graphdef))
     _, metrics = step(state, ensemble.params, ensemble.batch_stats, jax.random.key(1))
-    assert float(metrics["noise_std"]) == pytest.approx(sigma * plan.l2_norm_bound)
+    assert float(metrics["noise_std"]) == pytest.approx(sigma * plan.l2_clip_norm)
   jax.effects_barrier()
   bounded, once, twice = released
   assert np.abs(once - bounded).max() > 1.0
@@ -256,7 +256,7 @@ def test_cli_secure_noise_run_charges_the_zcdp_events(teacher_dir, tmp_path, mon
       noise_multiplier=20.0, batch_size=16, steps=2), delta=1e-5)
   assert results["epsilon"] == pytest.approx(plan.sound_epsilon) and (
       results["epsilon"] >= continuous)
-  grid = secure_gaussian.choose_grid(noise_multiplier=20.0, bound=plan.l2_norm_bound)
+  grid = secure_gaussian.choose_grid(noise_multiplier=20.0, bound=plan.l2_clip_norm)
   for rows in released:  # every release lies on the grid of the plan's sigma
     units = rows.astype(np.float64) / grid.step
     np.testing.assert_allclose(units, np.round(units), atol=1e-3)

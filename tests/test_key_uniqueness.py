@@ -220,7 +220,8 @@ def test_srr_pretrain_and_run(recorder, teacher_run, tmp_path):
   config = srr.SRRConfig(
       dataset="digits", teacher_dir=teacher_run[0], epsilon=1.0, student_model="lenet5_half",
       generator_channels=8, latent_dim=8, pretrain_steps=1, pretrain_batch_size=16, stages=2,
-      samples_per_stage=16, batch_size=16, student_epochs=1, query_pool=2)
+      samples_per_stage=16, batch_size=16, student_epochs=1,
+      engine=srr.EngineOptions(query_pool=2))
   with recorder.collect() as uses:  # stage 2 draws its queries from a pool (`srr.selection`)
     srr.train_srr(config, str(tmp_path), progress=False)  # pretrains its generator first
   assert os.path.isdir(tmp_path / "generator_pretrain")
@@ -242,7 +243,7 @@ def test_rona(recorder, teacher_run, tmp_path):
   # that reuses the teacher's keys on purpose (module docstring).
   config = rona.RONAConfig(
       noise_multiplier=1.0, dataset="digits", teacher_dir=teacher_run[0], bound_mode="fixed",
-      hint_l2_bound=1.0, distill_l2_bound=1.0, student_model="lenet5_half", hint_epochs=1,
+      hint_l2_clip_norm=1.0, distill_l2_clip_norm=1.0, student_model="lenet5_half", hint_epochs=1,
       rounds=1, self_learning_epochs=2, distillation_epochs=1, num_query_samples=32,
       batch_size=32, self_learning_batch_size=64, public_fraction=0.2,
       self_learning_augment=True)  # the shifts have their own stream

@@ -18,25 +18,25 @@ SIGMA = 1.5
 # sigma = 0, an input shape, and the expected noise std / sensitivity / accounting multiplier.
 MECHANISMS = {
     "output_grad_normalize": dict(
-        fn=functools.partial(mechanisms.output_gradient_mechanism, l2_norm_bound=C,
+        fn=functools.partial(mechanisms.output_gradient_mechanism, l2_clip_norm=C,
                              noise_multiplier=SIGMA, method="normalize"),
         bounded=lambda x: mechanisms.normalize_rows(x, C, 1e-6),
         shape=(6, 5), stddev=SIGMA * C, sensitivity=2 * C * math.sqrt(6),
         multiplier=SIGMA / (2 * math.sqrt(6))),
     "output_grad_clip": dict(
-        fn=functools.partial(mechanisms.output_gradient_mechanism, l2_norm_bound=C,
+        fn=functools.partial(mechanisms.output_gradient_mechanism, l2_clip_norm=C,
                              noise_multiplier=SIGMA, method="clip"),
         bounded=lambda x: mechanisms.clip_rows(x, C),
         shape=(6, 5), stddev=SIGMA * C, sensitivity=2 * C * math.sqrt(6),
         multiplier=SIGMA / (2 * math.sqrt(6))),
     "multi_teacher": dict(
-        fn=functools.partial(mechanisms.multi_teacher_output_gradients, l2_norm_bound=C,
+        fn=functools.partial(mechanisms.multi_teacher_output_gradients, l2_clip_norm=C,
                              noise_multiplier=SIGMA),
         bounded=lambda x: jnp.mean(jax.vmap(lambda g: mechanisms.normalize_rows(g, C))(x), 0),
         shape=(3, 6, 5), stddev=SIGMA * C / 3, sensitivity=2 * C * math.sqrt(6) / 3,
         multiplier=SIGMA / (2 * math.sqrt(6))),
     "sanitize": dict(
-        fn=functools.partial(mechanisms.sanitize, l2_bound=C, noise_multiplier=SIGMA),
+        fn=functools.partial(mechanisms.sanitize, l2_clip_norm=C, noise_multiplier=SIGMA),
         bounded=lambda x: mechanisms.clip_rows(x[None], C)[0],
         shape=(6, 5), stddev=SIGMA * C, sensitivity=2 * C, multiplier=SIGMA / 2),
 }
@@ -146,17 +146,17 @@ def test_sigma_zero_equals_non_private_computation(name):
 
 def test_sanitize_bounds_the_whole_batch_not_each_row():
   x = _input((8, 5)) * 100.0
-  bounded = mechanisms.sanitize(jax.random.key(0), x, l2_bound=C, noise_multiplier=0.0).noisy
+  bounded = mechanisms.sanitize(jax.random.key(0), x, l2_clip_norm=C, noise_multiplier=0.0).noisy
   np.testing.assert_allclose(np.linalg.norm(np.asarray(bounded)), C, rtol=1e-5)
   # Same direction as the input (a scalar rescaling of the whole tensor).
   np.testing.assert_allclose(bounded, x * (C / np.linalg.norm(np.asarray(x))), rtol=1e-4)
   small = x * 1e-5  # Frobenius norm < C: unchanged
   np.testing.assert_array_equal(
-      mechanisms.sanitize(jax.random.key(0), small, l2_bound=C, noise_multiplier=0.0).noisy,
+      mechanisms.sanitize(jax.random.key(0), small, l2_clip_norm=C, noise_multiplier=0.0).noisy,
       small)
   nan_batch = x.at[3, 3].set(jnp.nan)
   np.testing.assert_array_equal(
-      mechanisms.sanitize(jax.random.key(0), nan_batch, l2_bound=C, noise_multiplier=0.0).noisy,
+      mechanisms.sanitize(jax.random.key(0), nan_batch, l2_clip_norm=C, noise_multiplier=0.0).noisy,
       jnp.zeros_like(x))
 
 
@@ -238,33 +238,33 @@ def test_traced_noise_multiplier_is_accepted_under_vmap():
   x = _input((4, 3))
   sigmas = jnp.array([0.0, 1.0, 2.0])
   releases = jax.jit(jax.vmap(lambda s: mechanisms.output_gradient_mechanism(
-      jax.random.key(0), x, l2_norm_bound=C, noise_multiplier=s)))(sigmas)
+      jax.random.key(0), x, l2_clip_norm=C, noise_multiplier=s)))(sigmas)
   np.testing.assert_allclose(releases.noise_stddev, C * np.asarray(sigmas), rtol=1e-6)
   np.testing.assert_array_equal(releases.noisy[0], mechanisms.normalize_rows(x, C))
 
 
 @pytest.mark.parametrize("call,param", [
-    (lambda: mechanisms.normalize_rows(jnp.ones((2, 2)), 0.0), "l2_norm_bound"),
+    (lambda: mechanisms.normalize_rows(jnp.ones((2, 2)), 0.0), "l2_clip_norm"),
     (lambda: mechanisms.normalize_rows(jnp.ones((2, 2)), 1.0, -1e-3), "stability"),
     (lambda: mechanisms.clip_rows(jnp.ones((2, 2)), -1.0), "l2_clip_norm"),
     (lambda: mechanisms.output_gradient_mechanism(
-        jax.random.key(0), jnp.ones((2, 2)), l2_norm_bound=0.0, noise_multiplier=1.0),
-     "l2_norm_bound"),
+        jax.random.key(0), jnp.ones((2, 2)), l2_clip_norm=0.0, noise_multiplier=1.0),
+     "l2_clip_norm"),
     (lambda: mechanisms.output_gradient_mechanism(
-        jax.random.key(0), jnp.ones((2, 2)), l2_norm_bound=1.0, noise_multiplier=-0.1),
+        jax.random.key(0), jnp.ones((2, 2)), l2_clip_norm=1.0, noise_multiplier=-0.1),
      "noise_multiplier"),
     (lambda: mechanisms.output_gradient_mechanism(
-        jax.random.key(0), jnp.ones((2, 2)), l2_norm_bound=1.0, noise_multiplier=1.0,
+        jax.random.key(0), jnp.ones((2, 2)), l2_clip_norm=1.0, noise_multiplier=1.0,
         stability=-1.0), "stability"),
     (lambda: mechanisms.output_gradient_mechanism(
-        jax.random.key(0), jnp.ones((2, 2)), l2_norm_bound=1.0, noise_multiplier=1.0,
+        jax.random.key(0), jnp.ones((2, 2)), l2_clip_norm=1.0, noise_multiplier=1.0,
         method="l2"), "method"),
     (lambda: mechanisms.multi_teacher_output_gradients(
-        jax.random.key(0), jnp.ones((2, 2, 2)), l2_norm_bound=-2.0, noise_multiplier=1.0),
-     "l2_norm_bound"),
-    (lambda: mechanisms.sanitize(jax.random.key(0), jnp.ones((2, 2)), l2_bound=0.0,
-                                 noise_multiplier=1.0), "l2_bound"),
-    (lambda: mechanisms.sanitize(jax.random.key(0), jnp.ones((2, 2)), l2_bound=1.0,
+        jax.random.key(0), jnp.ones((2, 2, 2)), l2_clip_norm=-2.0, noise_multiplier=1.0),
+     "l2_clip_norm"),
+    (lambda: mechanisms.sanitize(jax.random.key(0), jnp.ones((2, 2)), l2_clip_norm=0.0,
+                                 noise_multiplier=1.0), "l2_clip_norm"),
+    (lambda: mechanisms.sanitize(jax.random.key(0), jnp.ones((2, 2)), l2_clip_norm=1.0,
                                  noise_multiplier=math.nan), "noise_multiplier"),
 ])
 def test_invalid_parameters_raise_value_error_naming_them(call, param):
@@ -275,7 +275,7 @@ def test_invalid_parameters_raise_value_error_naming_them(call, param):
 def test_key_is_required():
   with pytest.raises(TypeError):
     mechanisms.output_gradient_mechanism(  # pylint: disable=missing-kwoa
-        jnp.ones((2, 2)), l2_norm_bound=1.0, noise_multiplier=1.0)
+        jnp.ones((2, 2)), l2_clip_norm=1.0, noise_multiplier=1.0)
 
 
 @pytest.mark.parametrize("method", ["normalize", "clip"])
@@ -283,7 +283,7 @@ def test_one_teacher_mechanism_is_the_multi_teacher_one_with_n_1(method):
   """`output_gradient_mechanism` is `multi_teacher_output_gradients` on one teacher: the same
   bits (bound, draw, std, sensitivity), zero and non-finite rows included."""
   x = _input((6, 5)).at[0].set(0.0).at[1, 2].set(jnp.nan)
-  kwargs = dict(l2_norm_bound=C, noise_multiplier=SIGMA, method=method)
+  kwargs = dict(l2_clip_norm=C, noise_multiplier=SIGMA, method=method)
   one = jax.jit(functools.partial(mechanisms.output_gradient_mechanism, **kwargs))(
       jax.random.key(4), x)
   multi = jax.jit(functools.partial(mechanisms.multi_teacher_output_gradients, **kwargs))(

@@ -32,27 +32,27 @@ def test_paper_dpdfd_is_the_optimized_rdp_bound(sigma, bound, steps):
   alphas = 1 + np.logspace(-4, 6, 200_001)
   brute = np.min(steps * alphas * bound**2 / (2 * sigma**2)
                  + math.log(1 / DELTA) / (alphas - 1))
-  ours = paper_dpdfd(noise_multiplier=sigma, l2_norm_bound=bound, steps=steps,
+  ours = paper_dpdfd(noise_multiplier=sigma, l2_clip_norm=bound, steps=steps,
                      delta=DELTA)
   assert ours <= brute <= ours * (1 + 1e-6)
 
 
 def test_paper_dpdfd_depends_on_c_over_sigma():
-  small = paper_dpdfd(noise_multiplier=100.0, l2_norm_bound=1.0, steps=10,
+  small = paper_dpdfd(noise_multiplier=100.0, l2_clip_norm=1.0, steps=10,
                       delta=DELTA)
-  large = paper_dpdfd(noise_multiplier=100.0, l2_norm_bound=2.0, steps=10,
+  large = paper_dpdfd(noise_multiplier=100.0, l2_clip_norm=2.0, steps=10,
                       delta=DELTA)
   # Only C/σ enters the paper's figure, and it grows with C.
   assert large > small
   assert large == pytest.approx(paper_dpdfd(
-      noise_multiplier=50.0, l2_norm_bound=1.0, steps=10, delta=DELTA))
+      noise_multiplier=50.0, l2_clip_norm=1.0, steps=10, delta=DELTA))
 
 
 def test_paper_dpdfd_understates_the_worked_example():
   # docs/privacy.md worked figure: one step, B = 256, σ = 100, δ = 1e-5.
   sound = accounting.epsilon(accounting.dpdfd_event(
       noise_multiplier=100.0, batch_size=256, steps=1), delta=DELTA)
-  paper = paper_dpdfd(noise_multiplier=100.0, l2_norm_bound=1.0, steps=1,
+  paper = paper_dpdfd(noise_multiplier=100.0, l2_clip_norm=1.0, steps=1,
                       delta=DELTA)
   assert paper < sound / 10
 
@@ -90,16 +90,16 @@ def test_paper_rona_warns_when_premise_fails():
 
 @pytest.mark.parametrize("call,match", [
     (lambda: paper_accounting.paper_dpdfd_epsilon(
-        noise_multiplier=0.0, l2_norm_bound=1.0, steps=1, delta=DELTA),
+        noise_multiplier=0.0, l2_clip_norm=1.0, steps=1, delta=DELTA),
      "noise_multiplier"),
     (lambda: paper_accounting.paper_dpdfd_epsilon(
-        noise_multiplier=1.0, l2_norm_bound=-1.0, steps=1, delta=DELTA),
-     "l2_norm_bound"),
+        noise_multiplier=1.0, l2_clip_norm=-1.0, steps=1, delta=DELTA),
+     "l2_clip_norm"),
     (lambda: paper_accounting.paper_dpdfd_epsilon(
-        noise_multiplier=1.0, l2_norm_bound=1.0, steps=-1, delta=DELTA),
+        noise_multiplier=1.0, l2_clip_norm=1.0, steps=-1, delta=DELTA),
      "steps"),
     (lambda: paper_accounting.paper_dpdfd_epsilon(
-        noise_multiplier=1.0, l2_norm_bound=1.0, steps=1, delta=1.5), "delta"),
+        noise_multiplier=1.0, l2_clip_norm=1.0, steps=1, delta=1.5), "delta"),
     (lambda: paper_accounting.paper_srr_label_epsilon(0.0),
      "epsilon_per_query"),
     (lambda: paper_accounting.paper_rona_epsilon(noise_multiplier=1.0,

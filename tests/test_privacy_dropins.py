@@ -189,7 +189,7 @@ def test_dpdfd_step_with_user_apply_functions():
     return jnp.tanh(z @ p["w"])
 
   plan = privacy.dpdfd_plan(batch_size=4, steps=3, delta=1e-5, noise_multiplier=2.0,
-                            l2_norm_bound=0.5)
+                            l2_clip_norm=0.5)
   step = privacy.dpdfd_step(plan, teacher_apply=linear, student_apply=linear,
                             generator_apply=generate, student_tx=optax.sgd(0.1),
                             generator_tx=optax.sgd(0.1), gamma=1.0, latent_dim=2)

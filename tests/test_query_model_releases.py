@@ -25,13 +25,13 @@ def test_sigma_zero_second_moment_is_exact_and_noise_is_symmetric_with_std():
 
 def test_second_moment_release_clips_extends_and_noises_with_z_times_sensitivity():
   rows = jnp.array([[3.0, 4.0], [0.3, 0.4]])  # norms 5 (clipped to 1) and 0.5
-  exact = releases.second_moment_release(jax.random.key(0), rows, l2_norm_bound=1.0,
+  exact = releases.second_moment_release(jax.random.key(0), rows, l2_clip_norm=1.0,
                                          constant=2.0, noise_multiplier=0.0)
   ext = np.array([[0.6, 0.8, 2.0], [0.3, 0.4, 2.0]])
   np.testing.assert_allclose(exact, ext.T @ ext, rtol=1e-6)
   z = 0.5
   noisy = releases.second_moment_release(jax.random.key(1), jnp.zeros((2, 299)),
-                                         l2_norm_bound=1.0, constant=1.0, noise_multiplier=z)
+                                         l2_clip_norm=1.0, constant=1.0, noise_multiplier=z)
   noise = _upper(np.asarray(noisy))
   noise[-1] -= 2.0  # the (c, c) entry of the two rows
   expected = z * releases.second_moment_sensitivity(1.0, 1.0)  # z sqrt(2) (1 + 1)
@@ -56,7 +56,7 @@ def test_cluster_sums_exact_at_sigma_zero_and_noise_std_matches():
 def _released(x, centroids, *, bound, constant, projection_bound, residual_bound):
   """The three releases at z = 0 for private rows x, as flat vectors (kmeans: counts * R_y)."""
   key, m = jax.random.key(0), centroids.shape[1]
-  moment = releases.second_moment_release(key, x, l2_norm_bound=bound, constant=constant,
+  moment = releases.second_moment_release(key, x, l2_clip_norm=bound, constant=constant,
                                           noise_multiplier=0.0)
   sums, counts = releases.noisy_cluster_sums(key, x[:, :m], centroids, noise_multiplier=0.0,
                                              bound=projection_bound)

@@ -23,9 +23,9 @@ def _config(**kw):
     (dict(target_epsilon=3.0), "exactly one of noise_multiplier and target_epsilon"),
     (dict(noise_multiplier=-1.0), "noise_multiplier must be"),
     (dict(bound_mode="none"), "needs noise_multiplier=0"),
-    (dict(bound_mode="fixed", hint_l2_bound=1.0), "l2_bound exactly"),
-    (dict(distill_l2_bound=1.0), "l2_bound exactly"),
-    (dict(bound_mode="fixed", hint_l2_bound=1.0, distill_l2_bound=1.0, aux_teacher_dir="x"),
+    (dict(bound_mode="fixed", hint_l2_clip_norm=1.0), "l2_clip_norm exactly"),
+    (dict(distill_l2_clip_norm=1.0), "l2_clip_norm exactly"),
+    (dict(bound_mode="fixed", hint_l2_clip_norm=1.0, distill_l2_clip_norm=1.0, aux_teacher_dir="x"),
      "only used by the adaptive bound"),
     (dict(delta=1.5), "delta"),
     (dict(dataset="imagenet"), "unknown dataset 'imagenet'"),
@@ -62,11 +62,11 @@ def test_cli_rejects_bad_flags(argv, match, capsys):
 def test_cli_flags_reach_the_config():
   config, args = rona_cli.parse_config(["--dataset=digits", "--target_epsilon=7.68",
                                         "--public_fraction=0.8", "--student_model=compact_10k",
-                                        "--bound_mode=fixed", "--hint_l2_bound=5",
-                                        "--distill_l2_bound=0.5", "--seed=3"])
+                                        "--bound_mode=fixed", "--hint_l2_clip_norm=5",
+                                        "--distill_l2_clip_norm=0.5", "--seed=3"])
   assert config == rona.RONAConfig(dataset="digits", target_epsilon=7.68, public_fraction=0.8,
                                    student_model="compact_10k", bound_mode="fixed",
-                                   hint_l2_bound=5.0, distill_l2_bound=0.5, seed=3)
+                                   hint_l2_clip_norm=5.0, distill_l2_clip_norm=0.5, seed=3)
   assert args.workdir == os.path.join("runs", "rona", "digits_compact_10k")
 
 
@@ -79,10 +79,10 @@ def test_config_holds_no_sigma_of_its_own():
 
 
 def test_bound_errors_name_the_flag():
-  with pytest.raises(ValueError, match="give distill_l2_bound exactly with bound_mode='fixed'"):
-    _config(bound_mode="fixed", hint_l2_bound=1.0)
-  with pytest.raises(ValueError, match="hint_l2_bound must be"):
-    _config(bound_mode="fixed", hint_l2_bound=-1.0, distill_l2_bound=1.0)
+  with pytest.raises(ValueError, match="give distill_l2_clip_norm exactly with bound_mode='fixed'"):
+    _config(bound_mode="fixed", hint_l2_clip_norm=1.0)
+  with pytest.raises(ValueError, match="hint_l2_clip_norm must be"):
+    _config(bound_mode="fixed", hint_l2_clip_norm=-1.0, distill_l2_clip_norm=1.0)
 
 
 def test_cli_paper_accounting_without_target_is_one_line_exit_2(capsys):

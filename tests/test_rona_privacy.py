@@ -66,7 +66,7 @@ def test_target_epsilon_without_queries_is_refused():
 
 
 def test_plan_fields_and_its_results_names():
-  plan = rona.make_plan(_config(bound_mode="fixed", hint_l2_bound=5.0, distill_l2_bound=0.5))
+  plan = rona.make_plan(_config(bound_mode="fixed", hint_l2_clip_norm=5.0, distill_l2_clip_norm=0.5))
   assert plan.sanitize_config("hint") == sanitize.SanitizeConfig(
       noise_multiplier=2.0, bound_mode="fixed", l2_bound=5.0)
   assert plan.sanitize_config("distill").l2_bound == 0.5
@@ -79,7 +79,7 @@ def test_plan_fields_and_its_results_names():
       "budget_epsilon": plan.sound_epsilon}
   assert plan.to_json()["plan"] == "RONAPlan" and plan.to_json()["releases"] == 4
   with pytest.raises(ValueError, match="needs noise_multiplier=0"):
-    dataclasses.replace(plan, bound_mode="none", hint_l2_bound=None, distill_l2_bound=None)
+    dataclasses.replace(plan, bound_mode="none", hint_l2_clip_norm=None, distill_l2_clip_norm=None)
 
 
 def test_paper_figures_beside_the_sound_one():
@@ -129,7 +129,7 @@ class _Tiny(nnx.Module):
 
 
 def test_the_step_takes_sigma_from_the_plan():
-  plan = rona.make_plan(_config(bound_mode="fixed", hint_l2_bound=1.0, distill_l2_bound=1.0))
+  plan = rona.make_plan(_config(bound_mode="fixed", hint_l2_clip_norm=1.0, distill_l2_clip_norm=1.0))
   teacher = core.split(_Tiny(0))
   hinted = core.split(student.create_hinted_student(
       _Tiny(1), input_shape=(28, 28, 1), teacher_hint_shape=(8,), rngs=nnx.Rngs(2)))
@@ -154,7 +154,7 @@ def tiny_run(tmp_path_factory):
   workdir = str(tmp_path_factory.mktemp("rona_tiny"))
   # The cheapest run that charges the ledger: fixed bounds (no auxiliary teacher), its first
   # unit only (one hint epoch of two queries); the full schedule is test_rona_run.py's.
-  config = _config(bound_mode="fixed", hint_l2_bound=5.0, distill_l2_bound=0.5)
+  config = _config(bound_mode="fixed", hint_l2_clip_norm=5.0, distill_l2_clip_norm=0.5)
   return workdir, rona.train_rona(config, workdir, stop_after_units=1, progress=False,
                                   latency_seconds=0.0)
 

@@ -68,8 +68,8 @@ def _plan(config):
   """A plan executing `config`'s σ and bound (the step reads nothing else of it)."""
   return rona.RONAPlan(
       releases=1, queries_per_epoch=1, noise_multiplier=config.noise_multiplier,
-      bound_mode=config.bound_mode, hint_l2_bound=config.l2_bound,
-      distill_l2_bound=config.l2_bound, delta=1e-5, budget_epsilon=None,
+      bound_mode=config.bound_mode, hint_l2_clip_norm=config.l2_bound,
+      distill_l2_clip_norm=config.l2_bound, delta=1e-5, budget_epsilon=None,
       sound_epsilon=math.inf)
 
 

@@ -22,7 +22,7 @@ DELTA = 1e-5
 
 def _release(sigma, grads, key=1, **kw):
   return mechanisms.output_gradient_mechanism(
-      jax.random.key(key), grads, l2_norm_bound=2.0, noise_multiplier=sigma,
+      jax.random.key(key), grads, l2_clip_norm=2.0, noise_multiplier=sigma,
       secure_noise=True, **kw)
 
 
@@ -45,11 +45,11 @@ def test_default_mode_is_the_float_gaussian_bit_for_bit():
   # secure_noise=False runs the same float program as before the keyword existed.
   grads = jax.random.normal(jax.random.key(0), (16, 10))
   key = jax.random.key(5)
-  out = mechanisms.output_gradient_mechanism(key, grads, l2_norm_bound=1.5, noise_multiplier=2.0)
+  out = mechanisms.output_gradient_mechanism(key, grads, l2_clip_norm=1.5, noise_multiplier=2.0)
   bounded = mechanisms.normalize_rows(grads, 1.5)
   expected = (bounded + 2.0 * 1.5 * jax.random.normal(key, (16, 10))) / 1
   np.testing.assert_array_equal(np.asarray(out.noisy), np.asarray(expected))
-  off = mechanisms.output_gradient_mechanism(key, grads, l2_norm_bound=1.5, noise_multiplier=2.0,
+  off = mechanisms.output_gradient_mechanism(key, grads, l2_clip_norm=1.5, noise_multiplier=2.0,
                                              secure_noise=False, grid_bits=3)
   np.testing.assert_array_equal(np.asarray(off.noisy), np.asarray(out.noisy))
 
@@ -131,7 +131,7 @@ def test_multi_teacher_secure_release_is_the_grid_sum_over_n():
   # n = 3 teachers: the summed rows (|coordinate| <= 3C) on the grid, noise std σC on the sum.
   grads = jax.random.normal(jax.random.key(0), (3, 64, 10))
   release = mechanisms.multi_teacher_output_gradients(
-      jax.random.key(4), grads, l2_norm_bound=1.0, noise_multiplier=4.0, secure_noise=True)
+      jax.random.key(4), grads, l2_clip_norm=1.0, noise_multiplier=4.0, secure_noise=True)
   grid = secure_gaussian.choose_grid(noise_multiplier=4.0, bound=1.0, max_abs=3.0)
   units = np.asarray(release.noisy, np.float64) * 3 / grid.step
   np.testing.assert_allclose(units, np.round(units), atol=1e-3)

@@ -1,6 +1,7 @@
 """DP-DFD with selective RR end to end on the embedded digits: results with both privacy
 figures, private diagnostics, checkpoint, resume, generator reuse, one-line plan errors."""
 
+import dataclasses
 import json
 import math
 import os
@@ -27,13 +28,15 @@ from experiments import srr as srr_cli
 from resume_fixtures import interrupted_at
 from teacher_fixtures import CountingTeacher, retrain_in_place
 
+_ENGINE_FIELDS = {f.name for f in dataclasses.fields(srr.EngineOptions)}  # nested options
 
 def _config(teacher_dir, **kw):
   base = dict(dataset="digits", teacher_dir=teacher_dir, epsilon=1.0, student_model="lenet5",
               generator_channels=8, latent_dim=8, pretrain_steps=2, pretrain_batch_size=16,
               stages=2, samples_per_stage=32, batch_size=16, student_epochs=2)
   base.update(kw)
-  return srr.SRRConfig(**base)
+  engine = {name: base.pop(name) for name in list(base) if name in _ENGINE_FIELDS}
+  return srr.SRRConfig(**base, engine=srr.EngineOptions(**engine))
 
 
 # ----------------------------------------------------------------------------- end to end
@@ -117,8 +120,10 @@ def test_resume_is_bit_identical_and_refused_without_resume(teacher_dir, finishe
   # A checkpoint whose config is in the first saved format (flat, the old names, the later
   # fields left out at their default) resumes the same, compared after the migration.
   old_names = {new: old for old, new in config_migration.V1_RENAMED.items()}
-  version1 = {old_names.get(k, k): v for k, v in config.to_json().items() if k != "version"
-              and config_migration.V1_OMITTED.get(k, object()) != v}
+  saved = config.to_json()
+  flat = {**{k: v for k, v in saved.items() if k not in ("version", "engine")}, **saved["engine"]}
+  version1 = {old_names.get(k, k): v for k, v in flat.items()
+              if config_migration.V1_OMITTED.get(k, object()) != v}
   assert "student_lr" in version1 and "student_replay" not in version1
   v1_dir = str(tmp_path / "format_1")
   checkpoint.save(os.path.join(v1_dir, "checkpoints"), 1, arrays, {**meta, "config": version1})

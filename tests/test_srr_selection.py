@@ -49,8 +49,8 @@ def test_more_rows_than_the_pool_is_refused():
 
 def test_the_pool_flag_is_left_out_of_saved_configs_at_its_default():
   base = dict(dataset="digits", teacher_dir="t", epsilon=1.0)
-  assert srr.SRRConfig(**base).to_json()["query_pool"] == 1  # older workdirs: the migration
-  saved = srr.SRRConfig(**base, query_pool=4).to_json()
-  assert srr.SRRConfig.from_json(saved).query_pool == 4
+  assert srr.SRRConfig(**base).to_json()["engine"]["query_pool"] == 1  # older: the migration
+  saved = srr.SRRConfig(**base, engine=srr.EngineOptions(query_pool=4)).to_json()
+  assert srr.SRRConfig.from_json(saved).engine.query_pool == 4
   with pytest.raises(ValueError, match="query_pool"):
-    srr.SRRConfig(**base, query_pool=0)
+    srr.EngineOptions(query_pool=0)

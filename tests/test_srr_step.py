@@ -80,8 +80,8 @@ def test_stage_loop_asks_each_query_once_and_reuses_the_labels(student_loss, stu
       dataset="digits", teacher_dir="unused", epsilon=1.0, student_model="lenet5",
       generator_channels=8, latent_dim=8, pretrain_steps=2, pretrain_batch_size=16, stages=2,
       samples_per_stage=32, batch_size=16, student_epochs=2, generator_epochs=2,
-      generator_prior="none", student_loss=student_loss, student_shift=student_shift,
-      query_pool=query_pool)
+      generator_prior="none", engine=srr.EngineOptions(
+          student_loss=student_loss, student_shift=student_shift, query_pool=query_pool))
   mesh = sharding.data_mesh()
   state = sharding.replicate(srr.init_state(config, jax.random.key(0), stages=2), mesh)
   teacher = CountingTeacher(lambda queries: jnp.arange(queries.shape[0], dtype=jnp.int32) % 10)
@@ -106,7 +106,8 @@ def _two_stages(student_replay):
       dataset="digits", teacher_dir="unused", epsilon=1.0, student_model="lenet5",
       generator_channels=8, latent_dim=8, pretrain_steps=2, pretrain_batch_size=16, stages=2,
       samples_per_stage=32, batch_size=16, student_epochs=2, generator_epochs=2,
-      generator_prior="none", student_loss="rr_likelihood", student_replay=student_replay)
+      generator_prior="none",
+      engine=srr.EngineOptions(student_loss="rr_likelihood", student_replay=student_replay))
   mesh = sharding.data_mesh()
   state = sharding.replicate(srr.init_state(config, jax.random.key(0), stages=2), mesh)
   teacher = CountingTeacher(lambda queries: jnp.arange(queries.shape[0], dtype=jnp.int32) % 10)
@@ -143,12 +144,12 @@ def test_replay_keeps_every_release_and_trains_on_them_without_asking_again():
 
 def test_replay_flag_is_left_out_of_saved_configs_at_its_default():
   base = dict(dataset="digits", teacher_dir="t", epsilon=1.0)
-  assert srr.SRRConfig(**base).to_json()["student_replay"] is False  # older: the migration
-  saved = srr.SRRConfig(**base, student_replay=True).to_json()
-  assert saved["student_replay"] is True
-  assert srr.SRRConfig.from_json(saved).student_replay
+  assert srr.SRRConfig(**base).to_json()["engine"]["student_replay"] is False  # as migrated
+  saved = srr.SRRConfig(**base, engine=srr.EngineOptions(student_replay=True)).to_json()
+  assert saved["engine"]["student_replay"] is True
+  assert srr.SRRConfig.from_json(saved).engine.student_replay
   with pytest.raises(ValueError, match="student_replay"):
-    srr.SRRConfig(**base, student_replay="yes")
+    srr.EngineOptions(student_replay="yes")
 
 
 def test_stage_config_takes_epsilon_from_the_plan_and_the_rest_from_the_config():
@@ -247,10 +248,10 @@ def test_the_student_schedule_is_cosine_over_all_stages_or_constant():
               student_epochs=2)
   cosine = srr.init_state(srr.SRRConfig(**base), jax.random.key(0), stages=3)
   assert cosine.student.tx is step_lib.adam(1e-3, 3 * 2 * 2)  # decays to 0 at the last step
-  constant_config = srr.SRRConfig(**base, student_schedule="constant")
+  constant_config = srr.SRRConfig(**base, engine=srr.EngineOptions(student_schedule="constant"))
   constant = srr.init_state(constant_config, jax.random.key(0), stages=3)
   assert constant.student.tx is step_lib.adam(1e-3, None)
-  assert srr.SRRConfig(**base).to_json()["student_schedule"] == "cosine"
-  assert srr.SRRConfig.from_json(constant_config.to_json()).student_schedule == "constant"
+  assert srr.SRRConfig(**base).to_json()["engine"]["student_schedule"] == "cosine"
+  assert srr.SRRConfig.from_json(constant_config.to_json()).engine.student_schedule == "constant"
   with pytest.raises(ValueError, match="student_schedule"):
-    srr.SRRConfig(**base, student_schedule="linear")
+    srr.EngineOptions(student_schedule="linear")

@@ -17,6 +17,7 @@ from dpkd_jax.methods import srr
 def get_config() -> srr.SRRConfig:
   return srr.SRRConfig(
       dataset="fashion_mnist", teacher_dir="runs/teacher/fashion_mnist_small_cnn_aug5",
-      epsilon=1.0, stages=16, samples_per_stage=25600, student_epochs=5, student_learning_rate=3e-4,
-      generator_epochs=0, student_loss="rr_likelihood", student_model="small_cnn",
-      generator_channels=64)
+      epsilon=1.0, stages=16, samples_per_stage=25600, student_epochs=5,
+      student_learning_rate=3e-4, generator_epochs=0, student_model="small_cnn",
+      generator_channels=64,
+      engine=srr.EngineOptions(student_loss="rr_likelihood"))

@@ -17,4 +17,5 @@ def get_config() -> srr.SRRConfig:
   return srr.SRRConfig(
       dataset="fashion_mnist", teacher_dir="runs/teacher/fashion_mnist_small_cnn_aug5",
       epsilon=10.0, stages=4, samples_per_stage=12800, student_epochs=10,
-      student_loss="rr_likelihood", student_model="small_cnn", generator_channels=64)
+      student_model="small_cnn", generator_channels=64,
+      engine=srr.EngineOptions(student_loss="rr_likelihood"))

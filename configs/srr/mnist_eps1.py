@@ -21,5 +21,5 @@ def get_config() -> srr.SRRConfig:
   return srr.SRRConfig(
       dataset="mnist", teacher_dir="runs/teacher/mnist_small_cnn_aug3", epsilon=1.0,
       stages=16, samples_per_stage=25600, student_epochs=5, student_learning_rate=3e-4,
-      generator_epochs=0, student_loss="rr_likelihood", student_model="small_cnn",
-      generator_channels=64)
+      generator_epochs=0, student_model="small_cnn", generator_channels=64,
+      engine=srr.EngineOptions(student_loss="rr_likelihood"))

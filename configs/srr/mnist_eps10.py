@@ -23,5 +23,6 @@ from dpkd_jax.methods import srr
 def get_config() -> srr.SRRConfig:
   return srr.SRRConfig(
       dataset="mnist", teacher_dir="runs/teacher/mnist_small_cnn_aug3", epsilon=10.0,
-      stages=4, samples_per_stage=12800, student_epochs=10, student_loss="rr_likelihood",
-      student_model="small_cnn", generator_channels=64)
+      stages=4, samples_per_stage=12800, student_epochs=10,
+      student_model="small_cnn", generator_channels=64,
+      engine=srr.EngineOptions(student_loss="rr_likelihood"))

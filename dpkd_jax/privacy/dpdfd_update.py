@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import warnings
 from typing import Any, Callable, NamedTuple
 
 import jax
@@ -65,12 +66,12 @@ class DPDFDReleasePlan(plan_lib.Plan):
   """T releases of B bounded rows with N(0, σ²C²) noise (replace-one, `dpdfd_event`).
 
   Attributes:
-    noise_multiplier: σ. l2_norm_bound: C. batch_size: B, rows per release.
+    noise_multiplier: σ. l2_clip_norm: C. batch_size: B, rows per release.
     bound_method: "normalize" (paper) or "clip". stability: e of `normalize_rows`.
   """
 
   noise_multiplier: float
-  l2_norm_bound: float
+  l2_clip_norm: float
   batch_size: int
   bound_method: str = "normalize"
   stability: float = 1e-6
@@ -80,18 +81,32 @@ class DPDFDReleasePlan(plan_lib.Plan):
     """T: the planned steps (= `releases`)."""
     return self.releases
 
+  @property
+  def l2_norm_bound(self) -> float:
+    """The old name of `l2_clip_norm` (deprecated: a `DeprecationWarning`)."""
+    warnings.warn("l2_norm_bound is deprecated, use l2_clip_norm (same meaning)",
+                  DeprecationWarning, stacklevel=2)
+    return self.l2_clip_norm
+
   def event(self, releases: int) -> dp_event.DpEvent:
     return accounting.dpdfd_event(noise_multiplier=self.noise_multiplier,
                                   batch_size=self.batch_size, steps=releases)
 
 
-def dpdfd_plan(*, batch_size: int, steps: int, delta: float, l2_norm_bound: float = 1.0,
+def dpdfd_plan(*, batch_size: int, steps: int, delta: float, l2_clip_norm: float | None = None,
                noise_multiplier: float | None = None, target_epsilon: float | None = None,
-               bound_method: str = "normalize", stability: float = 1e-6) -> DPDFDReleasePlan:
-  """σ given, or calibrated for `target_epsilon` over T steps of B rows, in a frozen plan."""
+               bound_method: str = "normalize", stability: float = 1e-6,
+               l2_norm_bound: float | None = None) -> DPDFDReleasePlan:
+  """σ given, or calibrated for `target_epsilon` over T steps of B rows, in a frozen plan
+  (`l2_clip_norm` C defaults to 1; `l2_norm_bound` is its deprecated old name)."""
+  if l2_clip_norm is None and l2_norm_bound is None:
+    l2_clip_norm = 1.0
+  l2_clip_norm = validation.renamed_keyword(
+      "dpdfd_plan", new="l2_clip_norm", new_value=l2_clip_norm, old="l2_norm_bound",
+      old_value=l2_norm_bound)
   batch_size = validation.check_int("batch_size", batch_size, minimum=1)
   steps = validation.check_int("steps", steps, minimum=1)
-  validation.check_float("l2_norm_bound", l2_norm_bound, positive=True)
+  validation.check_float("l2_clip_norm", l2_clip_norm, positive=True)
   if bound_method not in ("normalize", "clip"):
     raise ValueError(f"bound_method must be 'normalize' or 'clip', got {bound_method!r}")
   if (noise_multiplier is None) == (target_epsilon is None):
@@ -107,7 +122,7 @@ def dpdfd_plan(*, batch_size: int, steps: int, delta: float, l2_norm_bound: floa
       releases=steps, delta=delta, sound_epsilon=sound,
       budget_epsilon=plan_lib.budget(target_epsilon=target_epsilon, accounting="sound",
                                      sound_epsilon=sound),
-      noise_multiplier=sigma, l2_norm_bound=float(l2_norm_bound), batch_size=batch_size,
+      noise_multiplier=sigma, l2_clip_norm=float(l2_clip_norm), batch_size=batch_size,
       bound_method=bound_method, stability=float(stability))
 
 
@@ -165,7 +180,7 @@ class DPDFDStep:
     s, student_vjp = jax.vjp(lambda p: self.student_apply(p, x_const), state.student_params)
     t = jax.lax.stop_gradient(self.teacher_apply(teacher_params, x_const))  # (B, K)
     release = mechanisms.output_gradient_mechanism(  # the only release: (B, K) noisy rows
-        noise_key, self.output_grad_fn(s, t), l2_norm_bound=plan.l2_norm_bound,
+        noise_key, self.output_grad_fn(s, t), l2_clip_norm=plan.l2_clip_norm,
         noise_multiplier=plan.noise_multiplier, stability=plan.stability,
         method=plan.bound_method)
     target = dpdfd_student_target(s, release.noisy, self.gamma)

@@ -83,26 +83,31 @@ def _scale_rows(x: jax.Array, row_scale: jax.Array) -> jax.Array:
   return x * row_scale.reshape((-1,) + (1,) * (x.ndim - 1)).astype(x.dtype)
 
 
-def normalize_rows(x: jax.Array, l2_norm_bound: float, stability: float = 1e-6) -> jax.Array:
+def normalize_rows(x: jax.Array, l2_clip_norm: float | None = None, stability: float = 1e-6,
+                   *, l2_norm_bound: float | None = None) -> jax.Array:
   """Per-row normalization `C * x_i / (||x_i||_2 + e)`: every row ends with norm < C.
 
   Args:
     x: (B, ...) rows along the leading axis; trailing axes are flattened for the norm.
-    l2_norm_bound: C > 0, the bound on every output row's L2 norm.
+    l2_clip_norm: C > 0, the bound on every output row's L2 norm.
     stability: e >= 0 added to the norm. With e > 0 tiny rows are shrunk instead of blown up
       to norm C (and the map is smooth at 0); with e = 0 a zero row stays zero.
+    l2_norm_bound: the old name of `l2_clip_norm` (deprecated: a `DeprecationWarning`).
 
   Returns:
     (B, ...) rows with `||row||_2 <= C` (up to float32 rounding); non-finite rows -> zeros.
   """
-  validation.check_float("l2_norm_bound", l2_norm_bound, positive=True)
+  l2_clip_norm = validation.renamed_keyword(
+      "normalize_rows", new="l2_clip_norm", new_value=l2_clip_norm, old="l2_norm_bound",
+      old_value=l2_norm_bound)
+  validation.check_float("l2_clip_norm", l2_clip_norm, positive=True)
   validation.check_float("stability", stability, positive=False)
   chex.assert_rank(x, {1, 2, 3, 4, 5, 6})
   x = _zero_non_finite_rows(x)
   denominator = _row_l2_norms(x) + stability  # (B,)
   is_positive = denominator > 0  # False only for zero rows when stability == 0
   safe_denominator = jnp.where(is_positive, denominator, 1.0)
-  row_scale = jnp.where(is_positive, l2_norm_bound / safe_denominator, 0.0)  # (B,)
+  row_scale = jnp.where(is_positive, l2_clip_norm / safe_denominator, 0.0)  # (B,)
   return _scale_rows(x, row_scale)
 
 
@@ -153,12 +158,13 @@ def output_gradient_mechanism(
     key: jax.Array,
     per_sample_grads: jax.Array,
     *,
-    l2_norm_bound: float,
+    l2_clip_norm: float | None = None,
     noise_multiplier: float,
     stability: float = 1e-6,
     method: str = "normalize",
     secure_noise: bool = False,
     grid_bits: int | None = None,
+    l2_norm_bound: float | None = None,
 ) -> GaussianRelease:
   """DPDFD's output-gradient mechanism A_{C,sigma} (Algorithm 1).
 
@@ -176,7 +182,7 @@ def output_gradient_mechanism(
   Args:
     key: a `jax.random.key`, used once for the (B, K) noise draw.
     per_sample_grads: (B, K) one row per query.
-    l2_norm_bound: C > 0.
+    l2_clip_norm: C > 0.
     noise_multiplier: sigma >= 0 (noise std in units of C).
     stability: e >= 0 of `normalize_rows` (ignored by "clip").
     method: "normalize" or "clip" (see `ROW_BOUNDERS`).
@@ -185,6 +191,7 @@ def output_gradient_mechanism(
       (`secure_gaussian`; sigma > 0 and concrete); account with `dpdfd_event(...,
       secure_noise=True)`, whose rounding-aware sensitivity is larger than 2 C sqrt(B).
     grid_bits: k of the secure grid (step about C / 2^k); None: the largest that fits int32.
+    l2_norm_bound: the old name of `l2_clip_norm` (deprecated: a `DeprecationWarning`).
 
   Returns:
     GaussianRelease with `noisy` (B, K) (what the student fits), `noise_stddev` = sigma C and
@@ -193,8 +200,11 @@ def output_gradient_mechanism(
   # One teacher is the n = 1 case of `multi_teacher_output_gradients`: the same bound, draw
   # and sensitivity (the sum over one teacher and the division by 1 are exact).
   chex.assert_rank(per_sample_grads, 2)
+  l2_clip_norm = validation.renamed_keyword(
+      "output_gradient_mechanism", new="l2_clip_norm", new_value=l2_clip_norm,
+      old="l2_norm_bound", old_value=l2_norm_bound)
   return multi_teacher_output_gradients(
-      key, per_sample_grads[None], l2_norm_bound=l2_norm_bound,
+      key, per_sample_grads[None], l2_clip_norm=l2_clip_norm,
       noise_multiplier=noise_multiplier, stability=stability, method=method,
       secure_noise=secure_noise, grid_bits=grid_bits)
 
@@ -203,12 +213,13 @@ def multi_teacher_output_gradients(
     key: jax.Array,
     per_teacher_grads: jax.Array,
     *,
-    l2_norm_bound: float,
+    l2_clip_norm: float | None = None,
     noise_multiplier: float,
     stability: float = 1e-6,
     method: str = "normalize",
     secure_noise: bool = False,
     grid_bits: int | None = None,
+    l2_norm_bound: float | None = None,
 ) -> GaussianRelease:
   """Output-gradient mechanism for n teachers trained on disjoint shards of the private data.
 
@@ -227,30 +238,34 @@ def multi_teacher_output_gradients(
   Args:
     key: a `jax.random.key`, used once for the (B, K) noise draw.
     per_teacher_grads: (n, B, K) teacher t's output gradient for query i at [t, i].
-    l2_norm_bound: C > 0, bound on each teacher's row.
+    l2_clip_norm: C > 0, bound on each teacher's row.
     noise_multiplier: sigma >= 0.
     stability: e >= 0 of `normalize_rows` (ignored by "clip").
     method: "normalize" or "clip".
     secure_noise: the summed rows (|coordinate| <= n C) on an integer grid plus exact
       discrete Gaussian noise of std sigma C (`output_gradient_mechanism`).
     grid_bits: k of the secure grid; None: automatic.
+    l2_norm_bound: the old name of `l2_clip_norm` (deprecated: a `DeprecationWarning`).
 
   Returns:
     GaussianRelease with `noisy` (B, K) the noisy mean over teachers, `noise_stddev` =
     sigma C / n and `l2_sensitivity` = 2 C sqrt(B) / n.
   """
   bounder = _row_bounder(method)
-  validation.check_float("l2_norm_bound", l2_norm_bound, positive=True)
+  l2_clip_norm = validation.renamed_keyword(
+      "multi_teacher_output_gradients", new="l2_clip_norm", new_value=l2_clip_norm,
+      old="l2_norm_bound", old_value=l2_norm_bound)
+  validation.check_float("l2_clip_norm", l2_clip_norm, positive=True)
   validation.check_float("noise_multiplier", noise_multiplier, positive=False)
   validation.check_float("stability", stability, positive=False)
   chex.assert_rank(per_teacher_grads, 3)
   chex.assert_type(per_teacher_grads, float)
   num_teachers, batch_size, _ = per_teacher_grads.shape
-  bounded = jax.vmap(lambda g: bounder(g, l2_norm_bound, stability))(per_teacher_grads)
+  bounded = jax.vmap(lambda g: bounder(g, l2_clip_norm, stability))(per_teacher_grads)
   summed = jnp.sum(bounded, axis=0)  # (B, K)
-  noise_stddev_of_sum = noise_multiplier * l2_norm_bound
+  noise_stddev_of_sum = noise_multiplier * l2_clip_norm
   if secure_noise:
-    grid = secure_gaussian.choose_grid(noise_multiplier=noise_multiplier, bound=l2_norm_bound,
+    grid = secure_gaussian.choose_grid(noise_multiplier=noise_multiplier, bound=l2_clip_norm,
                                        max_abs=float(num_teachers), grid_bits=grid_bits)
     noisy_mean = secure_gaussian.add_grid_noise(key, summed, grid) / num_teachers
   else:
@@ -261,7 +276,7 @@ def multi_teacher_output_gradients(
       noisy=noisy_mean,
       noise_stddev=jnp.asarray(noise_stddev_of_sum / num_teachers, noisy_mean.dtype),
       l2_sensitivity=jnp.asarray(
-          2.0 * l2_norm_bound * math.sqrt(batch_size) / num_teachers, noisy_mean.dtype),
+          2.0 * l2_clip_norm * math.sqrt(batch_size) / num_teachers, noisy_mean.dtype),
   )
 
 
@@ -269,8 +284,9 @@ def sanitize(
     key: jax.Array,
     knowledge: jax.Array,
     *,
-    l2_bound: float,
+    l2_clip_norm: float | None = None,
     noise_multiplier: float,
+    l2_bound: float | None = None,
 ) -> GaussianRelease:
   """RONA's sanitizer: bound the whole batch tensor, then add Gaussian noise.
 
@@ -287,26 +303,30 @@ def sanitize(
   Args:
     key: a `jax.random.key`, used once for the noise draw.
     knowledge: (B, ...) teacher-side tensor for the query batch.
-    l2_bound: B > 0, the Frobenius-norm bound of the whole tensor.
+    l2_clip_norm: B > 0, the Frobenius-norm bound of the whole tensor.
     noise_multiplier: sigma >= 0.
+    l2_bound: the old name of `l2_clip_norm` (deprecated: a `DeprecationWarning`).
 
   Returns:
     GaussianRelease with `noisy` (same shape as `knowledge`), `noise_stddev` = sigma B and
     `l2_sensitivity` = 2B.
   """
-  validation.check_float("l2_bound", l2_bound, positive=True)
+  l2_clip_norm = validation.renamed_keyword(
+      "sanitize", new="l2_clip_norm", new_value=l2_clip_norm, old="l2_bound",
+      old_value=l2_bound)
+  validation.check_float("l2_clip_norm", l2_clip_norm, positive=True)
   validation.check_float("noise_multiplier", noise_multiplier, positive=False)
   chex.assert_rank(knowledge, {1, 2, 3, 4, 5})
   chex.assert_type(knowledge, float)
   # Treat the whole tensor as one row so the row helpers bound the Frobenius norm.
   as_one_row = knowledge[None]  # (1, B, ...)
-  bounded = clip_rows(as_one_row, l2_bound)[0]  # (B, ...)
-  noise_stddev = noise_multiplier * l2_bound
+  bounded = clip_rows(as_one_row, l2_clip_norm)[0]  # (B, ...)
+  noise_stddev = noise_multiplier * l2_clip_norm
   noise = jax.random.normal(key, bounded.shape, bounded.dtype)
   noisy = bounded + noise_stddev * noise
   chex.assert_equal_shape((noisy, knowledge))
   return GaussianRelease(
       noisy=noisy,
       noise_stddev=jnp.asarray(noise_stddev, noisy.dtype),
-      l2_sensitivity=jnp.asarray(2.0 * l2_bound, noisy.dtype),
+      l2_sensitivity=jnp.asarray(2.0 * l2_clip_norm, noisy.dtype),
   )

@@ -22,8 +22,8 @@ def _warn(message: str) -> None:
   warnings.warn(message, PaperAccountingWarning, stacklevel=3)
 
 
-def paper_dpdfd_epsilon(*, noise_multiplier: float, l2_norm_bound: float,
-                        steps: int, delta: float) -> float:
+def paper_dpdfd_epsilon(*, noise_multiplier: float, l2_clip_norm: float | None = None,
+                        steps: int, delta: float, l2_norm_bound: float | None = None) -> float:
   """DPDFD (Liu et al., IJCAI 2023) Theorem 3 — RECONSTRUCTION.
 
   The exact text of Theorem 3 of "Model Conversion via Differentially Private
@@ -46,15 +46,19 @@ def paper_dpdfd_epsilon(*, noise_multiplier: float, l2_norm_bound: float,
 
   Args:
     noise_multiplier: σ as in the paper (> 0).
-    l2_norm_bound: C, the normalization/clipping bound (> 0).
+    l2_clip_norm: C, the normalization/clipping bound (> 0).
     steps: T (>= 0).
     delta: δ in (0, 1).
+    l2_norm_bound: the old name of `l2_clip_norm` (deprecated: a `DeprecationWarning`).
 
   Returns:
     The reconstructed paper ε.
   """
   sigma = validation.check_float("noise_multiplier", noise_multiplier, positive=True)
-  bound = validation.check_float("l2_norm_bound", l2_norm_bound, positive=True)
+  l2_clip_norm = validation.renamed_keyword(
+      "paper_dpdfd_epsilon", new="l2_clip_norm", new_value=l2_clip_norm, old="l2_norm_bound",
+      old_value=l2_norm_bound)
+  bound = validation.check_float("l2_clip_norm", l2_clip_norm, positive=True)
   steps = validation.check_int("steps", steps, minimum=0)
   delta = validation.check_delta(delta)
   _warn("paper_dpdfd_epsilon is a reconstruction of DPDFD's Theorem 3 and is "

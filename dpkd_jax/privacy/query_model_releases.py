@@ -45,9 +45,9 @@ def _check(noise_multiplier: float, **bounds: float) -> None:
     validation.check_float(name, value, positive=True)
 
 
-def second_moment_sensitivity(l2_norm_bound: float, constant: float) -> float:
+def second_moment_sensitivity(l2_clip_norm: float, constant: float) -> float:
   """sqrt(2) (R^2 + c^2): replace-one L2 sensitivity of `second_moment_release`."""
-  return float(np.sqrt(2.0) * (l2_norm_bound ** 2 + constant ** 2))
+  return float(np.sqrt(2.0) * (l2_clip_norm ** 2 + constant ** 2))
 
 
 def kmeans_sensitivity(projection_bound: float) -> float:
@@ -98,8 +98,10 @@ def noisy_second_moment(key: jax.Array, x: jax.Array, noise_std: float) -> jax.A
   return moment + noise_std * noise
 
 
-def second_moment_release(key: jax.Array, rows: jax.Array, *, l2_norm_bound: float,
-                          constant: float, noise_multiplier: float) -> jax.Array:
+def second_moment_release(key: jax.Array, rows: jax.Array, *,
+                          l2_clip_norm: float | None = None, constant: float,
+                          noise_multiplier: float,
+                          l2_norm_bound: float | None = None) -> jax.Array:
   """DP second moment of the rows clipped to norm R and extended by c (Analyze Gauss).
 
   Replace-one L2 sensitivity sqrt(2) (R^2 + c^2) (`second_moment_sensitivity`); noise std
@@ -108,19 +110,23 @@ def second_moment_release(key: jax.Array, rows: jax.Array, *, l2_norm_bound: flo
   Args:
     key: a `jax.random.key`, used once.
     rows: (N, D) private rows (e.g. flattened images in [0, 1]).
-    l2_norm_bound: R > 0.
+    l2_clip_norm: R > 0.
     constant: c > 0; S[:D, D] / c is the noisy sum of the clipped rows.
     noise_multiplier: z >= 0.
+    l2_norm_bound: the old name of `l2_clip_norm` (deprecated: a `DeprecationWarning`).
 
   Returns:
     (D + 1, D + 1) symmetric noisy S = sum [x, c] [x, c]^T.
   """
-  _check(noise_multiplier, l2_norm_bound=l2_norm_bound, constant=constant)
+  l2_clip_norm = validation.renamed_keyword(
+      "second_moment_release", new="l2_clip_norm", new_value=l2_clip_norm, old="l2_norm_bound",
+      old_value=l2_norm_bound)
+  _check(noise_multiplier, l2_clip_norm=l2_clip_norm, constant=constant)
   n = rows.shape[0]
-  x = clip_rows_to_norm(rows, l2_norm_bound)  # (N, D)
+  x = clip_rows_to_norm(rows, l2_clip_norm)  # (N, D)
   extended = jnp.concatenate([x, jnp.full((n, 1), constant, jnp.float32)], -1)
   return noisy_second_moment(
-      key, extended, noise_multiplier * second_moment_sensitivity(l2_norm_bound, constant))
+      key, extended, noise_multiplier * second_moment_sensitivity(l2_clip_norm, constant))
 
 
 def noisy_cluster_sums(key: jax.Array, y: jax.Array, centroids: jax.Array, *,

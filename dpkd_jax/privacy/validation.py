@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import math
 import operator
+import warnings
 
 import jax
 
@@ -58,3 +59,23 @@ def check_delta(delta: float) -> float:
   if value >= 1:
     raise ValueError(f"delta must be in (0, 1), got {delta!r}")
   return value
+
+
+def renamed_keyword(function: str, *, new: str, new_value, old: str, old_value):
+  """The value of keyword `new` of `function`, which accepts its old name `old` for one
+  release (as optax and jax_privacy deprecate arguments): `old_value` with a
+  `DeprecationWarning` when only the old name is given.
+
+  Raises:
+    TypeError: neither name given, or both.
+  """
+  if old_value is None:
+    if new_value is None:
+      raise TypeError(f"{function}() missing required keyword argument: '{new}'")
+    return new_value
+  if new_value is not None:
+    raise TypeError(f"{function}() got '{new}' and its deprecated name '{old}': give '{new}'")
+  # stacklevel=3: point at the caller of `function`.
+  warnings.warn(f"{function}(): '{old}' is deprecated, use '{new}' (same meaning)",
+                DeprecationWarning, stacklevel=3)
+  return old_value

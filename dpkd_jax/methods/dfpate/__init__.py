@@ -18,9 +18,9 @@ images or samples of a DP model of the private images. Pipeline of `train_dfpate
 4. Student (`student`). Trained on (query, noisy answer) pairs, hard GNMax labels filtered by
    the noisy margin or soft noisy mean votes, continuing across rounds.
 
-Rooms: `config` (DFPATEConfig, validated flags), `privacy` (DFPATEPlan, make_plan: the only
-place σ is resolved), `step` (init_state, build_train_step: one round; make_train_step: the
-round as the run calls it), `run` (train_dfpate(config, workdir, *, resume=False)), `streams`
+Rooms: `config` (DFPATEConfig, validated flags; `config_migration` reads every saved form of
+it), `privacy` (DFPATEPlan, make_plan: the only place σ is resolved), `step` (init_state,
+build_train_step: one round; make_train_step: the round as the run calls it), `run` (train_dfpate(config, workdir, *, resume=False)), `streams`
 (the run's key streams), `queries`, `query_model`, `student`, `teachers`,
 `dpkd_jax.teacher_ensemble` (the ensemble and its architectures).
 

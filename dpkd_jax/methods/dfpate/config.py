@@ -8,7 +8,7 @@ resolved once, by `privacy.make_plan`.
 from __future__ import annotations
 
 import dataclasses
-from typing import Any
+from typing import Any, ClassVar
 
 from dpkd_jax import config_checks as checks
 from dpkd_jax import data
@@ -16,11 +16,14 @@ from dpkd_jax import errors
 from dpkd_jax import models
 from dpkd_jax import teacher_ensemble
 from dpkd_jax.data import procedural
+from dpkd_jax.methods.dfpate import config_migration
 from dpkd_jax.methods.dfpate import student
 from dpkd_jax.privacy import aggregation
 from dpkd_jax.privacy import seeds
 
 QUERY_SOURCES = ("procedural", "dp_model")
+# {`TeacherEnsembleConfig` field: this config's field} where the names differ.
+_ENSEMBLE_NAMES = {"teacher_lr": "teacher_learning_rate"}
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -41,7 +44,7 @@ class DFPATEConfig:
     teacher_model: a key of `teacher_ensemble.TEACHER_MODELS` (built with norm "none").
     teacher_epochs: each teacher's passes over its shard.
     teacher_batch_size: each teacher's batch size.
-    teacher_lr: each teacher's Adam learning rate.
+    teacher_learning_rate: each teacher's Adam learning rate.
     shard_seed: public seed of the shard assignment.
     teacher_self_training_pool: P query-model samples each teacher self-labels (0: off).
       Needs query_source="dp_model": after training, every teacher labels P samples of the
@@ -69,7 +72,7 @@ class DFPATEConfig:
     student_model: the student architecture (a name in `models.CLASSIFIERS`).
     student_epochs: student epochs per round, over every query answered so far.
     student_batch_size: the student's batch size.
-    student_lr: the student's Adam learning rate.
+    student_learning_rate: the student's Adam learning rate.
     student_pseudo_pool: fresh unanswered queries the student self-labels each round (0: off).
       From round 1 on, with confidence >= `student_pseudo_threshold` (post-processing).
     student_pseudo_threshold: the confidence the student needs to label a query itself.
@@ -78,6 +81,9 @@ class DFPATEConfig:
       split is read once at the end.
     seed: root seed; None: a secret one from OS entropy.
   """
+
+  # Old flag and saved names of renamed fields (the library's vocabulary, docs/ARCHITECTURE.md).
+  RENAMED: ClassVar[dict[str, str]] = config_migration.V1_RENAMED
 
   dataset: str
   data_dir: str | None = None
@@ -89,7 +95,7 @@ class DFPATEConfig:
   teacher_model: str = "mlp"
   teacher_epochs: int = 20
   teacher_batch_size: int = 32
-  teacher_lr: float = 3e-3
+  teacher_learning_rate: float = 3e-3
   shard_seed: int = 0
   teachers_dir: str | None = None
   teacher_self_training_pool: int = 0
@@ -110,7 +116,7 @@ class DFPATEConfig:
   student_model: str = "lenet5"
   student_epochs: int = 20
   student_batch_size: int = 64
-  student_lr: float = 1e-3
+  student_learning_rate: float = 1e-3
   student_pseudo_pool: int = 0
   student_pseudo_threshold: float = 0.95
   validation_examples: int = 0
@@ -125,6 +131,7 @@ class DFPATEConfig:
     if self.secure_noise and self.noise_std == 0:
       raise ValueError("secure_noise needs noise: noise_std must be > 0")
     checks.integer("validation_examples", self.validation_examples, minimum=0)
+    checks.positive(self, "teacher_learning_rate")  # named here, not by the ensemble's name
     self.ensemble_config()  # the dataset and teacher fields, checked where the ensemble is
     checks.one_of("student_model", self.student_model, models.CLASSIFIERS)
     checks.one_of("votes", self.votes, aggregation.VOTE_KINDS)
@@ -134,7 +141,7 @@ class DFPATEConfig:
                     "student_batch_size", "teacher_self_training_epochs",
                     "query_model_components", "query_model_clusters")
     checks.integers(self, "teacher_self_training_pool", "student_pseudo_pool", minimum=0)
-    checks.positive(self, "student_lr", "query_model_noise", "query_temperature")
+    checks.positive(self, "student_learning_rate", "query_model_noise", "query_temperature")
     for name in ("margin_threshold", "teacher_pseudo_threshold", "student_pseudo_threshold",
                  "invert_probability"):
       checks.fraction(name, getattr(self, name), open_low=False, open_high=False)
@@ -166,9 +173,27 @@ class DFPATEConfig:
 
   def ensemble_config(self) -> teacher_ensemble.TeacherEnsembleConfig:
     """The run's teacher ensemble (trained with the run's own keys, not `seed` of it)."""
-    return teacher_ensemble.TeacherEnsembleConfig(
-        dataset=self.dataset, data_dir=self.data_dir,
-        **{name: getattr(self, name) for name in teacher_ensemble.IDENTITY_FIELDS})
+    # The ensemble's own config keeps `teacher_lr`: the name its saved stores are known by.
+    fields = {name: getattr(self, _ENSEMBLE_NAMES.get(name, name))
+              for name in teacher_ensemble.IDENTITY_FIELDS}
+    return teacher_ensemble.TeacherEnsembleConfig(dataset=self.dataset, data_dir=self.data_dir,
+                                                  **fields)
+
+  def to_json(self) -> dict[str, Any]:
+    """The config as saved in checkpoints and results: every field and the format's
+    `version` (`config_migration`; a resumed run must match it)."""
+    return {"version": config_migration.VERSION, **dataclasses.asdict(self)}
+
+  @classmethod
+  def from_json(cls, saved: dict[str, Any]) -> "DFPATEConfig":
+    """The config of a saved dict of any format (`config_migration.migrate` first)."""
+    values = config_migration.migrate(saved)
+    del values["version"]
+    unknown = sorted(set(values) - {f.name for f in dataclasses.fields(cls)})
+    if unknown:
+      raise ValueError(f"a saved DF-PATE config holds fields this dpkd-jax does not know: "
+                       f"{', '.join(unknown)}")
+    return cls(**values)
 
   def teacher_identity(self) -> dict[str, Any]:
     """What a saved ensemble must have been trained with to be reused (with a validation

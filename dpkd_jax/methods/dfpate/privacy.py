@@ -95,10 +95,14 @@ class DFPATEPlan(plan_lib.Plan):
 
   @classmethod
   def from_json(cls, values: dict[str, Any]) -> "DFPATEPlan":
-    """The plan of `to_json` (e.g. the one saved in a checkpoint)."""
+    """The plan of `to_json` (e.g. the one saved in a checkpoint; the query model's bound
+    saved as `l2_norm_bound` before it took the library's name `l2_clip_norm`)."""
     values = {k: v for k, v in values.items() if k != "plan"}
     if values.get("query_model") is not None:
-      values["query_model"] = query_model_lib.QueryModelConfig(**values["query_model"])
+      saved = dict(values["query_model"])
+      if "l2_norm_bound" in saved:
+        saved["l2_clip_norm"] = saved.pop("l2_norm_bound")
+      values["query_model"] = query_model_lib.QueryModelConfig(**saved)
     return cls(**values)
 
 

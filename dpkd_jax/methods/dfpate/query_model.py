@@ -57,7 +57,7 @@ class QueryModelConfig:
     num_components: m, principal axes kept.
     num_clusters: k, mixture components.
     kmeans_iterations: T, noisy Lloyd steps (each one Gaussian release).
-    l2_norm_bound: R, clip of each flattened image before the second moment.
+    l2_clip_norm: R, clip of each flattened image before the second moment.
     constant: c, the appended coordinate that carries the sum of the images.
     projection_bound: R_y, clip of each centred projection in k-means.
     residual_bound: R_v, clip of each residual in the variance release.
@@ -71,7 +71,7 @@ class QueryModelConfig:
   num_components: int = 20
   num_clusters: int = 40
   kmeans_iterations: int = 5
-  l2_norm_bound: float = 12.0
+  l2_clip_norm: float = 12.0
   constant: float = 1.0
   projection_bound: float = 8.0
   residual_bound: float = 6.0
@@ -83,14 +83,14 @@ class QueryModelConfig:
 
   def __post_init__(self):
     checks.integers(self, "num_components", "num_clusters", "kmeans_iterations")
-    checks.positive(self, "l2_norm_bound", "constant", "projection_bound", "residual_bound",
+    checks.positive(self, "l2_clip_norm", "constant", "projection_bound", "residual_bound",
                     "temperature")
     checks.non_negative(self, "pca_noise_multiplier", "kmeans_noise_multiplier",
                         "variance_noise_multiplier", "min_count")
 
   @property
   def moment_sensitivity(self) -> float:
-    return releases.second_moment_sensitivity(self.l2_norm_bound, self.constant)
+    return releases.second_moment_sensitivity(self.l2_clip_norm, self.constant)
 
   @property
   def kmeans_sensitivity(self) -> float:
@@ -151,7 +151,7 @@ def fit_query_model(key: jax.Array, images: np.ndarray,
   n = len(images)  # public under replace-one
   rows = jnp.asarray(images.reshape(n, dim), jnp.float32) / 255.0  # (N, D)
   moment = releases.second_moment_release(
-      keys["moment"], rows, l2_norm_bound=config.l2_norm_bound, constant=config.constant,
+      keys["moment"], rows, l2_clip_norm=config.l2_clip_norm, constant=config.constant,
       noise_multiplier=config.pca_noise_multiplier)  # (D + 1, D + 1)
   mean = moment[:dim, dim] / (n * config.constant)  # (D,)
   covariance = moment[:dim, :dim] / n - jnp.outer(mean, mean)
@@ -159,7 +159,7 @@ def fit_query_model(key: jax.Array, images: np.ndarray,
   components = eigvecs[:, ::-1][:, :m]  # (D, m)
   spread = jnp.sqrt(jnp.maximum(eigvals[::-1][:m], 1e-6))  # (m,) std along each axis
   # The release's own clip of the rows, repeated (same rows, same op: the same values).
-  x = releases.clip_rows_to_norm(rows, config.l2_norm_bound)  # (N, D)
+  x = releases.clip_rows_to_norm(rows, config.l2_clip_norm)  # (N, D)
   y = (x - mean) @ components  # (N, m); the releases below clip it to projection_bound
 
   def draw(key, num):  # data-independent draws from the DP Gaussian fit (init / re-draw)

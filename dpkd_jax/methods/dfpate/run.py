@@ -19,6 +19,7 @@ from dpkd_jax import data
 from dpkd_jax import models
 from dpkd_jax import teacher_ensemble
 from dpkd_jax.methods.dfpate import config as config_lib
+from dpkd_jax.methods.dfpate import config_migration
 from dpkd_jax.methods.dfpate import privacy
 from dpkd_jax.methods.dfpate import query_model as query_model_lib
 from dpkd_jax.methods.dfpate import step as step_lib
@@ -47,13 +48,6 @@ class _Setup:
   teacher_report: dict[str, float] = dataclasses.field(default_factory=dict)
   base_report: dict[str, float] = dataclasses.field(default_factory=dict)
   final_test_accuracy: float = math.nan  # with a hold-out: read once after the rounds
-
-
-def _config_json(config: config_lib.DFPATEConfig) -> dict[str, Any]:
-  out = selection.config_json(config)
-  if not config.secure_noise:  # at its default: the dict saved before the field existed
-    del out["secure_noise"]
-  return out
 
 
 def _prepare(config: config_lib.DFPATEConfig, plan: privacy.DFPATEPlan,
@@ -121,7 +115,7 @@ def _results(config: config_lib.DFPATEConfig, plan: privacy.DFPATEPlan,
       "teacher_train_seconds": setup.teacher_seconds,
       "seed": root_seed.public_description(),
       "student_params": models.count_params(state.student.params),
-      "config": _config_json(config),
+      "config": config.to_json(),
       outputs.PRIVATE_KEY: outputs.private_section(  # noiseless functions of the teachers
           {"teachers": setup.teacher_report,
            "teachers_before_self_training": setup.base_report,
@@ -145,7 +139,8 @@ def train_dfpate(config: config_lib.DFPATEConfig, workdir: str, *, resume: bool 
   """
   # 1. Workdir: lock, resume or refuse, root seed, key streams
   clock = outputs.RunClock()
-  run = workdir_lib.open_run(workdir, kind="DF-PATE", config=_config_json(config), resume=resume)
+  run = workdir_lib.open_run(workdir, kind="DF-PATE", config=config.to_json(), resume=resume,
+                             migrate=config_migration.migrate)
   root_seed = run.root_seed(config.seed)
   keys = streams.root_keys(root_seed)
   if config.validation_examples:  # a hold-out too large fails before anything is charged
@@ -184,7 +179,7 @@ def train_dfpate(config: config_lib.DFPATEConfig, workdir: str, *, resume: bool 
     bar.update(1)
     bar.set_postfix(acc=f"{history[-1]:.4f}", eps=f"{spent:.4g}")
     run.save(round_index + 1, host_arrays,
-             {"config": _config_json(config), "round": round_index + 1, "accuracy": history,
+             {"config": config.to_json(), "round": round_index + 1, "accuracy": history,
               "answered": int(len(state.images)), "plan": plan.to_json(),
               "ledger": None if ledger is None else ledger.to_json(),
               "root_seed": list(root_seed)})

@@ -49,7 +49,8 @@ def init_state(config: config_lib.DFPATEConfig, key: jax.Array) -> RoundState:
   info = config.info
   model = models.create_classifier(config.student_model, num_classes=info.num_classes,
                                    input_shape=info.image_shape, rngs=nnx.Rngs(key))
-  return RoundState(TrainState.create(models.split(model), optax.adam(config.student_lr)),
+  return RoundState(TrainState.create(models.split(model),
+                                     optax.adam(config.student_learning_rate)),
                     np.zeros((0, *info.image_shape), np.uint8),
                     np.zeros((0, info.num_classes), np.float32))
 

@@ -139,5 +139,5 @@ def self_train_teachers(config: config_lib.DFPATEConfig, ensemble: teacher_ensem
       ensemble, images, labels, pool, config.info, train_key,
       epochs=config.teacher_self_training_epochs,
       batch_size=min(config.teacher_batch_size, labels.shape[1]),
-      learning_rate=config.teacher_lr, threshold=config.teacher_pseudo_threshold)
+      learning_rate=config.teacher_learning_rate, threshold=config.teacher_pseudo_threshold)
   return ensemble, time.perf_counter() - start

@@ -109,7 +109,7 @@ def _results(config, plan, *, accuracy, q, max_batch_size, root_seed, workdir) -
       "paper_epsilon_warning": "DPDFD Theorem 3 (reconstruction): NOT a valid guarantee",
       "delta": plan.delta,
       "noise_multiplier": plan.noise_multiplier,
-      "l2_norm_bound": plan.l2_norm_bound,
+      "l2_norm_bound": plan.l2_clip_norm,  # the results field keeps its recorded name
       "sampling_rate": q,
       "max_batch_size": max_batch_size,
       "steps": plan.releases,

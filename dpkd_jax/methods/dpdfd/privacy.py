@@ -43,15 +43,22 @@ class OutputGradientPlan(plan_lib.Plan):
 
   Attributes:
     noise_multiplier: σ (noise std σ·C per output coordinate); 0 means no noise.
-    l2_norm_bound: C, the per-row norm bound.
+    l2_clip_norm: C, the per-row norm bound.
     stability: e in C·g/(||g|| + e).
     bound_method: "normalize" (paper) or "clip".
   """
 
   noise_multiplier: float
-  l2_norm_bound: float
+  l2_clip_norm: float
   stability: float
   bound_method: str
+
+  @property
+  def l2_norm_bound(self) -> float:
+    """The old name of `l2_clip_norm` (deprecated: a `DeprecationWarning`)."""
+    warnings.warn("l2_norm_bound is deprecated, use l2_clip_norm (same meaning)",
+                  DeprecationWarning, stacklevel=2)
+    return self.l2_clip_norm
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -119,7 +126,7 @@ class DirectPlan(OutputGradientPlan):
     return neighbouring.tag(dp_event.NonPrivateDpEvent(), self.relation, releases)
 
 
-def paper_epsilon(*, noise_multiplier: float, l2_norm_bound: float, steps: int,
+def paper_epsilon(*, noise_multiplier: float, l2_clip_norm: float, steps: int,
                   delta: float) -> float | None:
   """The paper-formula ε of `steps` releases (Theorem 3 reconstruction; None without noise).
 
@@ -129,7 +136,7 @@ def paper_epsilon(*, noise_multiplier: float, l2_norm_bound: float, steps: int,
   with warnings.catch_warnings():
     warnings.simplefilter("ignore", paper_accounting.PaperAccountingWarning)
     return paper_accounting.paper_dpdfd_epsilon(
-        noise_multiplier=noise_multiplier, l2_norm_bound=l2_norm_bound, steps=steps,
+        noise_multiplier=noise_multiplier, l2_clip_norm=l2_clip_norm, steps=steps,
         delta=delta)
 
 
@@ -222,7 +229,7 @@ def make_plan(config: config_lib.DPDFDConfig, teachers_per_record: int | None = 
                   f"{target:g}: accounting='{config.accounting}' bounds only the paper's"
                   " formula", paper_accounting.PaperAccountingWarning, stacklevel=2)
   return DPDFDPlan(
-      noise_multiplier=float(sigma), l2_norm_bound=config.l2_clip_norm,
+      noise_multiplier=float(sigma), l2_clip_norm=config.l2_clip_norm,
       stability=config.stability, bound_method=config.bound_method,
       batch_size=config.batch_size, probes_per_sample=config.probes_per_sample,
       num_teachers=num_teachers, teachers_per_record=m,
@@ -231,16 +238,16 @@ def make_plan(config: config_lib.DPDFDConfig, teachers_per_record: int | None = 
       releases=int(steps), delta=config.delta, accounting=config.accounting,
       sound_epsilon=sound, budget_epsilon=plan_lib.budget(
           target_epsilon=target, accounting=config.accounting, sound_epsilon=sound),
-      paper_epsilon=paper_epsilon(noise_multiplier=sigma, l2_norm_bound=config.l2_clip_norm,
+      paper_epsilon=paper_epsilon(noise_multiplier=sigma, l2_clip_norm=config.l2_clip_norm,
                                   steps=steps, delta=config.delta))
 
 
 def make_direct_plan(config: config_lib.DirectConfig) -> DirectPlan:
   """The direct mode's plan: σ as given, `config.steps` releases, ε = inf, no ledger."""
   return DirectPlan(
-      noise_multiplier=float(config.noise_multiplier), l2_norm_bound=config.l2_clip_norm,
+      noise_multiplier=float(config.noise_multiplier), l2_clip_norm=config.l2_clip_norm,
       stability=config.stability, bound_method=config.bound_method, releases=config.steps,
       delta=config.delta, budget_epsilon=None, sound_epsilon=math.inf,
       paper_epsilon=paper_epsilon(noise_multiplier=config.noise_multiplier,
-                                  l2_norm_bound=config.l2_clip_norm, steps=config.steps,
+                                  l2_clip_norm=config.l2_clip_norm, steps=config.steps,
                                   delta=config.delta))

@@ -167,7 +167,7 @@ def per_sample_output_grads(config: config_lib.DPDFDConfig, student_logits: jax.
 
 
 def _mechanism_args(plan: privacy.OutputGradientPlan) -> dict[str, Any]:
-  args = dict(l2_norm_bound=plan.l2_norm_bound, noise_multiplier=plan.noise_multiplier,
+  args = dict(l2_clip_norm=plan.l2_clip_norm, noise_multiplier=plan.noise_multiplier,
               stability=plan.stability, method=plan.bound_method)
   if getattr(plan, "secure_noise", False):  # only the data-free plan has the secure mode
     args.update(secure_noise=True, grid_bits=plan.grid_bits)

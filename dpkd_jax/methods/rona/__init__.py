@@ -29,7 +29,8 @@ beside the sound ε, never instead of it. The teacher's accuracy and teacher/ ar
 diagnostics (not covered by ε, `train.outputs`).
 
 Rooms:
-  config.py              `RONAConfig`: the flags, validated at construction (never a σ).
+  config.py              `RONAConfig`: the flags, validated at construction (never a σ);
+                         config_migration.py reads every saved form of it (format versions)
   privacy.py             `RONAPlan` (σ, B, T, ε, the paper's figure, budget; `event(n)`) and
                          `make_plan`, the only place σ is resolved (calibrated for a target).
   sanitize.py            the release of one knowledge batch: bound B, then

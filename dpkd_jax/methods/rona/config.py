@@ -7,10 +7,12 @@ to calibrate for `target_epsilon` (`privacy.make_plan`, the only place σ is res
 from __future__ import annotations
 
 import dataclasses
+from typing import Any, ClassVar
 
 from dpkd_jax import config_checks as checks
 from dpkd_jax import data
 from dpkd_jax import models
+from dpkd_jax.methods.rona import config_migration
 from dpkd_jax.methods.rona import query_selection
 from dpkd_jax.methods.rona import sanitize
 from dpkd_jax.methods.rona import student
@@ -32,10 +34,10 @@ class RONAConfig:
       (`paper_accounting.paper_rona_composed_epsilon`; needs `target_epsilon`; the sound ε of
       the same run is reported and kept by the ledger).
     bound_mode: how the knowledge is bounded: "adaptive", "fixed" or "none". "adaptive": the
-      auxiliary teacher's running mean norm; "fixed": `hint_l2_bound` and `distill_l2_bound`;
+      auxiliary teacher's running mean norm; "fixed": `hint_l2_clip_norm` and `distill_l2_clip_norm`;
       "none": raw knowledge (σ = 0 only).
-    hint_l2_bound: with bound_mode="fixed", the norm bound of the released hints.
-    distill_l2_bound: with bound_mode="fixed", the norm bound of the released distillation
+    hint_l2_clip_norm: with bound_mode="fixed", the norm bound of the released hints.
+    distill_l2_clip_norm: with bound_mode="fixed", the norm bound of the released distillation
       knowledge.
     dataset: the dataset, split into public and sensitive parts.
     public_fraction: the share of the training split that is public.
@@ -71,13 +73,16 @@ class RONAConfig:
     download: let tensorflow-datasets download a dataset it lacks (needs internet).
   """
 
+  # Old flag and saved names of renamed fields (the library's vocabulary, docs/ARCHITECTURE.md).
+  RENAMED: ClassVar[dict[str, str]] = config_migration.V1_RENAMED
+
   noise_multiplier: float | None = None
   target_epsilon: float | None = None
   delta: float = 1e-5
   accounting: str = "sound"
   bound_mode: str = "adaptive"
-  hint_l2_bound: float | None = None
-  distill_l2_bound: float | None = None
+  hint_l2_clip_norm: float | None = None
+  distill_l2_clip_norm: float | None = None
   dataset: str
   public_fraction: float = 0.4
   split_seed: int = 0
@@ -143,7 +148,7 @@ class RONAConfig:
   def _check_bounds(self) -> None:
     """The bound flags: B exactly in fixed mode, raw knowledge only without noise, the
     auxiliary teacher only where it is used (the adaptive bound)."""
-    for name in ("hint_l2_bound", "distill_l2_bound"):
+    for name in ("hint_l2_clip_norm", "distill_l2_clip_norm"):
       sanitize.check_bound(self.bound_mode, getattr(self, name), name=name)
     if self.bound_mode == "none" and self.noise_multiplier != 0:
       raise ValueError(f"bound_mode='none' releases raw teacher knowledge: it needs "
@@ -156,6 +161,22 @@ class RONAConfig:
   @property
   def info(self) -> data.DatasetInfo:
     return data.DATASETS[self.dataset]
+
+  def to_json(self) -> dict[str, Any]:
+    """The config as saved in checkpoints and results: every field and the format's
+    `version` (`config_migration`; a resumed run must match it)."""
+    return {"version": config_migration.VERSION, **dataclasses.asdict(self)}
+
+  @classmethod
+  def from_json(cls, saved: dict[str, Any]) -> "RONAConfig":
+    """The config of a saved dict of any format (`config_migration.migrate` first)."""
+    values = config_migration.migrate(saved)
+    del values["version"]
+    unknown = sorted(set(values) - {f.name for f in dataclasses.fields(cls)})
+    if unknown:
+      raise ValueError(f"a saved RONA config holds fields this dpkd-jax does not know: "
+                       f"{', '.join(unknown)}")
+    return cls(**values)
 
   def phase_steps(self, num_public: int) -> dict[str, int]:
     """Optimizer updates of each training stage over the whole run, with `num_public` public

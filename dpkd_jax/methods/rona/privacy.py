@@ -46,7 +46,7 @@ class RONAPlan(plan_lib.Plan):
     noise_multiplier: σ >= 0 of every query (noise std σB).
     queries_per_epoch: ceil(|x_q|/S), the queries of one private epoch (what is charged).
     bound_mode: "adaptive", "fixed" or "none" (σ = 0 only).
-    hint_l2_bound, distill_l2_bound: B of the fixed mode per kind, else None.
+    hint_l2_clip_norm, distill_l2_clip_norm: B of the fixed mode per kind, else None.
     paper_epsilon_per_query: the paper's per-query classic Gaussian figure (None at σ = 0).
     paper_epsilon_warning: the paper formula's warnings (premise not met), or None.
   """
@@ -54,8 +54,8 @@ class RONAPlan(plan_lib.Plan):
   noise_multiplier: float
   queries_per_epoch: int
   bound_mode: str = "adaptive"
-  hint_l2_bound: float | None = None
-  distill_l2_bound: float | None = None
+  hint_l2_clip_norm: float | None = None
+  distill_l2_clip_norm: float | None = None
   paper_epsilon_per_query: float | None = None
   paper_epsilon_warning: str | None = None
 
@@ -70,7 +70,7 @@ class RONAPlan(plan_lib.Plan):
 
   def sanitize_config(self, kind: str) -> sanitize.SanitizeConfig:
     """σ and the bound of the release of `kind` ("hint" or "distill") knowledge."""
-    bound = {"hint": self.hint_l2_bound, "distill": self.distill_l2_bound}[kind]
+    bound = {"hint": self.hint_l2_clip_norm, "distill": self.distill_l2_clip_norm}[kind]
     return sanitize.SanitizeConfig(noise_multiplier=self.noise_multiplier,
                                    bound_mode=self.bound_mode, l2_bound=bound)
 
@@ -138,8 +138,9 @@ def make_plan(config: RONAConfig) -> RONAPlan:
   paper, per_query, warning = _paper_figures(sigma, config.delta, num_queries)
   return RONAPlan(
       releases=num_queries, queries_per_epoch=config.queries_per_epoch(),
-      noise_multiplier=sigma, bound_mode=config.bound_mode, hint_l2_bound=config.hint_l2_bound,
-      distill_l2_bound=config.distill_l2_bound, delta=config.delta,
+      noise_multiplier=sigma, bound_mode=config.bound_mode,
+      hint_l2_clip_norm=config.hint_l2_clip_norm,
+      distill_l2_clip_norm=config.distill_l2_clip_norm, delta=config.delta,
       accounting=config.accounting,
       budget_epsilon=plan_lib.budget(target_epsilon=config.target_epsilon,
                                      accounting=config.accounting, sound_epsilon=planned),
@@ -151,7 +152,7 @@ def final_bounds(plan: RONAPlan,
                  bounds: dict[str, sanitize.BoundState]) -> dict[str, float | None]:
   """The B in force at the end per kind: the running mean (adaptive), the fixed B, or None."""
   if plan.bound_mode == "fixed":
-    return {"hint": plan.hint_l2_bound, "distill": plan.distill_l2_bound}
+    return {"hint": plan.hint_l2_clip_norm, "distill": plan.distill_l2_clip_norm}
   if plan.bound_mode == "none":
     return {"hint": None, "distill": None}
   return {k: float(b.norm_sum) / max(float(b.count), 1.0) for k, b in bounds.items()}

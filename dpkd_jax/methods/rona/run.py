@@ -34,6 +34,7 @@ from dpkd_jax import data
 from dpkd_jax import errors
 from dpkd_jax import teacher as teacher_lib
 from dpkd_jax.methods.rona import compression_report
+from dpkd_jax.methods.rona import config_migration
 from dpkd_jax.methods.rona import privacy as rona_plan
 from dpkd_jax.methods.rona import query_selection
 from dpkd_jax.methods.rona import sanitize
@@ -199,8 +200,8 @@ def train_rona(config: RONAConfig, workdir: str, *, resume: bool = False,
   """
   # 1. Workdir: lock, resume or refuse, root seed
   started, clock = (time.time(), time.process_time()), outputs.RunClock()
-  run = workdir_lib.open_run(workdir, kind="RONA", config=selection.config_json(config),
-                             resume=resume)
+  run = workdir_lib.open_run(workdir, kind="RONA", config=config.to_json(), resume=resume,
+                             migrate=config_migration.migrate)
   mesh = sharding.data_mesh() if mesh is None else mesh
   for size in (config.batch_size, config.self_learning_batch_size):
     sharding.check_divisible(size, mesh)
@@ -252,7 +253,7 @@ def _train_units(ctx: _Context, carry: _Carry, root_seed: seeds.ResolvedSeed, *,
     if phase != "select":
       test_metrics = _log_unit(ctx, carry, phase, step_metrics, writer, bar)
     ctx.run.save(carry.unit, host_arrays,
-                 {"config": selection.config_json(config), "unit": carry.unit,
+                 {"config": config.to_json(), "unit": carry.unit,
                   "executed": carry.executed, "plan": ctx.plan.to_json(),
                   "ledger": None if ctx.ledger is None else ctx.ledger.to_json(),
                   "root_seed": list(root_seed)})
@@ -383,7 +384,7 @@ def _finish(ctx: _Context, carry: _Carry, test_metrics: dict[str, float] | None,
       # This invocation, teachers trained here included; CPU: all threads of the process.
       "wall_seconds_this_run": round(time.time() - started[0], 1),
       "cpu_seconds_this_run": round(time.process_time() - started[1], 1),
-      "config": selection.config_json(config),
+      "config": config.to_json(),
       "ledger": None if ledger is None else json.loads(ledger.to_json()),
       "dpkd_jax_version": dpkd_jax.__version__,
       outputs.PRIVATE_KEY: outputs.private_section(  # the teacher saw the sensitive data

@@ -101,6 +101,6 @@ def release_knowledge(config: SanitizeConfig, key: jax.Array, knowledge: jax.Arr
     aux_norm = jnp.sqrt(jnp.sum(jnp.square(aux_knowledge)))  # () Frobenius, public data only
     bound = BoundState(bound.norm_sum + aux_norm, bound.count + 1.0)
     l2_bound = bound.norm_sum / bound.count
-  release = mechanisms.sanitize(key, knowledge, l2_bound=l2_bound,
+  release = mechanisms.sanitize(key, knowledge, l2_clip_norm=l2_bound,
                                 noise_multiplier=config.noise_multiplier)
   return release.noisy, bound, l2_bound, release.noise_stddev

@@ -10,7 +10,9 @@ Learning with Differentially Private Data-Free Distillation", arXiv:2409.12384.
 
 Rooms:
   config.py       `SRRConfig`: the flags, validated once (it never resolves ε or stages);
-                  config_migration.py reads every saved form of it (format versions)
+                  config_migration.py reads every saved form of it (format versions);
+                  options.py: `EngineOptions`, the options added after the paper
+                  (`SRRConfig.engine`)
   privacy.py      `SRRPlan`, `make_plan` (the only place ε per query / stages are resolved,
                   calibration included), `report`; the privacy argument (paper label-DP per
                   query, RR composition of the labels, record level: inf with the teacher prior)
@@ -30,12 +32,14 @@ labels ε, record-level ε) -> `build_train_step(plan, ...)` (the RR draws use p
 """
 
 from dpkd_jax.methods.srr.config import SRRConfig
+from dpkd_jax.methods.srr.options import EngineOptions
 from dpkd_jax.methods.srr.privacy import SRRPlan, make_plan, report
 from dpkd_jax.methods.srr.run import load_run, pretrain, train_srr
 from dpkd_jax.methods.srr.step import build_train_step, init_models, init_state
 from dpkd_jax.methods.srr.step import make_train_step
 
 __all__ = [
+    "EngineOptions",
     "SRRConfig",
     "SRRPlan",
     "build_train_step",

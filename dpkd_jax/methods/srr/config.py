@@ -17,13 +17,14 @@ from dpkd_jax import models
 from dpkd_jax import teacher as teacher_lib
 from dpkd_jax.methods.srr import config_migration
 from dpkd_jax.methods.srr import generator
+from dpkd_jax.methods.srr import options as options_lib
 from dpkd_jax.models import core
 from dpkd_jax.privacy import randomized_response
 
 FIRST_PRIORS = ("uniform", "student")
 GENERATOR_PRIORS = ("teacher", "none")
-STUDENT_LOSSES = ("kl", "rr_likelihood")
-STUDENT_SCHEDULES = ("cosine", "constant")
+STUDENT_LOSSES = options_lib.STUDENT_LOSSES
+STUDENT_SCHEDULES = options_lib.STUDENT_SCHEDULES
 MOSTLY_NOISE = 0.5  # stage 1 keeps fewer teacher labels than this: the labels are mostly noise
 
 
@@ -41,7 +42,8 @@ def labels_mostly_noise(epsilon: float | None, num_classes: int) -> bool:
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class SRRConfig:
-  """A DP-DFD + selective RR run. Privacy fields first, then models, pretraining, stages.
+  """A DP-DFD + selective RR run. Privacy fields first, then models, pretraining, stages;
+  the options the engine adds after the paper in `engine` (`options.EngineOptions`).
 
   Attributes:
     epsilon: ε per query (label DP); None to calibrate from `target_epsilon`; inf: no noise.
@@ -74,19 +76,9 @@ class SRRConfig:
     batch_size: B, samples per training step.
     student_epochs: the student's passes over each stage's labels.
     generator_epochs: the generator's fine-tuning passes over each stage's labels (0: none).
-    student_learning_rate: the student's Adam learning rate (on `student_schedule`).
+    student_learning_rate: the student's Adam learning rate (on `engine.student_schedule`).
     generator_learning_rate: the generator's Adam learning rate.
-    student_schedule: "cosine" (decayed over all the student's steps, every stage's) or
-      "constant" (later stages' labels are learnt at the same rate as the first's).
-    student_loss: "kl" (paper: KL to the one-hot released label) or "rr_likelihood" (-log of
-      the released label's probability through the known SRR channel; `step`).
-    student_shift: the student sees its queries moved by up to this many pixels (0: none).
-    student_replay: each stage's student epochs also draw from earlier stages' releases.
-      Stage t draws its N rows from the releases of stages 0..t (kept in the checkpoint):
-      post-processing (same queries, ε and steps). False: the paper's.
-    query_pool: ask the N of this many times N latents balanced over the student's classes.
-      With the student's prior (`selection`; post-processing of public quantities: same
-      queries per stage, same ε); 1: the N drawn, the paper's.
+    engine: the options added after the paper (`options.EngineOptions`; flat flags).
     validation_examples: private hold-out records for the per-stage evaluations (0: test).
       Held out of the teacher's training split (`train.selection`): private diagnostics; the
       test split is read once at the end.
@@ -123,12 +115,9 @@ class SRRConfig:
   student_epochs: int = 10
   generator_epochs: int = 1
   student_learning_rate: float = 1e-3
-  student_schedule: str = "cosine"
-  student_loss: str = "kl"
-  student_shift: int = 0
-  student_replay: bool = False
-  query_pool: int = 1
   generator_learning_rate: float = 1e-4
+  engine: options_lib.EngineOptions = dataclasses.field(
+      default_factory=options_lib.EngineOptions)
   validation_examples: int = 0
   seed: int | None = None
   data_dir: str | None = None
@@ -141,18 +130,14 @@ class SRRConfig:
     config_checks.one_of("generator_model", self.generator_model, models.GENERATORS)
     config_checks.one_of("first_prior", self.first_prior, FIRST_PRIORS)
     config_checks.one_of("generator_prior", self.generator_prior, GENERATOR_PRIORS)
-    config_checks.one_of("student_loss", self.student_loss, STUDENT_LOSSES)
-    config_checks.one_of("student_schedule", self.student_schedule, STUDENT_SCHEDULES)
-    config_checks.integers(self, "student_shift", minimum=0)
-    if not isinstance(self.student_replay, bool):
-      raise ValueError(f"student_replay must be True or False, got {self.student_replay!r}")
+    if not isinstance(self.engine, options_lib.EngineOptions):
+      raise ValueError(f"engine must be an srr.EngineOptions, got {type(self.engine).__name__}")
     if self.threshold is not None:
       config_checks.fraction("threshold (tau)", self.threshold, open_low=False, open_high=False)
     if config_checks.integer("generator_channels", self.generator_channels, minimum=2) % 2:
       raise ValueError(
           f"generator_channels must be an even integer >= 2, got {self.generator_channels}")
-    config_checks.integers(self, "stages", "samples_per_stage", "batch_size", "student_epochs",
-                           "query_pool")
+    config_checks.integers(self, "stages", "samples_per_stage", "batch_size", "student_epochs")
     config_checks.integers(self, "generator_epochs", minimum=0)
     if self.samples_per_stage % self.batch_size:
       raise ValueError(f"samples_per_stage={self.samples_per_stage} must be a multiple of"
@@ -197,8 +182,9 @@ class SRRConfig:
     return models.generator_identity(self, teacher_lib.weights_sha256(teacher))
 
   def to_json(self) -> dict[str, Any]:
-    """The config as saved in checkpoints and results: every field and the format's
-    `version` (`config_migration`; a resumed run must match it)."""
+    """The config as saved in checkpoints and results: every field (the engine's options
+    nested under "engine") and the format's `version` (`config_migration`; a resumed run must
+    match it)."""
     out = dataclasses.asdict(self)
     out["generator_terms"] = list(self.generator_terms)
     return {"version": config_migration.VERSION, **out}
@@ -212,4 +198,5 @@ class SRRConfig:
     if unknown:
       raise ValueError(f"a saved SRR config holds fields this dpkd-jax does not know: "
                        f"{', '.join(unknown)}")
-    return cls(**{**values, "generator_terms": tuple(values["generator_terms"])})
+    return cls(**{**values, "generator_terms": tuple(values["generator_terms"]),
+                  "engine": options_lib.EngineOptions(**values["engine"])})

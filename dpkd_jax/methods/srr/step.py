@@ -57,18 +57,18 @@ def init_models(config: config_lib.SRRConfig,
 def init_state(config: config_lib.SRRConfig, key: jax.Array, *,
                stages: int) -> stage_lib.SRRState:
   """Fresh student and generator (`init_models(config, key)`) and their train states; the
-  student's cosine schedule spans all `stages` (`config.student_schedule`; "constant": none).
-  With `student_replay`, room for every stage's release (`stage.Released`, zeros until
-  written)."""
+  student's cosine schedule spans all `stages` (`config.engine.student_schedule`; "constant":
+  none). With `engine.student_replay`, room for every stage's release (`stage.Released`,
+  zeros until written)."""
   student, generator = init_models(config, key)
   student_steps = stages * config.student_epochs * (config.samples_per_stage // config.batch_size)
   released = None
-  if config.student_replay:
+  if config.engine.student_replay:
     released = stage_lib.Released.empty(stages * config.samples_per_stage,
                                         config.info.image_shape, config.info.num_classes)
   return stage_lib.SRRState(
       TrainState.create(student, adam(config.student_learning_rate, max(student_steps, 1)
-                                      if config.student_schedule == "cosine" else None)),
+                                      if config.engine.student_schedule == "cosine" else None)),
       TrainState.create(generator, adam(config.generator_learning_rate)), released)
 
 
@@ -218,7 +218,8 @@ def stage_config(plan: privacy.SRRPlan, config: config_lib.SRRConfig, *,
       samples=config.samples_per_stage, batch_size=config.batch_size,
       latent_dim=config.latent_dim, epsilon=plan.epsilon_per_query, threshold=config.tau,
       student_epochs=config.student_epochs, generator_epochs=config.generator_epochs,
-      uniform_prior=first and config.first_prior == "uniform", query_pool=config.query_pool)
+      uniform_prior=first and config.first_prior == "uniform",
+      query_pool=config.engine.query_pool)
 
 
 def build_train_step(plan: privacy.SRRPlan, config: config_lib.SRRConfig,
@@ -236,8 +237,8 @@ def build_train_step(plan: privacy.SRRPlan, config: config_lib.SRRConfig,
     mesh: devices; batches are split over its 'data' axis.
   """
   configs = {first: stage_config(plan, config, first=first) for first in (True, False)}
-  student_step = make_student_step(config.student_loss, plan.epsilon_per_query,
-                                   config.student_shift)
+  student_step = make_student_step(config.engine.student_loss, plan.epsilon_per_query,
+                                   config.engine.student_shift)
 
   def train_step(state: stage_lib.SRRState, key: jax.Array,
                  stage: int) -> stage_lib.StageResult:
