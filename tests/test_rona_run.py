@@ -7,8 +7,9 @@ test_rona_step.py) through one hint epoch, one self-learning epoch, one selectio
 distillation epoch, with query batches S = 32 of |x_q| = 64 samples: T = (1 + 1·1)·2 = 4
 queries. Later runs reuse its teachers; one (cosine rates, shifted self-learning inputs, a
 validation hold-out) runs whole and again interrupted after two units of the schedule and
-resumed: it must end exactly where its uninterrupted twin ended. Tolerances: ε recomputed from the same events is equal to
-1e-9 (relative); the resumed run replays identical computations (loss equal to 1e-7).
+resumed: it must end exactly where its uninterrupted twin ended. Tolerances: ε recomputed
+from the same events is equal to 1e-9 (relative); the resumed run replays identical
+computations (loss equal to 1e-7).
 """
 
 import dataclasses
