@@ -100,10 +100,20 @@ def test_noise_std_above_target_is_refused(tmp_path):
     dfpate.train_dfpate(config, str(tmp_path), progress=False)
 
 
-def test_teacher_self_training_runs_and_reports_both_ensembles(tmp_path):
+@pytest.fixture(scope="module")
+def self_training_run(tmp_path_factory):
+  """Results of one run with both self-training options of the data-private query model on:
+  the teachers relabel a pool of its samples, the student trains on its own confident labels
+  of another (independent parts: the teachers before the queries, the student after them)."""
   config = dfpate.DFPATEConfig(**_TINY_DPQ, target_epsilon=8.0, teacher_self_training_pool=24,
-                               teacher_self_training_epochs=1, teacher_pseudo_threshold=0.0)
-  results = dfpate.train_dfpate(config, str(tmp_path / "run"), progress=False)
+                               teacher_self_training_epochs=1, teacher_pseudo_threshold=0.0,
+                               student_pseudo_pool=32, student_pseudo_threshold=0.0)
+  return dfpate.train_dfpate(config, str(tmp_path_factory.mktemp("dfpate_self") / "run"),
+                             progress=False)
+
+
+def test_teacher_self_training_runs_and_reports_both_ensembles(self_training_run):
+  results = self_training_run
   private = results["private_diagnostics"]  # noiseless functions of the teachers
   assert "teachers" not in results and set(private["teachers"]) == set(
       private["teachers_before_self_training"])
@@ -113,14 +123,12 @@ def test_teacher_self_training_runs_and_reports_both_ensembles(tmp_path):
                         teacher_self_training_pool=10)
 
 
-def test_student_self_training_uses_only_confident_own_labels(tmp_path):
+def test_student_self_training_uses_only_confident_own_labels(self_training_run):
   probs = np.array([[0.97, 0.03], [0.6, 0.4], [0.01, 0.99]])
   targets, weights = student_lib.pseudo_label_targets(probs, threshold=0.95)
   np.testing.assert_array_equal(targets, [[1, 0], [1, 0], [0, 1]])
   np.testing.assert_array_equal(weights, [1, 0, 1])
-  config = dfpate.DFPATEConfig(**_TINY_DPQ, target_epsilon=8.0, student_pseudo_pool=32,
-                               student_pseudo_threshold=0.0)
-  results = dfpate.train_dfpate(config, str(tmp_path / "run"), progress=False)
+  results = self_training_run
   assert results["num_queries"] == 32 and results["epsilon"] <= 8.0  # pool is not queried
 
 

@@ -60,10 +60,18 @@ def test_seeds_are_unchanged_on_one_host():
   assert seeds.resolve_seed(7).value == 7
 
 
+_GIVEN_PORTS = set()
+
+
 def _free_port() -> int:
-  with socket.socket() as s:
-    s.bind(("localhost", 0))
-    return s.getsockname()[1]
+  """A free port not given before (launches started together bind theirs only later)."""
+  while True:
+    with socket.socket() as s:
+      s.bind(("localhost", 0))
+      port = s.getsockname()[1]
+    if port not in _GIVEN_PORTS:
+      _GIVEN_PORTS.add(port)
+      return port
 
 
 def _start(argv: list[str], *, num_processes: int, devices_per_process: int
@@ -90,35 +98,9 @@ def _wait(procs: list[subprocess.Popen]) -> list[str]:
   return outputs
 
 
-def _launch(argv: list[str], *, num_processes: int, devices_per_process: int) -> list[str]:
-  """Runs `python argv...` once per process; returns their outputs."""
-  return _wait(_start(argv, num_processes=num_processes,
-                      devices_per_process=devices_per_process))
-
-
 def _results(workdir: str) -> dict:
   with open(os.path.join(workdir, "results.json")) as f:
     return json.load(f)
-
-
-def test_dpsgd_two_processes_equal_one_process(tmp_path):
-  # One shared workdir, as on a cluster's shared filesystem; only process 0 writes files.
-  flags = ["-m", "experiments.dpsgd", "--dataset=digits", "--model=lenet5_half",
-           "--expected_batch_size=64", "--noise_multiplier=1.0", "--steps=3", "--seed=3",
-           "--no_progress"]
-  single, multi = str(tmp_path / "single"), str(tmp_path / "multi")
-  # The two layouts are independent runs: started together, they overlap their start-up.
-  both = (_start(flags + [f"--workdir={single}"], num_processes=1, devices_per_process=4)
-          + _start(flags + [f"--workdir={multi}"], num_processes=2, devices_per_process=2))
-  _wait(both)
-  ours, reference = _results(multi), _results(single)
-  assert ours["epsilon"] == reference["epsilon"] and ours["steps"] == reference["steps"] == 3
-  np.testing.assert_allclose(ours["test_loss"], reference["test_loss"], rtol=1e-5)
-  assert ours["test_accuracy"] == pytest.approx(reference["test_accuracy"], abs=1e-3)
-  with open(os.path.join(multi, "metrics.csv")) as f:
-    rows = f.read().splitlines()
-  with open(os.path.join(single, "metrics.csv")) as f:
-    assert len(rows) == len(f.read().splitlines())  # one writer, not two
 
 
 _SEED_WORKER = """
@@ -129,9 +111,45 @@ print("SEED", seeds.resolve_seed(None).value)
 """
 
 
-def test_secret_seed_is_process_zeros_on_every_process():
+@pytest.fixture(scope="module")
+def launched(tmp_path_factory):
+  """(single, multi, seed_outputs): the DP-SGD run's workdirs as 1 process x 4 devices and as
+  2 processes x 2 devices, and the outputs of 2 processes that each resolve a secret seed.
+  The three launches are independent: started together, they overlap their start-up."""
+  # One shared workdir, as on a cluster's shared filesystem; only process 0 writes files.
+  flags = ["-m", "experiments.dpsgd", "--dataset=digits", "--model=lenet5_half",
+           "--expected_batch_size=64", "--noise_multiplier=1.0", "--steps=3", "--seed=3",
+           "--no_progress"]
+  root = tmp_path_factory.mktemp("distributed")
+  single, multi = str(root / "single"), str(root / "multi")
+  seed_procs = _start(["-c", _SEED_WORKER], num_processes=2, devices_per_process=1)
+  runs = (_start(flags + [f"--workdir={single}"], num_processes=1, devices_per_process=4)
+          + _start(flags + [f"--workdir={multi}"], num_processes=2, devices_per_process=2))
+  try:
+    seed_outputs = _wait(seed_procs)
+    _wait(runs)
+  finally:  # a failed launch leaves no process behind
+    for proc in seed_procs + runs:
+      if proc.poll() is None:
+        proc.kill()
+  return single, multi, seed_outputs
+
+
+def test_dpsgd_two_processes_equal_one_process(launched):
+  single, multi, _ = launched
+  ours, reference = _results(multi), _results(single)
+  assert ours["epsilon"] == reference["epsilon"] and ours["steps"] == reference["steps"] == 3
+  np.testing.assert_allclose(ours["test_loss"], reference["test_loss"], rtol=1e-5)
+  assert ours["test_accuracy"] == pytest.approx(reference["test_accuracy"], abs=1e-3)
+  with open(os.path.join(multi, "metrics.csv")) as f:
+    rows = f.read().splitlines()
+  with open(os.path.join(single, "metrics.csv")) as f:
+    assert len(rows) == len(f.read().splitlines())  # one writer, not two
+
+
+def test_secret_seed_is_process_zeros_on_every_process(launched):
   # Each process draws its own OS entropy; all must use process 0's, or the replicated noise
   # key would silently differ between hosts.
-  outputs = _launch(["-c", _SEED_WORKER], num_processes=2, devices_per_process=1)
-  values = [[line for line in out.splitlines() if line.startswith("SEED")][0] for out in outputs]
+  values = [[line for line in out.splitlines() if line.startswith("SEED")][0]
+            for out in launched[2]]
   assert values[0] == values[1]

@@ -14,7 +14,6 @@ from flax import nnx
 from dpdfd_fixtures import dpdfd_config
 
 from dpkd_jax import models
-from dpkd_jax import teacher as teacher_lib
 from dpkd_jax.methods import dpdfd
 from dpkd_jax.methods.dpdfd import step as step_lib
 from dpkd_jax.models import core
@@ -172,11 +171,7 @@ def test_the_step_takes_its_noise_from_the_plan(monkeypatch):
 
 
 @pytest.fixture(scope="module")
-def finished_run(tmp_path_factory):
-  teacher_dir = str(tmp_path_factory.mktemp("teacher"))
-  teacher_lib.train_teacher(teacher_lib.TeacherConfig(
-      dataset="digits", model="lenet5", epochs=1, batch_size=64, learning_rate=3e-3),
-      teacher_dir, progress=False)
+def finished_run(teacher_dir, tmp_path_factory):
   workdir = str(tmp_path_factory.mktemp("dpdfd"))
   config = _config(teacher_dirs=(teacher_dir,), steps=3, target_epsilon=50.0)
   return workdir, dpdfd.train_dpdfd(config, workdir, progress=False)

@@ -180,14 +180,16 @@ def test_a_replaying_run_keeps_its_epsilon_checkpoints_the_buffer_and_resumes(te
   kw = dict(noise_multiplier=2.0, steps=4)  # checkpoints at 2 and 4 (two are kept)
   with warnings.catch_warnings():
     warnings.simplefilter("ignore", paper_accounting.PaperAccountingWarning)
-    plain = dpdfd.train_dpdfd(_config(teacher_dir, **kw), str(tmp_path / "plain"),
-                              progress=False)
     # The per-class memory with class-balanced draws: its checkpoint adds the class counts.
     config = _config(teacher_dir, replay_size=80, replay_batch=4, replay_memory="per_class",
                      replay_sampling="class_balanced", **kw)
     workdir = str(tmp_path / "replay")
     full = dpdfd.train_dpdfd(config, workdir, progress=False)
-    assert full["epsilon"] == pytest.approx(plain["epsilon"], rel=1e-12)
+    # Replay costs nothing: the ledger charged what the plan of the same run without replay
+    # charges (a run is charged its plan's events, test_dpdfd_run).
+    plain = dpdfd.make_plan(_config(teacher_dir, **kw))
+    assert full["epsilon"] == pytest.approx(plain.sound_epsilon, rel=1e-12)
+    assert dpdfd.make_plan(config) == plain
     resumed_dir = str(tmp_path / "resumed")
     arrays, _ = interrupted_dpdfd(config, workdir, 2, resumed_dir)
     assert int(arrays["replay"]["written"]) == 16 == int(arrays["replay"]["class_written"].sum())

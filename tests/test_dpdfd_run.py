@@ -138,20 +138,18 @@ def test_resume_is_bit_identical(teacher_dir, finished_run, tmp_path):
   assert sum(meta["released_rows_per_class"]) == 2 * 16
   assert resumed["released_rows_per_class"] == full["released_rows_per_class"]
   assert resumed["released_rows_counted_from_step"] == 0
-  # A checkpoint from before the count: counted from its step on, and said so.
-  old_dir = str(tmp_path / "old_checkpoint")
-  old_meta = {k: v for k, v in meta.items() if not k.startswith("released_rows")}
-  checkpoint.save(os.path.join(old_dir, "checkpoints"), 2, arrays, old_meta)
-  old = resume_dpdfd(config, old_dir)
-  assert old["released_rows_counted_from_step"] == 2
-  assert sum(old["released_rows_per_class"]) == 2 * 16
-  # A checkpoint whose config is in the first saved format (flat, the later fields left out
-  # at their default): compared after `config_migration.migrate`, it resumes as the new one.
+  # A checkpoint written in the first saved config format (flat, the later fields left out at
+  # their default) and from before the class count (as such a run wrote it): compared after
+  # `config_migration.migrate` it resumes as the new one, and the count is kept from its step.
+  # (One resume checks both: the migration reads only `config`, the count only its own keys.)
   v1_dir = str(tmp_path / "format_1")
+  old_meta = {k: v for k, v in meta.items() if not k.startswith("released_rows")}
   checkpoint.save(os.path.join(v1_dir, "checkpoints"), 2, arrays,
-                  {**meta, "config": version1_json(config)})
+                  {**old_meta, "config": version1_json(config)})
   assert "version" not in version1_json(config) and "replay_size" not in version1_json(config)
   from_v1 = resume_dpdfd(config, v1_dir)
+  assert from_v1["released_rows_counted_from_step"] == 2
+  assert sum(from_v1["released_rows_per_class"]) == 2 * 16
   assert from_v1["test_accuracy"] == full["test_accuracy"]
   assert from_v1["config"] == config.to_json()  # saved in today's format from then on
   assert_same_dpdfd_state(v1_dir, workdir)

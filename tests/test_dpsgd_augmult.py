@@ -145,20 +145,20 @@ def test_augmented_features_view_0_are_the_image_features():
   assert shifted.mean() > 0.8  # most non-zero shifts change the features
 
 
-def test_a_run_with_views_trains_resumes_and_records_augmult(tmp_path):
+def test_a_run_with_views_trains_and_records_augmult(tmp_path):
+  # Its resume is test_dpsgd_features.py's: the views are made once before the first step from
+  # the dataset and the (here public) seed, so a resumed run makes the same ones.
   config = _config(validation_examples=100)
   one_go = dpsgd.train_dpsgd(config, str(tmp_path / "a"), progress=False)
   assert one_go["finished"] and one_go["test_accuracy"] > 0.3
-  plain = dpsgd.train_dpsgd(dataclasses.replace(config, augmult=0), str(tmp_path / "p"),
-                            progress=False)
-  assert plain["epsilon"] == one_go["epsilon"]  # the views cost nothing
-  assert plain["noise_multiplier"] == one_go["noise_multiplier"]
-  dpsgd.train_dpsgd(config, str(tmp_path / "b"), stop_at_step=2, progress=False)
-  resumed = dpsgd.train_dpsgd(config, str(tmp_path / "b"), resume=True, progress=False)
-  assert resumed["test_accuracy"] == one_go["test_accuracy"]
-  assert resumed[outputs.PRIVATE_KEY] == one_go[outputs.PRIVATE_KEY]  # validation accuracy
+  # The views cost nothing: the run is charged the plan of the same run without views
+  # (1342 = 1442 records less the 100 held out, on the 8 test devices).
+  plain = dpsgd.make_plan(dataclasses.replace(config, augmult=0), num_examples=1342,
+                          num_devices=8)
+  assert one_go["epsilon"] == pytest.approx(plain.sound_epsilon, rel=1e-12)
+  assert one_go["noise_multiplier"] == plain.noise_multiplier
+  assert 0.0 <= one_go[outputs.PRIVATE_KEY]["validation_accuracy"] <= 1.0
   with open(os.path.join(tmp_path, "a", "record.json")) as f:
     record = json.load(f)
   assert (record["augmult"], record["augmult_max_shift"]) == (3, 2)
-  with open(os.path.join(tmp_path, "p", "record.json")) as f:
-    assert "augmult" not in json.load(f)
+  # A run without views records no augmult: test_dpsgd_run.py's records.

@@ -121,6 +121,7 @@ def test_private_batch_metrics_are_off_by_default_and_kept_apart_when_asked(runs
   record = records.read_record(os.path.join(dirs["a"], "record.json"))
   assert record["method"] == "dpsgd" and record["test_accuracy"] == one_go["test_accuracy"]
   assert record["sound_epsilon"] == pytest.approx(one_go["epsilon"]) and one_go["warnings"] == []
+  assert "augmult" not in record and "augmult_max_shift" not in record  # a run without views
 
 
 def test_cli_noise_multiplier_zero_is_allowed_and_loudly_not_private(tmp_path, capsys):

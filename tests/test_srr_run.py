@@ -105,20 +105,13 @@ def test_resume_is_bit_identical_and_refused_without_resume(teacher_dir, finishe
   config = _config(teacher_dir)
   with pytest.raises(ValueError, match="already holds"):
     srr.train_srr(config, workdir, progress=False)
-  # An interruption after stage 1: a fresh workdir holding only the stage-1 checkpoint.
+  # An interruption after stage 1: a fresh workdir holding only the stage-1 checkpoint, its
+  # config in the first saved format (flat, the old names, the later fields left out at their
+  # default). Resumed, it must end as the uninterrupted run (compared after the migration);
+  # a checkpoint in today's format resumes in test_replay_resumes_with_every_earlier_release.
   _, template, _ = srr.load_run(workdir)
-  resumed_dir = str(tmp_path / "resumed")
-  arrays, meta = interrupted_at(workdir, 1, template.arrays(), resumed_dir)
-  resumed = srr.train_srr(config, resumed_dir, resume=True, progress=False)
-  assert resumed["accuracy_per_stage"] == full["accuracy_per_stage"]
-  assert resumed["labels_epsilon"] == pytest.approx(full["labels_epsilon"], rel=1e-9)
-  assert not os.path.exists(os.path.join(resumed_dir, "generator_pretrain"))
-  _, a, _ = srr.load_run(resumed_dir)
-  _, b, _ = srr.load_run(workdir)
-  chex.assert_trees_all_equal(a.student.params, b.student.params)
-  chex.assert_trees_all_equal(a.generator.params, b.generator.params)
-  # A checkpoint whose config is in the first saved format (flat, the old names, the later
-  # fields left out at their default) resumes the same, compared after the migration.
+  arrays, meta = checkpoint.restore(os.path.join(workdir, "checkpoints"), template.arrays(),
+                                    step=1)
   old_names = {new: old for old, new in config_migration.V1_RENAMED.items()}
   saved = config.to_json()
   flat = {**{k: v for k, v in saved.items() if k not in ("version", "engine")}, **saved["engine"]}
@@ -127,34 +120,54 @@ def test_resume_is_bit_identical_and_refused_without_resume(teacher_dir, finishe
   assert "student_lr" in version1 and "student_replay" not in version1
   v1_dir = str(tmp_path / "format_1")
   checkpoint.save(os.path.join(v1_dir, "checkpoints"), 1, arrays, {**meta, "config": version1})
-  from_v1 = srr.train_srr(config, v1_dir, resume=True, progress=False)
-  assert from_v1["accuracy_per_stage"] == full["accuracy_per_stage"]
-  assert from_v1["config"] == config.to_json()
+  resumed = srr.train_srr(config, v1_dir, resume=True, progress=False)
+  assert resumed["accuracy_per_stage"] == full["accuracy_per_stage"]
+  assert resumed["labels_epsilon"] == pytest.approx(full["labels_epsilon"], rel=1e-9)
+  assert resumed["config"] == config.to_json()  # saved in today's format from then on
+  assert not os.path.exists(os.path.join(v1_dir, "generator_pretrain"))
+  _, a, _ = srr.load_run(v1_dir)
+  _, b, _ = srr.load_run(workdir)
+  chex.assert_trees_all_equal(a.student.params, b.student.params)
+  chex.assert_trees_all_equal(a.generator.params, b.generator.params)
 
 
-def test_replay_resumes_with_every_earlier_release(teacher_dir, tmp_path):
+@pytest.fixture(scope="module")
+def sound_prior_run(teacher_dir, tmp_path_factory):
+  """(config, workdir, results) of one uninterrupted run without the teacher prior (so with a
+  sound record-level epsilon), replaying its earlier releases, its stages selected on a
+  validation hold-out of 100 records, public seed 3. (Three options of independent parts: the
+  generator's start, the student's data, the evaluation; each test below checks one.)"""
+  config = _config(teacher_dir, student_replay=True, seed=3, generator_prior="none",
+                   validation_examples=100)
+  workdir = str(tmp_path_factory.mktemp("srr_sound_prior"))
+  return config, workdir, srr.train_srr(config, workdir, progress=False)
+
+
+def test_replay_resumes_with_every_earlier_release(sound_prior_run, tmp_path):
   # The released rows of stage 0 live only in the checkpoint: a run resumed after stage 1
   # must replay the same rows as the uninterrupted one.
-  config = _config(teacher_dir, student_replay=True, seed=3, generator_prior="none")
-  workdir = str(tmp_path / "full")
-  full = srr.train_srr(config, workdir, progress=False)
+  config, workdir, full = sound_prior_run
   _, template, _ = srr.load_run(workdir)
   assert template.released is not None
   resumed_dir = str(tmp_path / "resumed")
   interrupted_at(workdir, 1, template.arrays(), resumed_dir)
   resumed = srr.train_srr(config, resumed_dir, resume=True, progress=False)
-  assert resumed["accuracy_per_stage"] == full["accuracy_per_stage"]
+  per_stage = "validation_accuracy_per_stage"  # the stages' accuracies on the hold-out
+  assert resumed[outputs.PRIVATE_KEY][per_stage] == full[outputs.PRIVATE_KEY][per_stage]
+  assert resumed["test_accuracy"] == full["test_accuracy"]
   (_, a, _), (_, b, _) = srr.load_run(resumed_dir), srr.load_run(workdir)
   chex.assert_trees_all_equal(a.student.params, b.student.params)
   chex.assert_trees_all_equal(a.released, b.released)
   assert int(np.count_nonzero(a.released.candidate_mask.any(-1))) == 2 * 32  # both stages
 
 
-def test_sound_prior_reports_the_composition_and_never_pretrains(teacher_dir, tmp_path):
-  config = _config(teacher_dir, generator_prior="none", seed=3)
-  results = srr.train_srr(config, str(tmp_path), progress=False)
+def test_sound_prior_reports_the_composition_and_never_pretrains(sound_prior_run, tmp_path):
+  # The run replays its releases too: replay changes what the student trains on, not the
+  # labels' accounting nor whether a generator is pretrained.
+  config, workdir, results = sound_prior_run
   assert results["record_level_epsilon"] == results["labels_epsilon"] < math.inf
-  assert results["seed"] == 3 and not os.path.exists(tmp_path / "generator_pretrain")
+  assert results["seed"] == 3
+  assert not os.path.exists(os.path.join(workdir, "generator_pretrain"))
   with pytest.raises(ValueError, match="only generator_prior='teacher'"):
     srr.pretrain(config, str(tmp_path / "gen"), progress=False)
 
@@ -274,12 +287,10 @@ def test_a_target_no_stage_fits_is_one_line_and_exit_2(teacher_dir, tmp_path, ca
   assert not workdir.exists()  # nothing written
 
 
-def test_a_validation_hold_out_keeps_the_test_split_for_the_end(teacher_dir, tmp_path):
+def test_a_validation_hold_out_keeps_the_test_split_for_the_end(sound_prior_run):
   # The stages are evaluated on the hold-out (private diagnostics only); the test split is
   # read once, at the end; the record says how the run was selected.
-  workdir = str(tmp_path / "held")
-  results = srr.train_srr(_config(teacher_dir, validation_examples=100, seed=0), workdir,
-                          progress=False)
+  _, workdir, results = sound_prior_run
   private = results[outputs.PRIVATE_KEY]
   assert "accuracy_per_stage" not in results and len(private["validation_accuracy_per_stage"]) == 2
   assert private["validation_examples"] == 100 and 0 <= results["test_accuracy"] <= 1

@@ -91,16 +91,17 @@ def test_load_teacher_missing_card(tmp_path):
     teacher.load_teacher(str(tmp_path))
 
 
-def test_resume_continues_to_identical_result(tmp_path):
-  one_go = teacher.train_teacher(_config(epochs=2), str(tmp_path / "a"), progress=False)
-  teacher.train_teacher(_config(epochs=1), str(tmp_path / "b"), progress=False)
-  # Same workdir, longer schedule -> config differs -> refuse rather than mix runs.
+def test_resume_continues_to_identical_result(trained, tmp_path):
+  # The uninterrupted run: the module's 2-epoch teacher.
+  workdir, one_go = trained
+  # Same workdir, another schedule -> config differs -> refused (before any write) rather
+  # than mixing runs.
   with pytest.raises(ValueError, match="another config"):
-    teacher.train_teacher(_config(epochs=2), str(tmp_path / "b"), progress=False)
-  # Interrupt-and-resume: copy the epoch-1 checkpoint of run "a" into a fresh dir and resume.
+    teacher.train_teacher(_config(epochs=1), workdir, progress=False)
+  # Interrupt-and-resume: copy the epoch-1 checkpoint of that run into a fresh dir and resume.
   cfg = _config(epochs=2)
   resumed_dir = str(tmp_path / "c")
-  arrays, meta = checkpoint.restore(str(tmp_path / "a" / "checkpoints"),
+  arrays, meta = checkpoint.restore(os.path.join(workdir, "checkpoints"),
                                     _template(cfg), step=1442 // 64)
   checkpoint.save(os.path.join(resumed_dir, "checkpoints"), 1442 // 64, arrays, meta)
   resumed = teacher.train_teacher(cfg, resumed_dir, progress=False)
