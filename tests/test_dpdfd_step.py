@@ -1,5 +1,7 @@
 """dpkd_jax.methods.dpdfd.step: privacy plumbing, isolation and sharding of one DPDFD step."""
 
+import functools
+
 import chex
 import jax
 import jax.numpy as jnp
@@ -29,6 +31,13 @@ def _config(teacher_dir, **kw):
   return dpdfd_config(**base)
 
 
+@pytest.fixture(scope="module")
+def ensemble(teacher_dir):
+  """The digits teacher as a one-member ensemble, loaded once for the tests that step with it
+  (every config here names the same teacher_dirs and dataset)."""
+  return dpdfd.load_teachers(_config(teacher_dir))[0]
+
+
 def test_sigma_zero_target_is_the_nonprivate_normalized_gradient(teacher_dir):
   config = _config(teacher_dir, noise_multiplier=0.0)
   plan = dpdfd.make_plan(config)
@@ -56,12 +65,13 @@ def test_per_sample_output_grads_match_rowwise_autodiff(teacher_dir):
   config = _config(teacher_dir)
   s = jax.random.normal(jax.random.key(0), (5, 10))
   t = jax.random.normal(jax.random.key(1), (2, 5, 10))  # two teachers
-  g = step_lib.per_sample_output_grads(config, s, t)
+  # Jitted: eagerly, each of DKD's many small ops compiled on its own (seconds in all).
+  g = jax.jit(lambda s, t: step_lib.per_sample_output_grads(config, s, t))(s, t)
   chex.assert_shape(g, (2, 5, 10))
+  full = jax.jit(jax.vmap(lambda tj: jax.grad(lambda s_: losses.dkd(
+      s_, tj, jnp.argmax(tj, -1), alpha=1.0, beta=8.0, temperature=4.0).sum())(s)))(t)
   for j in range(2):
-    full = jax.grad(lambda s_: losses.dkd(s_, t[j], jnp.argmax(t[j], -1), alpha=1.0, beta=8.0,
-                                          temperature=4.0).sum())(s)
-    np.testing.assert_allclose(g[j], full, rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(g[j], full[j], rtol=1e-5, atol=1e-6)
 
 
 def test_logit_teacher_loss_rows_are_the_logit_gap(teacher_dir):
@@ -103,11 +113,12 @@ def _two_forward_step(config, plan, ensemble, state, key):
   return step_lib.DPDFDState(stu, gen)
 
 
-@pytest.mark.parametrize("teacher_loss", ["dkd", "logit"])
-def test_step_equals_the_two_forward_formulation(teacher_dir, teacher_loss):
+# The teacher loss enters the step only through `per_sample_output_grads` (each loss checked
+# against autodiff above): one loss checks the step's plumbing ("logit" ran the same step).
+@pytest.mark.parametrize("teacher_loss", ["dkd"])
+def test_step_equals_the_two_forward_formulation(teacher_dir, ensemble, teacher_loss):
   config = _config(teacher_dir, teacher_loss=teacher_loss, student_model="datalens_cnn")
   plan = dpdfd.make_plan(config)
-  ensemble, _ = dpdfd.load_teachers(config)
   # Plain SGD: Adam's first step is lr·sign(grad), which turns the rounding noise of exactly-zero
   # gradients (a conv bias before BatchNorm) into differences of size lr.
   student, generator = models.create_student_and_generator(config, jax.random.key(0))
@@ -148,10 +159,9 @@ def test_student_loss_is_the_batch_mean_of_the_chosen_loss():
     np.testing.assert_array_equal(grad, jnp.sign(target) / 4)
 
 
-def test_no_gradient_reaches_the_teacher(teacher_dir):
+def test_no_gradient_reaches_the_teacher(teacher_dir, ensemble):
   config = _config(teacher_dir)
   plan = dpdfd.make_plan(config)
-  ensemble, _ = dpdfd.load_teachers(config)
   state = dpdfd.init_state(config, jax.random.key(0))
   z = jax.random.normal(jax.random.key(3), (16, config.latent_dim))
   gen, stu = state.generator, state.student
@@ -169,42 +179,65 @@ def test_no_gradient_reaches_the_teacher(teacher_dir):
   assert all(float(jnp.abs(leaf).max()) == 0.0 for leaf in jax.tree.leaves(grads))
 
 
-def test_step_compiles_once_and_is_deterministic_per_key(teacher_dir):
-  config = _config(teacher_dir)
-  ensemble, _ = dpdfd.load_teachers(config)
-  step_fn = chex.assert_max_traces(
-      dpdfd.build_train_step(dpdfd.make_plan(config), config, ensemble.graphdef), n=1)
-  jitted = jax.jit(step_fn, donate_argnums=0)
-  out = []
-  # One state object (one optax closure): a new optimizer object per state would be a new
-  # static field and, rightly, a retrace. Copies, because the step donates its input.
-  initial = dpdfd.init_state(config, jax.random.key(0))
-  for _ in range(2):
-    state = jax.tree.map(jnp.copy, initial)
+class _PaperSteps:
+  """Two paper-objective steps (keys 0 and 1) on one device, through one jitted step that may
+  trace only once; `students[i]`: host copies of the student's parameters after step i."""
+
+  def __init__(self, config, ensemble):
+    self.ensemble = ensemble
+    step_fn = chex.assert_max_traces(
+        dpdfd.build_train_step(dpdfd.make_plan(config), config, ensemble.graphdef), n=1)
+    self.jitted = jax.jit(step_fn, donate_argnums=0)
+    # One state object (one optax closure): a new optimizer object per state would be a new
+    # static field and, rightly, a retrace. Copies, because the step donates its input.
+    self.initial = dpdfd.init_state(config, jax.random.key(0))
+    self.students, self.metrics = self.run()
+
+  def run(self):
+    state, students = jax.tree.map(jnp.copy, self.initial), []
     for step in range(2):
-      state, metrics = jitted(state, ensemble.params, ensemble.batch_stats, jax.random.key(step))
-    out.append(state)
-  chex.assert_trees_all_equal(out[0].student.params, out[1].student.params)
-  assert np.isfinite(float(metrics["student_loss"]))
+      state, metrics = self.jitted(state, self.ensemble.params, self.ensemble.batch_stats,
+                                   jax.random.key(step))
+      students.append(jax.device_get(state.student.params))
+    return students, metrics
+
+
+@pytest.fixture(scope="module")
+def paper_steps(teacher_dir, ensemble):
+  """Shared by the retrace/determinism test and the 8-device test (one compilation)."""
+  return _PaperSteps(_config(teacher_dir), ensemble)
+
+
+def test_step_compiles_once_and_is_deterministic_per_key(paper_steps):
+  again, _ = paper_steps.run()  # the same jitted step: a second trace fails
+  chex.assert_trees_all_equal(paper_steps.students[1], again[1])
+  assert np.isfinite(float(paper_steps.metrics["student_loss"]))
+
+
+def _sharded_step(config, ensemble, devices, key):
+  """The student's parameters after one step from init_state(key 0) on a mesh of `devices`."""
+  mesh = sharding.data_mesh(devices)
+  state = sharding.replicate(dpdfd.init_state(config, jax.random.key(0)), mesh)
+  ens = sharding.replicate(ensemble, mesh)
+  step = dpdfd.make_train_step(dpdfd.make_plan(config), config, ens.graphdef)
+  state, _ = step(state, ens.params, ens.batch_stats, key)
+  return jax.device_get(state.student.params)
 
 
 @pytest.mark.parametrize("objective", ["paper", "disagreement"])
-def test_sharded_over_8_devices_equals_single_device(teacher_dir, objective):
-  config = (_config(teacher_dir) if objective == "paper" else _config(
-      teacher_dir, generator_objective="disagreement", bound_method="clip",
-      teacher_loss="logit", noise_multiplier=0.0))
-  plan = dpdfd.make_plan(config)
-  ensemble, _ = dpdfd.load_teachers(config)
-  results = []
-  for devices in (jax.devices()[:1], jax.devices()):
-    mesh = sharding.data_mesh(devices)
-    state = sharding.replicate(dpdfd.init_state(config, jax.random.key(0)), mesh)
-    ens = sharding.replicate(ensemble, mesh)
-    step = dpdfd.make_train_step(plan, config, ens.graphdef)
-    state, _ = step(state, ens.params, ens.batch_stats, jax.random.key(7))
-    results.append(jax.device_get(state.student.params))
+def test_sharded_over_8_devices_equals_single_device(teacher_dir, ensemble, paper_steps,
+                                                     objective):
   assert len(jax.devices()) == 8
-  chex.assert_trees_all_close(results[0], results[1], rtol=2e-4, atol=2e-5)
+  if objective == "paper":  # the single-device step is paper_steps' first (key 0)
+    config, single = _config(teacher_dir), paper_steps.students[0]
+    key = jax.random.key(0)
+  else:
+    config = _config(teacher_dir, generator_objective="disagreement", bound_method="clip",
+                     teacher_loss="logit", noise_multiplier=0.0)
+    key = jax.random.key(7)
+    single = _sharded_step(config, ensemble, jax.devices()[:1], key)
+  chex.assert_trees_all_close(single, _sharded_step(config, ensemble, jax.devices(), key),
+                              rtol=2e-4, atol=2e-5)
 
 
 def test_multi_teacher_ensemble_step(teacher_dir):
@@ -237,8 +270,10 @@ def test_a_large_stack_runs_in_groups_with_the_same_logits():
   info = data.DATASETS["digits"]
   stack = teacher_ensemble.init_ensemble("patch_cnn", 7, info, jax.random.key(0))
   x = jax.random.normal(jax.random.key(1), (5, *info.image_shape))
-  whole = step_lib.teacher_logits(stack.graphdef, stack.params, {}, x)
-  grouped = step_lib.teacher_logits(stack.graphdef, stack.params, {}, x, teachers_per_group=3)
+  # Jitted: eagerly, the vmap and the lax.map body ran op by op, each op compiled on its own.
+  logits = lambda **group: jax.jit(functools.partial(  # noqa: E731
+      step_lib.teacher_logits, stack.graphdef, **group))(stack.params, {}, x)
+  whole, grouped = logits(), logits(teachers_per_group=3)
   assert whole.shape == (7, 5, info.num_classes)
   np.testing.assert_allclose(grouped, whole, atol=1e-5)
 
@@ -269,33 +304,37 @@ def test_disagreement_ascent_estimates_the_gradient_of_the_released_disagreement
     assert float(jnp.linalg.norm(got) / jnp.linalg.norm(expected)) == pytest.approx(1, abs=0.1)
 
 
-def test_disagreement_step_releases_the_probes_rows_in_the_same_draw(teacher_dir):
-  config = _disagreement_config(teacher_dir)
-  plan = dpdfd.make_plan(config)
-  assert plan.rows_per_step == 16 * 3
-  ensemble, _ = dpdfd.load_teachers(config)
-  step = dpdfd.make_train_step(plan, config, ensemble.graphdef)
-  state, metrics = step(dpdfd.init_state(config, jax.random.key(0)), ensemble.params,
-                        ensemble.batch_stats, jax.random.key(1))
+def _one_step(config, ensemble):
+  """(state, metrics) of one step (key 1) from init_state(key 0)."""
+  step = dpdfd.make_train_step(dpdfd.make_plan(config), config, ensemble.graphdef)
+  return step(dpdfd.init_state(config, jax.random.key(0)), ensemble.params,
+              ensemble.batch_stats, jax.random.key(1))
+
+
+@pytest.fixture(scope="module")
+def disagreement_step(teacher_dir, ensemble):
+  """One step of the plain disagreement generator: read by the release test and as the
+  class-balance test's baseline (one compilation)."""
+  return _one_step(_disagreement_config(teacher_dir), ensemble)
+
+
+def test_disagreement_step_releases_the_probes_rows_in_the_same_draw(teacher_dir,
+                                                                     disagreement_step):
+  assert dpdfd.make_plan(_disagreement_config(teacher_dir)).rows_per_step == 16 * 3
+  _, metrics = disagreement_step
   assert np.isfinite(float(metrics["student_loss"]))
   assert float(metrics["lg_disagreement"]) == pytest.approx(-float(metrics["generator_loss"]))
   assert float(metrics["noise_std"]) == pytest.approx(10.0)
 
 
-def test_class_balance_terms_move_only_the_generator(teacher_dir):
+def test_class_balance_terms_move_only_the_generator(teacher_dir, ensemble, disagreement_step):
   # The same key and state: the release and the student update are unchanged; only the
   # generator's loss gains the weighted DAFL entropy of the updated student's predictions
   # (diversity_weight) and minus the weighted entropy of the released targets
   # (released_balance_weight). Both terms in one step: one compile fewer.
-  ensemble, _ = dpdfd.load_teachers(_disagreement_config(teacher_dir))
-  out = {}
-  for name, kw in (("plain", {}),
-                   ("balanced", {"diversity_weight": 5.0, "released_balance_weight": 3.0})):
-    config = _disagreement_config(teacher_dir, **kw)
-    step = dpdfd.make_train_step(dpdfd.make_plan(config), config, ensemble.graphdef)
-    out[name] = step(dpdfd.init_state(config, jax.random.key(0)), ensemble.params,
-                     ensemble.batch_stats, jax.random.key(1))
-  (plain, m0), (balanced, m1) = out["plain"], out["balanced"]
+  (plain, m0) = disagreement_step
+  balanced, m1 = _one_step(_disagreement_config(
+      teacher_dir, diversity_weight=5.0, released_balance_weight=3.0), ensemble)
   # Two programs: equal up to float rounding (atol for the entries near 0).
   chex.assert_trees_all_close(plain.student.params, balanced.student.params, atol=1e-8)
   deltas = jax.tree.leaves(jax.tree.map(lambda a, b: jnp.max(jnp.abs(a - b)),
@@ -352,15 +391,13 @@ def test_released_class_descent_estimates_the_gradient_of_the_requested_class_ce
     assert float(jnp.linalg.norm(got) / jnp.linalg.norm(expected)) == pytest.approx(1, abs=0.1)
 
 
-def test_a_class_conditional_step_asks_for_classes_and_descends_their_released_ce(teacher_dir):
+def test_a_class_conditional_step_asks_for_classes_and_descends_their_released_ce(teacher_dir,
+                                                                                 ensemble):
   # With the smoothness prior too (one compile): the generator's loss is the sum of the terms.
   config = _disagreement_config(teacher_dir, class_conditional_weight=2.0, latent_dim=16,
                                 smoothness_weight=0.5)
   assert config.class_codes == 10 and _disagreement_config(teacher_dir).class_codes == 0
-  ensemble, _ = dpdfd.load_teachers(config)
-  step = dpdfd.make_train_step(dpdfd.make_plan(config), config, ensemble.graphdef)
-  _, metrics = step(dpdfd.init_state(config, jax.random.key(0)), ensemble.params,
-                    ensemble.batch_stats, jax.random.key(1))
+  _, metrics = _one_step(config, ensemble)
   ce = float(metrics["lg_released_class_ce"])
   assert np.isfinite(ce) and ce >= 0
   smoothness = float(metrics["lg_smoothness"])
@@ -386,7 +423,8 @@ def test_paper_objective_keeps_its_latents_and_noise(teacher_dir):
 def test_teacher_loss_scale_scales_every_row(teacher_dir, teacher_loss):
   s = jax.random.normal(jax.random.key(3), (16, 10))
   t = jax.random.normal(jax.random.key(4), (2, 16, 10))
-  rows = {scale: step_lib.per_sample_output_grads(
-      _config(teacher_dir, teacher_loss=teacher_loss, teacher_loss_scale=scale), s, t)
+  rows = {scale: jax.jit(functools.partial(  # jitted: eager DKD compiles op by op
+      step_lib.per_sample_output_grads,
+      _config(teacher_dir, teacher_loss=teacher_loss, teacher_loss_scale=scale)))(s, t)
       for scale in (1.0, 1e-6)}
   np.testing.assert_allclose(rows[1e-6], 1e-6 * rows[1.0], rtol=1e-6)

@@ -172,7 +172,8 @@ def test_per_example_gradients_are_per_example():
 
   grad = jax.jit(jax.vmap(jax.grad(loss, argnums=(0, 1)), in_axes=(None, 0)))
   per_example = grad((scale, bias), x)
-  one_by_one = [jax.grad(loss, argnums=(0, 1))((scale, bias), x[i]) for i in range(4)]
+  single = jax.jit(jax.grad(loss, argnums=(0, 1)))  # one compilation for the four examples
+  one_by_one = [single((scale, bias), x[i]) for i in range(4)]
   assert_close(per_example, jax.tree.map(lambda *g: jnp.stack(g), *one_by_one))
   # Example 0's gradient does not change when the other examples do.
   changed = x.at[1:].set(normal((3, 6, 6, 4), seed=17))
@@ -263,7 +264,9 @@ def check_taps(x, num_groups, seed):
   scale, bias = normal((channels,), seed), normal((channels,), seed + 1)
   weights = normal((x.shape[0], x.shape[1] // 2, x.shape[2] // 2, channels), seed + 2)
   got = jax.jit(per_example_from_taps, static_argnums=3)(x, scale, bias, num_groups, weights)
-  assert_close(got, per_example_by_vmap(x, scale, bias, num_groups, weights))
+  # Jitted too: eager vmap(grad) compiled each of the three layers' ops on its own.
+  assert_close(got, jax.jit(per_example_by_vmap, static_argnums=3)(x, scale, bias, num_groups,
+                                                                   weights))
   return got
 
 
@@ -309,7 +312,8 @@ def test_tapped_op_under_vmap_is_the_op_on_each_slice():
   weights = normal((2, 3, 3, 3, 4), seed=43)
   mapped = jax.jit(jax.vmap(per_example_from_taps, in_axes=(0, None, None, None, 0)),
                    static_argnums=3)(x, scale, bias, 2, weights)
-  looped = [per_example_from_taps(x[k], scale, bias, 2, weights[k]) for k in range(2)]
+  single = jax.jit(per_example_from_taps, static_argnums=3)
+  looped = [single(x[k], scale, bias, 2, weights[k]) for k in range(2)]
   assert_close(mapped, jax.tree.map(lambda *g: jnp.stack(g), *looped))
 
 

@@ -29,8 +29,12 @@ def fast(x, window=(2, 2), strides=None):
 
 
 def value_and_input_grad(pool, x, cotangent):
-  y, vjp = jax.vjp(pool, x)
-  return y, vjp(cotangent)[0]
+  """Output and input gradient, jitted: one compilation instead of one per eager op (as the
+  models run the op, under jit)."""
+  def run(x, cotangent):
+    y, vjp = jax.vjp(pool, x)
+    return y, vjp(cotangent)[0]
+  return jax.jit(run)(x, cotangent)
 
 
 # (input shape, window): even and odd (floored) sizes, a non-square window, a 3×3 window.
@@ -80,23 +84,24 @@ def test_per_example_gradients_are_per_example():
   def loss(v):  # v (6, 6, 3): one example
     return jnp.sum(jnp.sin(fast(v[None])[0]) * weights)
 
-  per_example = jax.vmap(jax.grad(loss))(x)
-  one_by_one = jnp.stack([jax.grad(loss)(x[i]) for i in range(x.shape[0])])
+  batched, single = jax.jit(jax.vmap(jax.grad(loss))), jax.jit(jax.grad(loss))  # two compiles
+  per_example = batched(x)
+  one_by_one = jnp.stack([single(x[i]) for i in range(x.shape[0])])
   chex.assert_trees_all_equal(per_example, one_by_one)
   # Example 0's gradient does not change when the other examples do.
   changed = x.at[1:].set(normal((3, 6, 6, 3), seed=6))
-  chex.assert_trees_all_equal(jax.vmap(jax.grad(loss))(changed)[0], per_example[0])
+  chex.assert_trees_all_equal(batched(changed)[0], per_example[0])
 
 
 def test_forward_mode_and_second_order_match_nnx():
   x = normal((2, 4, 4, 2), seed=7)
   tangent = normal(x.shape, seed=8)
-  chex.assert_trees_all_equal(jax.jvp(fast, (x,), (tangent,)),
-                              jax.jvp(reference_pool, (x,), (tangent,)))
+  jvp = lambda pool: jax.jit(lambda v, t: jax.jvp(pool, (v,), (t,)))(x, tangent)  # noqa: E731
+  chex.assert_trees_all_equal(jvp(fast), jvp(reference_pool))
 
-  def hvp(pool):
+  def hvp(pool):  # jitted: one compilation instead of one per eager op
     grad = jax.grad(lambda v: jnp.sum(jnp.tanh(pool(v)) ** 2))
-    return jax.jvp(grad, (x,), (tangent,))[1]
+    return jax.jit(lambda v, t: jax.jvp(grad, (v,), (t,))[1])(x, tangent)
   chex.assert_trees_all_close(hvp(fast), hvp(reference_pool), rtol=1e-6, atol=1e-6)
 
 

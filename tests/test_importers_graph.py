@@ -38,9 +38,10 @@ DIGITS = data.DATASETS["digits"]
 
 def _dpdfd_steps(workdir: str, steps: int = 2) -> dict:
   """`steps` DPDFD updates from the teacher in `workdir`, loaded as `experiments.dpdfd` does."""
+  # A narrow generator (8 channels, not 128): the teacher's graph program is what is under test.
   config = dpdfd.DPDFDConfig(dataset="digits", teacher_dirs=(workdir,), noise_multiplier=10.0,
                              student_model="lenet5_half", steps=steps, batch_size=8,
-                             eval_every=steps, latent_dim=8)
+                             eval_every=steps, latent_dim=8, generator_channels=8)
   ensemble, _ = dpdfd_run.load_teachers(config)
   mesh = sharding.data_mesh()  # placed as `dpdfd.train_dpdfd` places them
   state = sharding.replicate(step_lib.init_state(config, jax.random.key(0)), mesh)

@@ -73,11 +73,12 @@ def test_forward_mode_agrees_with_reverse_mode_on_a_classifier():
   logits = _logits_fn(core.split(model))
   x = jax.random.normal(jax.random.key(1), (2, 8, 8, 1))
   v = jax.random.normal(jax.random.key(2), x.shape)
-  _, forward = jax.jvp(logits, (x,), (v,))
-  _, pullback = jax.vjp(logits, x)
   u = jnp.ones((2, 3))
+  # Jitted: eagerly, every op of the model (and of its transposes) compiled on its own.
+  forward = jax.jit(lambda x, v: jax.jvp(logits, (x,), (v,))[1])(x, v)
+  pulled = jax.jit(lambda x, u: jax.vjp(logits, x)[1](u)[0])(x, u)
   # <u, J v> = <J^T u, v>: forward and reverse mode compute the same Jacobian.
-  np.testing.assert_allclose(jnp.vdot(u, forward), jnp.vdot(pullback(u)[0], v), rtol=1e-4)
+  np.testing.assert_allclose(jnp.vdot(u, forward), jnp.vdot(pulled, v), rtol=1e-4)
 
 
 def test_forward_mode_runs_through_the_generator_on_the_reference_path():
@@ -87,7 +88,7 @@ def test_forward_mode_runs_through_the_generator_on_the_reference_path():
 
   def images(v):
     return core.apply(parts.graphdef, parts.params, parts.batch_stats, v, train=False)[0]
-  out, tangent = jax.jvp(images, (z,), (z,))
+  out, tangent = jax.jit(lambda z: jax.jvp(images, (z,), (z,)))(z)  # one compilation
   assert out.shape == tangent.shape == (2, 8, 8, 3)
 
 

@@ -52,8 +52,12 @@ def _close(a, b, atol):
 def test_clipped_grad_is_the_mechanisms_clipped_sum(model):
   graphdef, params, loss_fn, x, y = model
   mask = jnp.arange(8) < 5
-  grads = jax.vmap(jax.grad(loss_fn), in_axes=(None, 0, 0))(params, x[:, None], y[:, None])
-  expected, norms = privacy.dpsgd_clip_and_sum(grads, mask, l2_clip_norm=0.1)
+  # Every path jitted (as a user's step runs it): eagerly, each op compiled on its own.
+  @jax.jit
+  def reference(params, x, y):
+    grads = jax.vmap(jax.grad(loss_fn), in_axes=(None, 0, 0))(params, x[:, None], y[:, None])
+    return privacy.dpsgd_clip_and_sum(grads, mask, l2_clip_norm=0.1)
+  expected, norms = reference(params, x, y)
   clipped = privacy.clipped_grad(loss_fn, l2_clip_norm=0.1, batch_argnums=(1, 2),
                                  return_norms=True)
   total, got_norms = jax.jit(clipped)(params, x, y, mask=mask)
@@ -61,14 +65,14 @@ def test_clipped_grad_is_the_mechanisms_clipped_sum(model):
   np.testing.assert_allclose(got_norms, norms, rtol=1e-5)
   chunked = privacy.clipped_grad(loss_fn, l2_clip_norm=0.1, batch_argnums=(1, 2),
                                  microbatch_size=2)
-  _close(chunked(params, x, y, mask=mask), expected, 1e-6)
+  _close(jax.jit(chunked)(params, x, y, mask=mask), expected, 1e-6)
   by_ghost = ghost.clipped_grad(graphdef, l2_clip_norm=0.1, has_aux=True, loss_fn=lambda out, t: (
       optax.softmax_cross_entropy_with_integer_labels(out, t)))
   ghost_total, (losses, outputs) = jax.jit(by_ghost)(params, x, y, mask=mask)
   _close(ghost_total, expected, 1e-5)
   assert losses.shape == (8,) and outputs.shape == (8, 3)
   # Padding rows contribute nothing: the sum over the 5 real rows alone.
-  _close(clipped(params, x[:5], y[:5])[0], expected, 1e-6)
+  _close(jax.jit(clipped)(params, x[:5], y[:5])[0], expected, 1e-6)
 
 
 def test_clipped_grad_arguments_and_sensitivity(model):

@@ -55,9 +55,12 @@ def test_group_and_no_norm_have_no_batch_stats(name, norm):
   assert tuple(o.shape for o in out) == expected_shapes(name, SHAPES[1], 2)
 
 
+# Compiled forward passes of the two block layouts (ResNet's basic blocks, Wide-ResNet's);
+# resnet34 is resnet18's block run more times per stage (its shapes, statistics and parameter
+# count are checked abstractly here), so its compiled pass is left out.
 @pytest.mark.slow
 @pytest.mark.parametrize("input_shape", SHAPES, ids=["28x28x1", "32x32x3"])
-@pytest.mark.parametrize("name", MODELS)
+@pytest.mark.parametrize("name", ["resnet18", "wide_resnet"])
 def test_eval_forward_is_finite(name, input_shape):
   parts = surrogate_parts(MODELS[name][0], input_shape)
   x = jax.random.normal(jax.random.key(1), (1, *input_shape))

@@ -44,7 +44,8 @@ def test_shapes_at_small_inputs(name, shape):
 
 def test_vgg_needs_32_pixels():
   with pytest.raises(ValueError, match="empty feature map.*larger inputs"):
-    models.create_classifier("tv_vgg11_bn", num_classes=10, input_shape=(28, 28, 1), seed=0)
+    nnx.eval_shape(lambda: models.create_classifier(  # shapes only: no weights drawn
+        "tv_vgg11_bn", num_classes=10, input_shape=(28, 28, 1), seed=0))
 
 
 def _adaptive_reference(x, out):
@@ -61,15 +62,17 @@ def _adaptive_reference(x, out):
 
 @pytest.mark.parametrize("size", [(1, 1), (5, 3), (7, 7), (10, 14)])
 def test_adaptive_avg_pool_matches_pytorch_definition(size):
-  x = np.asarray(jax.random.normal(jax.random.key(0), (2, *size, 3)))
-  np.testing.assert_allclose(tv.adaptive_avg_pool(jnp.asarray(x), (7, 7)),
+  # Host data and one jitted call per size (eagerly, each cell's slice and mean compiled alone).
+  x = np.random.default_rng(0).standard_normal((2, *size, 3), dtype=np.float32)
+  pool = jax.jit(tv.adaptive_avg_pool, static_argnums=1)
+  np.testing.assert_allclose(pool(jnp.asarray(x), (7, 7)),
                              _adaptive_reference(x, (7, 7)), rtol=1e-6, atol=1e-6)
 
 
 def test_strided_convs_pad_symmetrically_like_pytorch():
   """torchvision's 3×3 stride-2 conv pads 1 on both sides; Flax's "SAME" would pad only after."""
-  model = models.create_classifier("tv_resnet18", num_classes=10, input_shape=(32, 32, 3),
-                                   seed=0)
+  model = nnx.eval_shape(lambda: models.create_classifier(  # the layers' settings, no weights
+      "tv_resnet18", num_classes=10, input_shape=(32, 32, 3), seed=0))
   assert model.stem.conv.padding == ((3, 3), (3, 3))
   assert model.stages[1][0].conv1.conv.padding == ((1, 1), (1, 1))
   assert model.stages[1][0].downsample.conv.padding == "VALID"

@@ -58,10 +58,11 @@ def test_values_and_gradients_match_upsample_then_conv(x_shape, out_channels, co
   kernel = normal((3, 3, x_shape[-1], out_channels), seed=1)
   fn = lambda x, k: upsample_conv.upsample_conv(x, k, conv_general_dilated=conv_fn)  # noqa: E731
   y = jax.jit(fn)(x, kernel)
-  assert_close(y, reference(x, kernel))
+  assert_close(y, jax.jit(reference)(x, kernel))
   cotangent = normal(y.shape, seed=2)
   grads = jax.jit(jax.grad(lambda x, k: jnp.sum(fn(x, k) * cotangent), (0, 1)))(x, kernel)
-  expected = jax.grad(lambda x, k: jnp.sum(reference(x, k) * cotangent), (0, 1))(x, kernel)
+  expected = jax.jit(jax.grad(lambda x, k: jnp.sum(reference(x, k) * cotangent), (0, 1)))(
+      x, kernel)
   assert_close(grads, expected)
 
 
@@ -69,21 +70,24 @@ def test_every_tap_reaches_the_right_pixels():
   """One-hot kernels and inputs: each tap's contribution lands exactly where upsampling puts it
   (an exact 0/1 comparison, no rounding involved)."""
   x = normal((1, 4, 4, 1), seed=3)
+  new, old = jax.jit(sub_pixel), jax.jit(reference)  # one compilation each for the nine kernels
   for i in range(3):
     for j in range(3):
       kernel = jnp.zeros((3, 3, 1, 1)).at[i, j].set(1.0)
-      np.testing.assert_array_equal(sub_pixel(x, kernel), reference(x, kernel))
+      np.testing.assert_array_equal(new(x, kernel), old(x, kernel))
 
 
 def test_vmap_matches_per_example_calls():
   x = normal((3, 2, 5, 5, 4), seed=4)
   kernel = normal((3, 3, 4, 2), seed=5)
-  batched = jax.vmap(sub_pixel, in_axes=(0, None))(x, kernel)
-  assert_close(batched, jnp.stack([reference(xi, kernel) for xi in x]))
-  per_example = jax.vmap(jax.grad(lambda x, k: jnp.sum(jnp.sin(sub_pixel(x[None], k))), 1),
-                         in_axes=(0, None))(x[0], kernel)
-  expected = jnp.stack([jax.grad(lambda k: jnp.sum(jnp.sin(reference(xi[None], k))))(kernel)
-                        for xi in x[0]])
+  # Jitted (one compilation per function; eagerly, one per op).
+  batched = jax.jit(jax.vmap(sub_pixel, in_axes=(0, None)))(x, kernel)
+  one = jax.jit(reference)
+  assert_close(batched, jnp.stack([one(xi, kernel) for xi in x]))
+  per_example = jax.jit(jax.vmap(jax.grad(
+      lambda x, k: jnp.sum(jnp.sin(sub_pixel(x[None], k))), 1), in_axes=(0, None)))(x[0], kernel)
+  one_grad = jax.jit(jax.grad(lambda xi, k: jnp.sum(jnp.sin(reference(xi[None], k))), 1))
+  expected = jnp.stack([one_grad(xi, kernel) for xi in x[0]])
   assert_close(per_example, expected)
 
 
