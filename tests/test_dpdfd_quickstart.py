@@ -311,8 +311,9 @@ def test_readme_quickstart_is_the_main_job_and_the_test_command():
   commands = re.findall(r"```bash\n(.*?)\n```", section, re.S)
   assert commands == ["pip install -e . && python -m experiments.dpdfd "
                       "--config=configs/dpdfd/digits_quickstart.py",
-                      'pip install -e ".[test,import,export]" && pip install --no-deps '
-                      'jax2onnx==0.17.1 && python -m pytest -q -n 2 --dist loadfile --durations=30']
+                      'pip install --no-compile -e ".[test,import,export]" && pip install '
+                      '--no-compile --no-deps jax2onnx==0.17.1 && python -m pytest -q -n 2 '
+                      '--dist loadfile --durations=30']
 
 
 def test_recorded_mnist_commands_still_run_what_they_ran():

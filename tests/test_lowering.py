@@ -126,8 +126,8 @@ def test_srr_stage_steps_lower_for_tpu_and_cuda():
                                     epsilon=plan.epsilon_per_query, threshold=config.tau)
 
   lowered(release, teacher.params, teacher.batch_stats, KEY, images, spec((batch, k)))
-  student_step = srr_step.make_student_step(config.student_loss, plan.epsilon_per_query,
-                                            config.student_shift)
+  student_step = srr_step.make_student_step(config.engine.student_loss, plan.epsilon_per_query,
+                                            config.engine.student_shift)
   lowered(student_step, state.student, images, spec((batch,), jnp.int32),
           spec((batch, k), jnp.bool_), KEY)
   lowered(srr_step.make_finetune_step(student.graphdef), state.generator, student.params,
