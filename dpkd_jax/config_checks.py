@@ -9,6 +9,7 @@ turn it into one line and exit 2).
 from __future__ import annotations
 
 import copy
+import dataclasses
 import math
 from collections.abc import Callable, Collection, Mapping
 from typing import Any
@@ -121,3 +122,17 @@ def upgrade_saved(saved: Any, *, what: str, current: int,
   for step in range(version, current):
     out = steps[step](out)
   return {"version": current, **out}
+
+
+def refuse_unknown_fields(what: str, *given: tuple[Mapping[str, Any], type]) -> None:
+  """Each (values, dataclass) of a migrated saved config: a name the dataclass lacks is refused
+  (a field of a newer or foreign dpkd-jax). `what` names the config (e.g. "DPDFD").
+
+  Raises:
+    ValueError: naming every unknown field.
+  """
+  unknown = sorted({name for values, cls in given
+                    for name in set(values) - {f.name for f in dataclasses.fields(cls)}})
+  if unknown:
+    raise ValueError(f"a saved {what} config holds fields this dpkd-jax does not know: "
+                     f"{', '.join(unknown)}")

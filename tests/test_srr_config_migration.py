@@ -94,6 +94,8 @@ def test_an_unreadable_form_is_refused_in_one_line():
     config_migration.migrate({**saved, "version": "2"})
   with pytest.raises(ValueError, match="does not know: colour"):
     srr.SRRConfig.from_json({**saved, "colour": 1})
+  with pytest.raises(ValueError, match="does not know: tint"):  # inside the engine's options
+    srr.SRRConfig.from_json({**saved, "engine": {**saved["engine"], "tint": 1}})
   v2 = _version2(_config())
   del v2["query_pool"]
   with pytest.raises(ValueError, match="lacks query_pool"):

@@ -189,10 +189,7 @@ class DFPATEConfig:
     """The config of a saved dict of any format (`config_migration.migrate` first)."""
     values = config_migration.migrate(saved)
     del values["version"]
-    unknown = sorted(set(values) - {f.name for f in dataclasses.fields(cls)})
-    if unknown:
-      raise ValueError(f"a saved DF-PATE config holds fields this dpkd-jax does not know: "
-                       f"{', '.join(unknown)}")
+    checks.refuse_unknown_fields("DF-PATE", (values, cls))
     return cls(**values)
 
   def teacher_identity(self) -> dict[str, Any]:

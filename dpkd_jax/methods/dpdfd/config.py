@@ -261,14 +261,10 @@ class DPDFDConfig:
     """The config of a saved dict of any format (`config_migration.migrate` first)."""
     values = config_migration.migrate(saved)
     del values["version"]
-    engine_values = values.pop("engine")
-    unknown = sorted((set(values) - {f.name for f in dataclasses.fields(cls)}) | (
-        set(engine_values) - {f.name for f in dataclasses.fields(options.EngineOptions)}))
-    if unknown:
-      raise ValueError(f"a saved DPDFD config holds fields this dpkd-jax does not know: "
-                       f"{', '.join(unknown)}")
-    engine = options.EngineOptions(**engine_values)
-    return cls(**{**values, "teacher_dirs": tuple(values["teacher_dirs"])}, engine=engine)
+    config_checks.refuse_unknown_fields("DPDFD", (values, cls),
+                                        (values["engine"], options.EngineOptions))
+    return cls(**{**values, "teacher_dirs": tuple(values["teacher_dirs"]),
+                  "engine": options.EngineOptions(**values["engine"])})
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)

@@ -172,10 +172,7 @@ class RONAConfig:
     """The config of a saved dict of any format (`config_migration.migrate` first)."""
     values = config_migration.migrate(saved)
     del values["version"]
-    unknown = sorted(set(values) - {f.name for f in dataclasses.fields(cls)})
-    if unknown:
-      raise ValueError(f"a saved RONA config holds fields this dpkd-jax does not know: "
-                       f"{', '.join(unknown)}")
+    checks.refuse_unknown_fields("RONA", (values, cls))
     return cls(**values)
 
   def phase_steps(self, num_public: int) -> dict[str, int]:

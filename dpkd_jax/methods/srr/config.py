@@ -194,9 +194,7 @@ class SRRConfig:
     """The config of a saved dict of any format (`config_migration.migrate` first)."""
     values = config_migration.migrate(saved)
     del values["version"]
-    unknown = sorted(set(values) - {f.name for f in dataclasses.fields(cls)})
-    if unknown:
-      raise ValueError(f"a saved SRR config holds fields this dpkd-jax does not know: "
-                       f"{', '.join(unknown)}")
+    config_checks.refuse_unknown_fields("SRR", (values, cls),
+                                        (values["engine"], options_lib.EngineOptions))
     return cls(**{**values, "generator_terms": tuple(values["generator_terms"]),
                   "engine": options_lib.EngineOptions(**values["engine"])})
