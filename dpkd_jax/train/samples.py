@@ -23,7 +23,11 @@ def generate(gen: TrainState, key: jax.Array, num: int, latent_dim: int,
   """(num, H, W, C) normalized synthetic images from the generator (eval-mode BatchNorm).
 
   `class_codes` = K > 0: a class-conditional generator (`generators.class_coded_latents`);
-  image i is asked for class i mod K."""
+  image i is asked for class i mod K. Each chunk draws min(batch_size, num) latents: with JAX's
+  partitionable threefry a shorter draw is the prefix of the longer one, and eval-mode images do
+  not depend on their batch, so a small `num` gets the same images without generating a full
+  batch to throw most of it away."""
+  batch_size = min(batch_size, num)
   fn = jax.jit(lambda p, s, z: core.apply(gen.graphdef, p, s, z, train=False)[0])
   # Host copies: each process evaluates locally (multi-host: the trained params are global).
   params, batch_stats = distributed.to_host((gen.params, gen.batch_stats))
