@@ -48,7 +48,7 @@ def fit(config: config_lib.TeacherEnsembleConfig, train: data.ArrayDataset,
   ensemble, _ = ensemble_lib.train_ensemble(
       ensemble, images, labels, info, train_key, epochs=config.teacher_epochs,
       batch_size=min(config.teacher_batch_size, labels.shape[1]),
-      learning_rate=config.teacher_lr)
+      learning_rate=config.teacher_learning_rate)
   seconds = time.perf_counter() - start
   meta = {"identity": config.identity(),
           "partition": store.partition_fields(train, config.dataset, config.num_teachers,

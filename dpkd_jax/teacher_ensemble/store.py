@@ -4,8 +4,10 @@ Layout: an Orbax checkpoint (`train.checkpoint`) at the directory itself, whose 
 params stacked on a leading teacher axis (n, ...) and whose meta holds
 
   identity      dataset, num_teachers, teacher_model, teacher_epochs, teacher_batch_size,
-                teacher_lr, shard_seed (`TeacherEnsembleConfig.identity()`, equal to a data-free
-                PATE run's `teacher_identity()`; the architecture is rebuilt from it)
+                teacher_learning_rate, shard_seed (`TeacherEnsembleConfig.identity()`, equal to
+                a data-free PATE run's `teacher_identity()`; the architecture is rebuilt from
+                it). Stores saved before the rename hold `teacher_lr`: `read_meta` and `load`
+                return their identity renamed (`config.migrate_identity`), the files unchanged.
   partition     what proves the teachers' shards disjoint (`partition_fields`): dataset, the
                 sharded split's name, size and SHA-256, num_shards, shard_seed, shard_size,
                 scheme "equal_shards" (`teacher_partition.ensemble_teachers_per_record`)
@@ -28,6 +30,7 @@ from dpkd_jax import data
 from dpkd_jax import errors
 from dpkd_jax import teacher_partition
 from dpkd_jax.teacher_ensemble import architectures
+from dpkd_jax.teacher_ensemble import config as config_lib
 from dpkd_jax.teacher_ensemble import ensemble as ensemble_lib
 from dpkd_jax.train import checkpoint
 
@@ -69,7 +72,7 @@ def read_meta(directory: str, *, flag: str, dataset: str | None = None) -> dict[
     teacher = (" (it is one teacher's workdir: those go in --teacher_dirs)"
                if os.path.isfile(os.path.join(directory, "card.json")) else "")
     raise errors.UserError(f"{where} holds no saved teacher ensemble{teacher}; {_HINT}")
-  meta = checkpoint.restore_metadata(directory)
+  meta = _migrated(checkpoint.restore_metadata(directory))
   identity = meta.get("identity")
   if (not isinstance(identity, dict) or identity.get("dataset") not in data.DATASETS
       or identity.get("teacher_model") not in architectures.TEACHER_MODELS
@@ -108,7 +111,14 @@ def load(directory: str, *, flag: str, dataset: str | None = None,
   template = ensemble_lib.init_ensemble(identity["teacher_model"], identity["num_teachers"],
                                         saved_info, jax.random.key(0))
   params, meta = checkpoint.restore(directory, template.params)
-  return ensemble_lib.Ensemble(template.graphdef, params), meta
+  return ensemble_lib.Ensemble(template.graphdef, params), _migrated(meta)
+
+
+def _migrated(meta: dict[str, Any]) -> dict[str, Any]:
+  """A saved meta with its identity under today's names (`config.migrate_identity`)."""
+  if "identity" not in meta:
+    return meta
+  return {**meta, "identity": config_lib.migrate_identity(meta["identity"])}
 
 
 def overlap(meta: dict[str, Any], num_teachers: int) -> teacher_partition.Overlap:

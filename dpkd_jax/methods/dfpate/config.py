@@ -22,8 +22,6 @@ from dpkd_jax.privacy import aggregation
 from dpkd_jax.privacy import seeds
 
 QUERY_SOURCES = ("procedural", "dp_model")
-# {`TeacherEnsembleConfig` field: this config's field} where the names differ.
-_ENSEMBLE_NAMES = {"teacher_lr": "teacher_learning_rate"}
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -131,7 +129,6 @@ class DFPATEConfig:
     if self.secure_noise and self.noise_std == 0:
       raise ValueError("secure_noise needs noise: noise_std must be > 0")
     checks.integer("validation_examples", self.validation_examples, minimum=0)
-    checks.positive(self, "teacher_learning_rate")  # named here, not by the ensemble's name
     self.ensemble_config()  # the dataset and teacher fields, checked where the ensemble is
     checks.one_of("student_model", self.student_model, models.CLASSIFIERS)
     checks.one_of("votes", self.votes, aggregation.VOTE_KINDS)
@@ -173,9 +170,7 @@ class DFPATEConfig:
 
   def ensemble_config(self) -> teacher_ensemble.TeacherEnsembleConfig:
     """The run's teacher ensemble (trained with the run's own keys, not `seed` of it)."""
-    # The ensemble's own config keeps `teacher_lr`: the name its saved stores are known by.
-    fields = {name: getattr(self, _ENSEMBLE_NAMES.get(name, name))
-              for name in teacher_ensemble.IDENTITY_FIELDS}
+    fields = {name: getattr(self, name) for name in teacher_ensemble.IDENTITY_FIELDS}
     return teacher_ensemble.TeacherEnsembleConfig(dataset=self.dataset, data_dir=self.data_dir,
                                                   **fields)
 

@@ -91,7 +91,7 @@ def get_teachers(config: config_lib.DFPATEConfig, train: data.ArrayDataset,
   """
   saved_dir = config.teachers_dir
   if saved_dir and checkpoint.latest_step(saved_dir) is not None:
-    meta = checkpoint.restore_metadata(saved_dir)
+    meta = store.read_meta(saved_dir, flag="--teachers_dir")  # identity in today's names
     if meta.get("identity") != config.teacher_identity():
       raise ValueError(f"{saved_dir!r} holds an ensemble trained for {meta.get('identity')},"
                        f" not {config.teacher_identity()}; use another teachers_dir")
