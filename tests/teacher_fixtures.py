@@ -59,6 +59,17 @@ def copy_without_partition(source: str, target: str) -> str:
   return target
 
 
+def copy_with_old_identity(source: str, target: str) -> str:
+  """`target`: a copy of the ensemble in `source` whose newest meta names the learning rate
+  `teacher_lr` (as stores were saved before the identity took the library's vocabulary)."""
+  ensemble, meta = teacher_ensemble.load(source, flag="source")
+  identity = {("teacher_lr" if k == "teacher_learning_rate" else k): v
+              for k, v in meta["identity"].items()}
+  shutil.copytree(source, target)
+  teacher_ensemble.save(target, ensemble, {**meta, "identity": identity})
+  return target
+
+
 def retrain_in_place(directory: str) -> str:
   """`directory` (a teacher's copy) holding other weights under the same path, as if retrained
   there: its newest checkpoint saved again one step later with every parameter shifted."""

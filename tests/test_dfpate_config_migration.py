@@ -1,17 +1,25 @@
 """dpkd_jax.methods.dfpate.config_migration: every saved form of a DF-PATE config loads as the
-same config, and a checkpoint holding the old form is resumed; a saved plan with the query
-model's old bound name loads; a newer or unknown form is refused in one line."""
+same config, and a checkpoint holding the old form is resumed; a teachers_dir saved with the
+old identity (`teacher_lr`) is reused; a saved plan with the query model's old bound name loads;
+a newer or unknown form is refused in one line."""
 
 import json
 import os
 import pathlib
 
+import chex
+import jax
 import numpy as np
 import pytest
+from teacher_fixtures import ENSEMBLE_CONFIG
+from teacher_fixtures import copy_with_old_identity
 
+from dpkd_jax import data
 from dpkd_jax import errors
+from dpkd_jax import teacher_ensemble
 from dpkd_jax.methods import dfpate
 from dpkd_jax.methods.dfpate import config_migration
+from dpkd_jax.methods.dfpate import teachers as teachers_lib
 from dpkd_jax.train import checkpoint
 from dpkd_jax.train import workdir as workdir_lib
 
@@ -51,7 +59,7 @@ def test_every_saved_form_loads_as_the_same_config(kw):
   assert json.loads(json.dumps(saved)) == saved
 
 
-def test_the_renames_are_the_cli_aliases_and_the_ensemble_keeps_its_identity(capsys):
+def test_the_renames_are_the_cli_aliases_and_the_ensembles_names(capsys):
   from experiments import dfpate as dfpate_cli  # pylint: disable=import-outside-toplevel
   assert config_migration.V1_RENAMED == {old: new for new, old in _OLD_NAMES.items()}
   assert dfpate.DFPATEConfig.RENAMED == config_migration.V1_RENAMED
@@ -62,8 +70,28 @@ def test_the_renames_are_the_cli_aliases_and_the_ensemble_keeps_its_identity(cap
   old, _ = dfpate_cli.parse_config(flags + ["--teacher_lr=0.01", "--student_lr=3e-4"])
   assert old == new and (new.teacher_learning_rate, new.student_learning_rate) == (0.01, 3e-4)
   assert capsys.readouterr().err.count("deprecated: ") == 2
-  # A saved ensemble is known by `teacher_lr` (teacher_ensemble's identity): unchanged.
-  assert new.teacher_identity()["teacher_lr"] == 0.01 == new.ensemble_config().teacher_lr
+  # The ensemble's config and identity use the same name (teacher_ensemble's `RENAMED` too).
+  assert new.teacher_identity()["teacher_learning_rate"] == 0.01
+  assert new.ensemble_config().teacher_learning_rate == 0.01
+  assert teacher_ensemble.TeacherEnsembleConfig.RENAMED == {"teacher_lr": "teacher_learning_rate"}
+
+
+def test_a_version1_run_reuses_a_teachers_dir_saved_with_teacher_lr(ensemble_dir, tmp_path,
+                                                                     monkeypatch):
+  # A version-1 config (`teacher_lr`) and a store saved with the old identity, both read
+  # under today's names: the same identity, so the saved teachers are reused, none trained.
+  old_dir = copy_with_old_identity(ensemble_dir, str(tmp_path / "teachers"))
+  config = dfpate.DFPATEConfig.from_json(_version1(dfpate.DFPATEConfig(
+      **ENSEMBLE_CONFIG, teachers_dir=old_dir, seed=0)))
+  saved, meta = teacher_ensemble.load(old_dir, flag="--teachers_dir")
+  assert checkpoint.restore_metadata(old_dir)["identity"]["teacher_lr"] == 3e-3
+  assert meta["identity"] == config.teacher_identity()
+  monkeypatch.setattr(teacher_ensemble, "fit", None)  # training would fail loudly
+  train, test = data.load("digits", "train"), data.load("digits", "test")
+  ensemble, _, report = teachers_lib.get_teachers(
+      config, train, test, init_key=jax.random.key(5), train_key=jax.random.key(6))
+  chex.assert_trees_all_equal(ensemble.params, saved.params)
+  assert report == meta["report"]
 
 
 def test_an_unreadable_form_is_refused_in_one_line():

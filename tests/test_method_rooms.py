@@ -6,13 +6,15 @@ Every package under dpkd_jax/methods/ has the same rooms with the same signature
 taking every argument `build_train_step` takes) in step.py, and
 `train_<method>(config, workdir, *, resume=False, progress=True, ...)` in run.py, all exported
 by the package. Resume is decided in one place: each `train_<method>` hands its `resume` to
-`train.workdir.open_run`.
+`train.workdir.open_run`. A learning rate is `learning_rate` or `<model>_learning_rate` in
+every class of the library, never `lr` (docs/ARCHITECTURE.md#vocabulary).
 """
 
 import ast
 import importlib
 import inspect
 import pathlib
+import re
 
 import pytest
 
@@ -99,3 +101,17 @@ def test_a_method_that_cannot_resume_refuses_resume_before_writing(tmp_path):
   with pytest.raises(ValueError, match="reverse k-NN run cannot be resumed"):
     rknn.train_rknn(config, str(tmp_path / "run"), resume=True, progress=False)
   assert not (tmp_path / "run").exists()
+
+
+def test_no_class_field_names_a_learning_rate_lr():
+  # Configs, plans and states alike: `teacher_lr` / `student_lr` were renamed (their old names
+  # live on only as `RENAMED` aliases and in the migrations of saved forms).
+  short = re.compile(r"(^|_)lr$")
+  found = []
+  for path in sorted(_METHODS.parent.rglob("*.py")):
+    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+      if isinstance(node, ast.ClassDef):
+        found += [f"{path.name}:{node.name}.{item.target.id}" for item in node.body
+                  if isinstance(item, ast.AnnAssign) and isinstance(item.target, ast.Name)
+                  and short.search(item.target.id)]
+  assert found == []

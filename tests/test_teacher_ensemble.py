@@ -8,6 +8,7 @@ import jax
 import numpy as np
 import pytest
 from teacher_fixtures import ENSEMBLE_CONFIG
+from teacher_fixtures import copy_with_old_identity
 from teacher_fixtures import copy_without_partition
 
 from dpkd_jax import data
@@ -15,6 +16,8 @@ from dpkd_jax import errors
 from dpkd_jax import teacher_ensemble
 from dpkd_jax import teacher_partition
 from dpkd_jax.privacy import seeds
+from dpkd_jax.teacher_ensemble import config as config_lib
+from dpkd_jax.train import checkpoint
 from experiments import dpdfd as dpdfd_cli
 from experiments import teacher_ensemble as teacher_ensemble_cli
 
@@ -68,6 +71,33 @@ def test_a_saved_ensemble_is_kept_and_another_refused(ensemble_dir, tmp_path):
     teacher_ensemble.train_and_save(_CONFIG, old)
 
 
+def test_a_saved_identity_is_migrated_once_to_the_learning_rate_name():
+  identity = _CONFIG.identity()
+  old = {("teacher_lr" if k == "teacher_learning_rate" else k): v for k, v in identity.items()}
+  assert config_lib.IDENTITY_RENAMED == _CONFIG.RENAMED == {"teacher_lr": "teacher_learning_rate"}
+  assert config_lib.migrate_identity(old) == identity == config_lib.migrate_identity(identity)
+  assert config_lib.migrate_identity(None) is None  # not an identity: read_meta refuses it
+  assert [k for k in identity if k.endswith("_lr")] == []
+
+
+def test_a_store_saved_with_teacher_lr_is_found_and_kept(ensemble_dir, tmp_path):
+  # Stores saved before the rename hold `teacher_lr`: read with today's identity (the files
+  # are left as they are), the same teachers, kept by train_and_save; another rate is refused.
+  old = copy_with_old_identity(ensemble_dir, str(tmp_path / "old"))
+  assert "teacher_lr" in checkpoint.restore_metadata(old)["identity"]
+  assert teacher_ensemble.read_meta(old, flag="--x")["identity"] == _CONFIG.identity()
+  loaded, meta = teacher_ensemble.load(old, flag="--x")
+  saved, _ = teacher_ensemble.load(ensemble_dir, flag="--x")
+  assert meta["identity"] == _CONFIG.identity()
+  chex.assert_trees_all_equal(loaded.params, saved.params)
+  said = []
+  kept = teacher_ensemble.train_and_save(_CONFIG, old, log=said.append)
+  assert "already holds this ensemble" in said[0] and kept["identity"] == _CONFIG.identity()
+  other = teacher_ensemble.TeacherEnsembleConfig(**ENSEMBLE_CONFIG, teacher_learning_rate=0.1)
+  with pytest.raises(errors.UserError, match="holds an ensemble trained for"):
+    teacher_ensemble.train_and_save(other, old)
+
+
 def test_an_ensemble_without_its_partition_counts_every_teacher(ensemble_dir, tmp_path):
   old = copy_without_partition(ensemble_dir, str(tmp_path / "old"))
   loaded, meta = teacher_ensemble.load(old, flag="--x")
@@ -114,7 +144,17 @@ def test_cli_keeps_this_ensemble_and_fails_in_one_line(ensemble_dir, tmp_path, c
   assert "num_teachers must be >= 1" in _user_error(teacher_ensemble_cli.main, [
       "--dataset=digits", "--num_teachers=0", "--workdir=new"], capsys, tmp_path)
   assert "holds an ensemble trained for" in _user_error(teacher_ensemble_cli.main, [
-      *_ENSEMBLE_FLAGS, "--teacher_lr=0.1", f"--workdir={ensemble_dir}"], capsys, tmp_path)
+      *_ENSEMBLE_FLAGS, "--teacher_learning_rate=0.1", f"--workdir={ensemble_dir}"], capsys,
+      tmp_path)
+
+
+def test_cli_keeps_teacher_lr_as_a_deprecated_alias(capsys):
+  new, _ = teacher_ensemble_cli.parse_config(["--dataset=digits", "--teacher_learning_rate=0.1"])
+  assert capsys.readouterr().err == ""
+  old, _ = teacher_ensemble_cli.parse_config(["--dataset=digits", "--teacher_lr=0.1"])
+  assert old == new and new.teacher_learning_rate == 0.1
+  assert capsys.readouterr().err == ("deprecated: --teacher_lr is now --teacher_learning_rate "
+                                     "(same meaning); the old name still works\n")
 
 
 @pytest.mark.parametrize("argv,fragment", [
