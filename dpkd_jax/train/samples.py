@@ -26,7 +26,7 @@ def generate(gen: TrainState, key: jax.Array, num: int, latent_dim: int,
   image i is asked for class i mod K. Each chunk draws min(batch_size, num) latents: with JAX's
   partitionable threefry a shorter draw is the prefix of the longer one, and eval-mode images do
   not depend on their batch, so a small `num` gets the same images without generating a full
-  batch to throw most of it away."""
+  batch to throw most of it away (equal up to float rounding, which may depend on the batch)."""
   batch_size = min(batch_size, num)
   fn = jax.jit(lambda p, s, z: core.apply(gen.graphdef, p, s, z, train=False)[0])
   # Host copies: each process evaluates locally (multi-host: the trained params are global).
