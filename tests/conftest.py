@@ -1,6 +1,22 @@
 """Test configuration: 8 fake CPU devices for sharding tests, deterministic float32."""
 
 import os
+import sys
+
+# Python bytecode. Where the environment forbids writing it (PYTHONDONTWRITEBYTECODE, set by
+# some containers) and the packages were installed with `pip install --no-compile` (the README's
+# CI command), every process compiles jax, flax, tensorflow, torch... from source again: the two
+# pytest-xdist workers and every CLI subprocess, notebook kernel and distributed launch (about 7
+# CPU-s more for each CLI process; docs/results/benchmarks/test_suite__cpu.json,
+# `bytecode`). The suite writes it to `.cache/pycache/` instead (PYTHONPYCACHEPREFIX, inherited
+# by every process it starts), leaving the source trees as they are. Bytecode is the same
+# program, so nothing computed changes.
+if sys.dont_write_bytecode or os.environ.get("PYTHONDONTWRITEBYTECODE"):
+  os.environ.pop("PYTHONDONTWRITEBYTECODE", None)
+  os.environ.setdefault("PYTHONPYCACHEPREFIX", os.path.join(
+      os.path.dirname(os.path.dirname(os.path.abspath(__file__))), ".cache", "pycache"))
+  sys.pycache_prefix = os.environ["PYTHONPYCACHEPREFIX"]
+  sys.dont_write_bytecode = False
 
 # Must happen before JAX initialises its backends.
 os.environ.setdefault("JAX_PLATFORMS", "cpu")

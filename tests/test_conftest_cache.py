@@ -1,6 +1,9 @@
-"""Tests of the suite's compilation-cache pruning (tests/conftest.py)."""
+"""Tests of the suite's caches (tests/conftest.py): compilation-cache pruning, and bytecode
+written by every process the suite starts."""
 
 import os
+import subprocess
+import sys
 
 from conftest import _prune_test_cache
 
@@ -28,3 +31,12 @@ def test_over_the_bound_the_oldest_go_until_the_newest_fit(tmp_path):
 
 def test_a_missing_directory_is_no_error(tmp_path):
   _prune_test_cache(str(tmp_path / "absent"))
+
+
+def test_the_suite_and_the_processes_it_starts_write_bytecode():
+  """Even where the environment said PYTHONDONTWRITEBYTECODE: a CLI process of the suite would
+  otherwise compile every package it imports from source again."""
+  assert not sys.dont_write_bytecode
+  done = subprocess.run([sys.executable, "-c", "import sys; print(sys.dont_write_bytecode)"],
+                        capture_output=True, text=True, check=True, timeout=60)
+  assert done.stdout.strip() == "False"
