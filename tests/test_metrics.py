@@ -4,6 +4,8 @@ import csv
 import glob
 import os
 import struct
+import subprocess
+import sys
 import warnings
 
 import pytest
@@ -21,6 +23,31 @@ def test_csv_long_format_and_tensorboard_files(tmp_path):
   assert series["train/loss"] == [(1, 2.5), (2, 1.5)]
   assert series["test/accuracy"] == [(10, 0.5)]
   assert any(f.startswith("events.out.tfevents") for f in os.listdir(tmp_path / "tb"))
+
+
+_TORCH_AFTER_A_WRITER = """
+import importlib.util, sys
+from dpkd_jax.train import metrics
+writer = metrics.MetricsWriter(sys.argv[1])
+writer.write(1, {"loss": 1.0})
+writer.close()
+print("torch imported by the writer:", "torch" in sys.modules)
+if importlib.util.find_spec("torch") is not None:
+  import torch  # still importable afterwards
+  from tensorboardX import x2num
+  print("torch tensor logged:", x2num.make_np(torch.ones(2)).tolist())
+"""
+
+
+def test_the_writer_does_not_import_torch_and_leaves_it_importable(tmp_path):
+  """tensorboardX imports torch for its type annotations; a metrics log does not need it."""
+  done = subprocess.run([sys.executable, "-c", _TORCH_AFTER_A_WRITER, str(tmp_path)],
+                        capture_output=True, text=True, timeout=120, check=False)
+  assert done.returncode == 0, done.stderr
+  assert "torch imported by the writer: False" in done.stdout
+  if "torch tensor logged" in done.stdout:
+    assert "torch tensor logged: [1.0, 1.0]" in done.stdout
+  assert metrics.read_metrics(str(tmp_path))["loss"] == [(1, 1.0)]
 
 
 def test_appends_across_writers(tmp_path):

@@ -19,6 +19,7 @@ from __future__ import annotations
 import csv
 import glob
 import os
+import sys
 import tempfile
 import warnings
 from typing import Mapping
@@ -29,6 +30,28 @@ import numpy as np
 from dpkd_jax.train import released_fields
 
 _HEADER = ["step", "name", "value"]
+
+
+def _summary_writer_class():
+  """tensorboardX's `SummaryWriter`, imported without importing PyTorch.
+
+  `tensorboardX.writer` imports torch where it is installed (the `[import]` extra), only to
+  name `torch.Tensor` in its type annotations: about 1.5 CPU-s and a few hundred MB in every
+  process that logs metrics, which never hands it a torch tensor. If nothing has imported
+  torch yet, torch is marked absent for the length of that import and unmarked after it;
+  torch imports as usual afterwards, and tensorboardX converts torch tensors through its
+  `x2num`, which imports torch when it meets one.
+  """
+  if "tensorboardX.writer" in sys.modules or "torch" in sys.modules:
+    from tensorboardX import SummaryWriter  # pylint: disable=g-import-not-at-top
+    return SummaryWriter
+  sys.modules["torch"] = None  # `import torch` raises ImportError, which tensorboardX expects
+  try:
+    from tensorboardX import SummaryWriter  # pylint: disable=g-import-not-at-top
+  finally:
+    if "torch" in sys.modules and sys.modules["torch"] is None:
+      del sys.modules["torch"]
+  return SummaryWriter
 
 
 def _is_whole(row: list[str]) -> bool:
@@ -123,7 +146,7 @@ class MetricsWriter:
         csv.writer(f).writerow(_HEADER)
     if tensorboard:
       # tensorboardX writes the event format without needing TensorFlow.
-      from tensorboardX import SummaryWriter  # pylint: disable=g-import-not-at-top
+      SummaryWriter = _summary_writer_class()  # pylint: disable=invalid-name
 
       tb_path = os.path.join(workdir, tb_dir)
       earlier = glob.glob(os.path.join(tb_path, "events.out.tfevents.*"))
