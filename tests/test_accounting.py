@@ -341,3 +341,18 @@ def test_rr_with_poisson_sampling_is_rejected(accountant):
 def test_bad_parameters_raise(call, match):
   with pytest.raises(ValueError, match=match):
     call()
+
+
+def test_a_repeated_figure_is_memoized_and_equal_to_a_fresh_one():
+  """A run asks for the same ε again (calibration, ledger charges, the report): the second
+  time it is a lookup, and the value is the one a fresh evaluation gives."""
+  event = dp_event.ComposedDpEvent([
+      accounting.dpdfd_event(noise_multiplier=50.0, batch_size=16, steps=3),
+      dp_event.SelfComposedDpEvent(dp_event.LaplaceDpEvent(4.0), 2)])
+  evaluation._evaluate_parts.cache_clear()  # pylint: disable=protected-access
+  fresh = accounting.epsilon(event, delta=DELTA)
+  before = evaluation._evaluate_parts.cache_info()  # pylint: disable=protected-access
+  again = accounting.epsilon(event, delta=DELTA)
+  after = evaluation._evaluate_parts.cache_info()  # pylint: disable=protected-access
+  assert again == fresh and after.hits == before.hits + 1 and after.misses == before.misses
+  assert accounting.epsilon(event, delta=DELTA / 10) > fresh  # another δ is another key

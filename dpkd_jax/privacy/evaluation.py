@@ -34,6 +34,7 @@ component by C, replace-one moves it from −C to +C.
 
 from __future__ import annotations
 
+import functools
 import math
 from typing import Literal
 
@@ -237,6 +238,16 @@ def _evaluate(event: dp_event.DpEvent, accountant: str, interval: float | None, 
     return math.inf if delta is not None else 1.0
   if not parts:
     return 0.0
+  return _evaluate_parts(tuple(parts), accountant, interval, delta, target_epsilon)
+
+
+@functools.lru_cache(maxsize=1024)
+def _evaluate_parts(parts: tuple[tuple, ...], accountant: str, interval: float | None,
+                    delta: float | None, target_epsilon: float | None) -> float:
+  """`_evaluate` of merged, non-empty parts; memoized, as the figure is a pure function of
+  them and a run asks for the same one again: a calibration's bracket and bisection, a resumed
+  run's plan, the ledger's charges, the report's ε curve. A key is a few numbers per part, so
+  the cache holds at most a few hundred kB."""
   if accountant == "rdp" or any(part[0] == "zcdp" for part in parts):
     # zCDP (the secure-noise releases) is an RDP curve ε(α) = ξ + ρα: RDP prices it, and
     # every other part beside it, soundly (no PLD of a zCDP bound exists).
