@@ -5,7 +5,7 @@ Private = the training split; public = `--num_public` test images (`--split_seed
 rest of the test split evaluates the student. `--mode=local` gives ε per record (local DP).
 `--representation=simclr` trains a small SimCLR encoder on the public images first;
 `--representation=spectral` clusters the public images' ScatterNet neighbour graph.
-Without `--seed` the noise seed is secret (OS entropy).
+Without `--seed` the noise seed is secret (OS entropy). `--resume` continues a run.
 """
 
 from __future__ import annotations
@@ -25,7 +25,6 @@ from experiments import _recipes
 # The student's flags: its fields, `model` and `norm` prefixed (the run has no model of its own).
 _STUDENT_NAMES = {"model": "student_model", "norm": "student_norm"}
 
-
 # Representation flags -> the config field each sets (one kind each).
 _REPRESENTATION_FLAGS = {"pca_components": "num_components", "simclr_steps": "steps",
                          "spectral_components": "components",
@@ -36,15 +35,11 @@ _REPRESENTATION_FLAGS = {"pca_components": "num_components", "simclr_steps": "st
 def _representation_overrides(args: argparse.Namespace, config) -> dict[str, int]:
   """The given representation flags as config fields; a flag of another kind exits 2."""
   fields = {f.name for f in dataclasses.fields(config)}
-  overrides = {}
-  for flag, field in _REPRESENTATION_FLAGS.items():
-    value = getattr(args, flag)
-    if value is None:
-      continue
-    if field not in fields:
-      _cli.fail(f"--{flag} does not apply to --representation={args.representation}")
-    overrides[field] = value
-  return overrides
+  given = {flag: field for flag, field in _REPRESENTATION_FLAGS.items()
+           if getattr(args, flag) is not None}
+  for flag in (flag for flag, field in given.items() if field not in fields):
+    _cli.fail(f"--{flag} does not apply to --representation={args.representation}")
+  return {field: getattr(args, flag) for flag, field in given.items()}
 
 
 def parse_config(argv: list[str]) -> tuple[rknn.RKNNConfig, argparse.Namespace]:
@@ -65,8 +60,13 @@ def parse_config(argv: list[str]) -> tuple[rknn.RKNNConfig, argparse.Namespace]:
       dataclasses.asdict(recipe.config.student) if recipe.config else None))
   p.add_argument("--workdir", default=None,
                  help="default runs/rknn/<dataset>_<rep>_<mode>_s<s>_k<k>_eps<ε>[_T<rounds>]")
+  p.add_argument("--resume", action="store_true", help="continue the run in --workdir")
+  p.add_argument("--stop_after_rounds", type=int, default=None, help="end this invocation "
+                 "(checkpointed) after this many more rounds, labelling or self-training")
   p.add_argument("--no_progress", action="store_true", help="no progress bars")
   args = p.parse_args(argv)
+  if args.stop_after_rounds is not None and args.stop_after_rounds < 1:
+    _cli.fail(f"--stop_after_rounds must be at least 1, got {args.stop_after_rounds}")
   try:  # the recipe's own, unless --representation names another kind
     representation_config = (recipe.config.representation_config if recipe.config and
                              args.representation == recipe.config.representation else
@@ -79,10 +79,9 @@ def parse_config(argv: list[str]) -> tuple[rknn.RKNNConfig, argparse.Namespace]:
   config = _flags.build_config(rknn.RKNNConfig, args, student=student,
                                representation_config=representation_config)
   if args.workdir is None:
-    rounds = f"_T{config.rounds}" if config.rounds > 1 else ""
     args.workdir = os.path.join("runs", "rknn", f"{config.dataset}_{config.representation}_"
-                                f"{config.mode}_s{config.num_queries}_k{config.k}_"
-                                f"eps{config.epsilon:g}{rounds}")
+                                f"{config.mode}_s{config.num_queries}_k{config.k}_eps"
+                                f"{config.epsilon:g}{f'_T{config.rounds}' * (config.rounds > 1)}")
   return config, args
 
 
@@ -91,8 +90,10 @@ def main(argv: list[str]) -> None:
   distributed.initialize_from_env()  # no-op unless launched across hosts (docs/DISTRIBUTED.md)
   config, args = parse_config(argv)
   _cli.check_output_dir(args.workdir, "--workdir")
-  results = rknn.train_rknn(config, args.workdir, progress=not args.no_progress)
-  print("\n".join(summary.summary_lines(results, workdir=args.workdir)))
+  results = rknn.train_rknn(config, args.workdir, resume=args.resume, progress=not
+                            args.no_progress, stop_after_rounds=args.stop_after_rounds)
+  print("\n".join(summary.summary_lines(results, workdir=args.workdir)) if results else
+        f"stopped, checkpointed in {args.workdir}: continue with --resume")
 
 
 if __name__ == "__main__":

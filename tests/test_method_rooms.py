@@ -18,7 +18,6 @@ import re
 
 import pytest
 
-from dpkd_jax.methods import rknn
 from dpkd_jax.train import workdir as workdir_lib
 
 _METHODS = pathlib.Path(__file__).resolve().parent.parent / "dpkd_jax" / "methods"
@@ -96,11 +95,12 @@ def test_resume_is_decided_by_open_run_alone(package):
   assert "resume" in inspect.signature(workdir_lib.open_run).parameters
 
 
-def test_a_method_that_cannot_resume_refuses_resume_before_writing(tmp_path):
-  config = rknn.RKNNConfig(dataset="digits", num_queries=10, k=1, epsilon=2.0)
-  with pytest.raises(ValueError, match="reverse k-NN run cannot be resumed"):
-    rknn.train_rknn(config, str(tmp_path / "run"), resume=True, progress=False)
-  assert not (tmp_path / "run").exists()
+@pytest.mark.parametrize("package", PACKAGES)
+def test_every_method_resumes(package):
+  # No `resumable=False` (tests/test_workdir.py covers that refusal): a run of every method
+  # continues from its newest intact checkpoint.
+  (call,) = _open_run_calls(package)
+  assert not [k for k in call.keywords if k.arg == "resumable"]
 
 
 def test_no_class_field_names_a_learning_rate_lr():

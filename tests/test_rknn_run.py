@@ -16,6 +16,7 @@ from dpkd_jax import data
 from dpkd_jax import representations
 from dpkd_jax.methods import rknn
 from dpkd_jax.methods.rknn import run as rknn_run
+from dpkd_jax.methods.rknn import student as student_lib
 from dpkd_jax.methods.rknn import votes
 from dpkd_jax.privacy import ledger as ledger_lib
 from dpkd_jax.train import checkpoint
@@ -221,3 +222,65 @@ def test_a_validation_hold_out_keeps_the_evaluation_split_for_the_end(tmp_path):
       "private_diagnostics/validation/accuracy", "private_diagnostics/validation/loss"}
   with open(os.path.join(workdir, "record.json")) as f:
     assert json.load(f)["selection"] == "validation"
+
+
+def _same_run(a: dict, b: dict) -> None:
+  for key in ("per_round", "student_accuracy", "label_accuracy", "ledger_epsilon", "seed"):
+    assert a[key] == b[key], key
+
+
+@pytest.mark.parametrize("stop_after", [1, 2])  # after a labelling round / its last one
+def test_a_stopped_run_resumes_to_the_uninterrupted_one(tmp_path, stop_after):
+  config = _config(rounds=2, epsilon=1.0, uncertain_fraction=0.5,
+                   student=dataclasses.replace(TINY_STUDENT, self_training_rounds=1))
+  whole = rknn.train_rknn(config, str(tmp_path / "whole"), progress=False)
+  workdir = str(tmp_path / "parts")
+  assert rknn.train_rknn(config, workdir, progress=False, stop_after_rounds=stop_after) is None
+  assert not os.path.exists(os.path.join(workdir, "results.json"))
+  with pytest.raises(ValueError, match="already holds"):  # not without resume=True
+    rknn.train_rknn(config, workdir, progress=False)
+  resumed = rknn.train_rknn(config, workdir, resume=True, progress=False)
+  _same_run(resumed, whole)
+  ledger = ledger_lib.PrivacyLedger.load(os.path.join(workdir, "privacy_ledger.json"))
+  assert len(ledger.entries) == 2  # each release charged once
+  assert (metrics_lib.read_metrics(workdir)
+          == metrics_lib.read_metrics(str(tmp_path / "whole")))  # each step logged once
+
+
+def test_a_killed_run_resumes_with_its_secret_seed_and_replays_the_round(tmp_path, monkeypatch):
+  """Killed while the second round's student trains (after its release was charged): the
+  resumed run replays that round with the same keys, under the secret seed it saved."""
+  config = _config(rounds=2, epsilon=1.0, uncertain_fraction=0.5, seed=None)
+  workdir = str(tmp_path / "run")
+  calls, train = [], student_lib.train_student
+
+  def dies_in_round_two(*args, **kwargs):
+    calls.append(1)
+    if len(calls) == 2:
+      raise KeyboardInterrupt
+    return train(*args, **kwargs)
+
+  monkeypatch.setattr(student_lib, "train_student", dies_in_round_two)
+  with pytest.raises(KeyboardInterrupt):
+    rknn.train_rknn(config, workdir, progress=False)
+  monkeypatch.setattr(student_lib, "train_student", train)
+  assert checkpoint.latest_step(os.path.join(workdir, "checkpoints")) == 1
+  resumed = rknn.train_rknn(config, workdir, resume=True, progress=False)
+  assert resumed["seed"].startswith("os-entropy")
+  assert [r["round"] for r in resumed["per_round"]] == [1, 2]
+  assert resumed["ledger_epsilon"] <= 1.0 + 1e-9  # the replayed release is not charged twice
+  assert checkpoint.latest_step(os.path.join(workdir, "checkpoints")) == 2
+
+
+def test_cli_stop_then_resume(tmp_path, capsys):
+  workdir = tmp_path / "run"
+  flags = ["--num_queries=10", "--k=1", "--epsilon=2", "--kmeans_restarts=1",
+           "--kmeans_iterations=10", "--student_model=lenet5_half", "--epochs=1",
+           "--batch_size=32", "--rounds=2", "--seed=0", f"--workdir={workdir}", "--no_progress"]
+  rknn_cli.main([*flags, "--stop_after_rounds=1"])
+  assert "continue with --resume" in capsys.readouterr().out
+  rknn_cli.main([*flags, "--resume"])
+  assert os.path.exists(workdir / "results.json")
+  with pytest.raises(SystemExit) as exit_info:
+    rknn_cli.main([*flags, "--stop_after_rounds=0"])
+  assert exit_info.value.code == 2

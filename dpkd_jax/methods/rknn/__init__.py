@@ -33,8 +33,8 @@ Rooms:
               the release, labels; `make_train_step` as the run calls it); the student's
               `init_state(config, key, ...)` and `build_student_step` (no noise).
   student.py  `train_student` and its confidence (which samples later rounds relabel).
-  run.py      `train_rknn(config, workdir, *, resume=False)`: workdir, data, plan and ledger,
-              rounds, results (not resumable: `resume=True` is refused).
+  run.py      `train_rknn(config, workdir, *, resume=False, stop_after_rounds=None)`:
+              workdir, data, plan and ledger, rounds (each checkpointed), results.
 
 Data flow: flags (`experiments/rknn.py`) -> `RKNNConfig` -> `make_plan` -> per round
 `run.charge(plan.event(1))` -> `build_train_step(plan, ...)`'s round ->

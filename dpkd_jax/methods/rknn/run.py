@@ -1,9 +1,15 @@
 """`train_rknn`: reverse k-NN labelling rounds, then the student, end to end.
 
-Workdir: checkpoints/ (Orbax per round: student, public labels, PRNG key data; config, plan and
-ledger as metadata), privacy_ledger.json, results.json, record.json, metrics.csv and tb/ (all
-released values: the student and labels see only public data and the noisy counts). A run
-cannot be resumed: a workdir holding one is refused.
+Workdir: checkpoints/ (Orbax per round: student, public labels, PRNG key data; config, plan,
+ledger, root seed and the rounds' figures as metadata), privacy_ledger.json, results.json,
+record.json, metrics.csv and tb/ (all released values: the student and labels see only public
+data and the noisy counts).
+
+`resume=True` continues from the newest intact checkpoint: the representation is fitted again
+from the same key (public images only), the round after the checkpoint is replayed with the
+same keys, and the ledger continues the most-spent one on disk. Metrics share one step axis,
+the student's optimizer steps (a round or self-training round ends at `steps_per_round` times
+its number), so a resumed log drops exactly the rows of the replayed rounds.
 """
 
 from __future__ import annotations
@@ -87,8 +93,13 @@ def _cluster_purity(true_labels: np.ndarray, assignments: np.ndarray) -> float:
   return float(total / len(true_labels))
 
 
-def _load(config: config_lib.RKNNConfig, key: jax.Array, progress: bool, workdir: str
-          ) -> tuple[_Data, representations.Representation]:
+def _steps_per_round(config: config_lib.RKNNConfig, num_public: int) -> int:
+  """Optimizer steps of one round's student (`student.train_student`): the metrics' step unit."""
+  return num_public // min(config.student.batch_size, num_public) * config.student.epochs
+
+
+def _load(config: config_lib.RKNNConfig, key: jax.Array, progress: bool, workdir: str,
+          completed: int) -> tuple[_Data, representations.Representation]:
   """Private = train split (less a validation hold-out, `train.selection`); public / evaluation
   = the seeded halves of the test split; the representation is fitted on the public images."""
   private, validation = selection.hold_out(data.load(
@@ -102,9 +113,10 @@ def _load(config: config_lib.RKNNConfig, key: jax.Array, progress: bool, workdir
   public, evaluation = test.subset(public_indices), test.subset(eval_indices)
   representation = representations.fit(config.representation, public.images, key,
                                        config.representation_config, progress=progress)
+  monitor = selection.Monitor(workdir, evaluation, validation,
+                              resume_step=completed * _steps_per_round(config, len(public)))
   return _Data(private, public, evaluation, representation.embed(public.images),
-               representation.embed(private.images),
-               selection.Monitor(workdir, evaluation, validation)), representation
+               representation.embed(private.images), monitor), representation
 
 
 def _queried(config: config_lib.RKNNConfig, round_index: int, student: core.ModelParts | None,
@@ -181,104 +193,164 @@ def _student_metrics(monitor: selection.Monitor, student: core.ModelParts,
                                      "student_loss": metrics["loss"]}
 
 
-def _self_training_round(run: workdir_lib.Run, config: config_lib.RKNNConfig,
-                         plan: privacy.RKNNPlan, keys: Any, splits: Any,
-                         student: core.ModelParts, extra_round: int, *,
-                         writer: metrics_lib.MetricsWriter, progress: bool,
-                         per_round: list[dict[str, Any]], arrays_meta: tuple[Any, ...],
-                         step_offset: int) -> core.ModelParts:
+class _Progress(NamedTuple):
+  """What a checkpoint carries besides the arrays: the run's figures so far."""
+  root_seed: seeds.ResolvedSeed
+  config_json: dict[str, Any]
+  per_round: list[dict[str, Any]]
+  steps_per_round: int
+
+
+def _save(run: workdir_lib.Run, plan: privacy.RKNNPlan, ledger: Any, progress: _Progress,
+          monitor: selection.Monitor, root_key: jax.Array, student: core.ModelParts,
+          public_labels: np.ndarray, *, labelled: int, self_trained: int) -> None:
+  """Seals and checkpoints the state after `labelled` rounds and `self_trained` self-training
+  rounds (step: their sum)."""
+  arrays = run.seal({"student": {"params": student.params, "batch_stats": student.batch_stats},
+                     "public_labels": public_labels, "rng": jax.random.key_data(root_key)})
+  run.save(labelled + self_trained, arrays, {
+      "config": progress.config_json, "round": labelled, "self_training_round": self_trained,
+      "plan": plan.to_json(), "ledger": ledger.to_json(), "root_seed": list(progress.root_seed),
+      "per_round": progress.per_round, "monitor_last": monitor.last})
+
+
+def _restore(run: workdir_lib.Run, config: config_lib.RKNNConfig, root_key: jax.Array,
+             num_public: int, monitor: selection.Monitor
+             ) -> tuple[core.ModelParts, np.ndarray, list[dict[str, Any]], int]:
+  """(student, public labels, the rounds' figures, rounds done) of the checkpoint resumed."""
+  template = step_lib.init_state(config, jax.random.key(0), total_steps=1).parts  # shapes only
+  arrays, meta = run.restore({
+      "student": {"params": template.params, "batch_stats": template.batch_stats},
+      "public_labels": np.zeros(num_public, np.int32), "rng": jax.random.key_data(root_key)})
+  if "per_round" not in meta:
+    raise errors.UserError(f"checkpoint step {run.step} of {run.workdir!r} holds no per-round "
+                           "figures, so it cannot be resumed: start again in a fresh workdir")
+  monitor.last = dict(meta.get("monitor_last") or {})
+  student = core.ModelParts(template.graphdef, arrays["student"]["params"],
+                            arrays["student"]["batch_stats"])
+  return (student, np.asarray(arrays["public_labels"], np.int32), list(meta["per_round"]),
+          int(meta["round"]) + int(meta.get("self_training_round", 0)))
+
+
+def _labelling_round(run: workdir_lib.Run, config: config_lib.RKNNConfig,
+                     plan: privacy.RKNNPlan, train_step: step_lib.RoundStep, keys: Any,
+                     splits: Any, student: core.ModelParts | None, public_labels: np.ndarray,
+                     round_index: int, *, writer: metrics_lib.MetricsWriter, progress: bool,
+                     per_round: list[dict[str, Any]], steps_per_round: int
+                     ) -> tuple[core.ModelParts, np.ndarray]:
+  """One labelling round (`_label_round`'s release), then a fresh student on its labels;
+  evaluated and appended to `per_round`. Returns (the student, the public labels)."""
+  public_labels, record, spent = _label_round(run, plan, config, train_step, splits,
+                                              public_labels, student, round_index)
+  student = student_lib.train_student(
+      config, jax.random.fold_in(keys.student, round_index), splits.public.images,
+      public_labels, progress=progress, writer=writer, step_offset=round_index * steps_per_round,
+      desc=f"rknn round {round_index + 1}/{config.rounds} student")
+  end_step = (round_index + 1) * steps_per_round
+  student_metrics = _student_metrics(splits.monitor, student, end_step)
+  per_round.append({**record, **student_metrics, "ledger_epsilon": spent})
+  writer.write(end_step, {"label_accuracy": record["label_accuracy"],
+                          **{k: v for k, v in student_metrics.items() if k == "student_accuracy"},
+                          "epsilon": spent}, prefix="round/")
+  return student, public_labels
+
+
+def _self_training_round(config: config_lib.RKNNConfig, plan: privacy.RKNNPlan, keys: Any,
+                         splits: Any, student: core.ModelParts, extra_round: int, *,
+                         writer: metrics_lib.MetricsWriter, progress: bool, ledger: Any,
+                         per_round: list[dict[str, Any]], steps_per_round: int
+                         ) -> core.ModelParts:
   """One self-training round: `student`'s predictions relabel the public images, a fresh
-  student learns them; evaluated, appended to `per_round`, checkpointed. Returns it."""
-  public_labels, root_key, config_json, ledger = arrays_meta
+  student learns them; evaluated and appended to `per_round`. Returns it."""
   labels = np.argmax(evaluate_lib.predict_logits(student, splits.public.images, config.info),
                      axis=-1).astype(np.int32)
+  done = plan.releases + extra_round + 1  # rounds of either kind once this one ends
   student = student_lib.train_student(
       config, jax.random.fold_in(keys.student, _SELF_TRAINING_TAG + extra_round),
-      splits.public.images, labels, progress=progress, writer=writer, step_offset=step_offset,
+      splits.public.images, labels, progress=progress, writer=writer,
+      step_offset=(done - 1) * steps_per_round,
       desc=f"rknn self-training {extra_round + 1}/{config.student.self_training_rounds}")
-  student_metrics = _student_metrics(splits.monitor, student, plan.releases + extra_round + 1)
+  student_metrics = _student_metrics(splits.monitor, student, done * steps_per_round)
   per_round.append({"self_training_round": extra_round + 1,
                     "label_accuracy": float(np.mean(labels == splits.public.labels)),
                     **student_metrics, "ledger_epsilon": ledger.spent_epsilon()})
-  writer.write(plan.releases + extra_round + 1, {
+  writer.write(done * steps_per_round, {
       k: v for k, v in student_metrics.items() if k == "student_accuracy"},
       prefix="self_training/")
-  arrays = run.seal({"student": {"params": student.params, "batch_stats": student.batch_stats},
-                     "public_labels": public_labels, "rng": jax.random.key_data(root_key)})
-  run.save(plan.releases + extra_round + 1, arrays, {
-      "config": config_json, "round": plan.releases, "self_training_round": extra_round + 1,
-      "plan": plan.to_json(), "ledger": ledger.to_json()})
   return student
 
 
 @workdir_lib.run_scope
 def train_rknn(config: config_lib.RKNNConfig, workdir: str, *, resume: bool = False,
-               progress: bool = True) -> dict[str, Any]:
+               stop_after_rounds: int | None = None,
+               progress: bool = True) -> dict[str, Any] | None:
   """Runs reverse k-NN labelling and trains the student (package docstring).
 
   Args:
     config: the validated configuration.
-    workdir: output directory (created); one holding a checkpoint is refused.
-    resume: must be False: a reverse k-NN run cannot be resumed (`train.workdir.open_run`
-      refuses True in one line).
+    workdir: output directory (created); one holding a checkpoint is refused unless `resume`.
+    resume: continue the checkpoint in `workdir` (same config required; module docstring).
+    stop_after_rounds: end this invocation, checkpointed, after this many more rounds
+      (labelling and self-training rounds alike); None runs to the end.
     progress: show tqdm progress bars (SimCLR fit, student training).
 
   Returns:
-    The results (also `<workdir>/results.json`).
+    The results (also `<workdir>/results.json`), or None if stopped before the end (nothing
+    evaluated on the evaluation split, no results written: `resume` continues).
   """
-  # 1. Workdir: lock, refuse an existing run (not resumable), root seed
+  if not (stop_after_rounds is None or type(stop_after_rounds) is int and stop_after_rounds > 0):
+    raise ValueError(f"stop_after_rounds must be a positive integer or None, got "
+                     f"{stop_after_rounds!r}")
+  # 1. Workdir: lock, resume or refuse, root seed
   clock = outputs.RunClock()
   config_json = selection.config_json(config)
-  run = workdir_lib.open_run(workdir, kind="reverse k-NN", config=config_json, resume=resume,
-                             resumable=False)
+  run = workdir_lib.open_run(workdir, kind="reverse k-NN", config=config_json, resume=resume)
   started = time.time(), time.process_time()
   seed = run.root_seed(config.seed)
   root_key = seeds.root_key(seed)
   keys = _Keys(*jax.random.split(root_key, 4))
-  # 2. Data and representation (fitted on the public images only)
-  splits, representation = _load(config, keys.representation, progress, workdir)
+  completed = (int(run.saved["round"]) + int(run.saved.get("self_training_round", 0))
+               if run.resuming else 0)
+  # 2. Data and representation (fitted on the public images only; again alike on resume)
+  splits, representation = _load(config, keys.representation, progress, workdir, completed)
   # 3. Plan and ledger
   plan = privacy.make_plan(config)
   ledger = run.ledger(plan.new_ledger())
-  # 4. State: the public labels; a fresh student each round
-  writer = metrics_lib.MetricsWriter(workdir, resume_step=0)
+  # 4. State: the public labels and the rounds' figures; a fresh student each round
   num_public = len(splits.public)
-  steps_per_round = num_public // min(config.student.batch_size, num_public) * (
-      config.student.epochs)
-  public_labels = np.zeros(num_public, np.int32)
-  per_round, student = [], None
+  steps_per_round = _steps_per_round(config, num_public)
+  public_labels, per_round, student = np.zeros(num_public, np.int32), [], None
+  if run.resuming:
+    student, public_labels, per_round, completed = _restore(run, config, root_key, num_public,
+                                                            splits.monitor)
+  writer = metrics_lib.MetricsWriter(workdir, resume_step=completed * steps_per_round)
+  saved = _Progress(seed, config_json, per_round, steps_per_round)
+  total = plan.releases + config.student.self_training_rounds
+  stop = total if stop_after_rounds is None else min(total, completed + stop_after_rounds)
   train_step = step_lib.make_train_step(
       plan, config, public_embeddings=splits.public_embeddings,
       private_embeddings=splits.private_embeddings, private_labels=splits.private.labels,
       kmeans_key=keys.kmeans, noise_key=keys.noise)
   # 5. Train: charge -> release -> student -> seal -> save, one release per round
-  for round_index in range(plan.releases):
-    public_labels, record, spent = _label_round(run, plan, config, train_step, splits,
-                                                public_labels, student, round_index)
-    student = student_lib.train_student(
-        config, jax.random.fold_in(keys.student, round_index), splits.public.images,
-        public_labels, progress=progress, writer=writer,
-        step_offset=round_index * steps_per_round,
-        desc=f"rknn round {round_index + 1}/{config.rounds} student")
-    arrays = run.seal({"student": {"params": student.params, "batch_stats": student.batch_stats},
-                       "public_labels": public_labels, "rng": jax.random.key_data(root_key)})
-    student_metrics = _student_metrics(splits.monitor, student, round_index + 1)
-    per_round.append({**record, **student_metrics, "ledger_epsilon": spent})
-    writer.write(round_index + 1, {"label_accuracy": record["label_accuracy"],
-                                   **{k: v for k, v in student_metrics.items()
-                                      if k == "student_accuracy"},
-                                   "epsilon": spent}, prefix="round/")
-    run.save(round_index + 1, arrays, {"config": config_json, "round": round_index + 1,
-                                       "plan": plan.to_json(), "ledger": ledger.to_json()})
+  for round_index in range(completed, min(plan.releases, stop)):
+    student, public_labels = _labelling_round(
+        run, config, plan, train_step, keys, splits, student, public_labels, round_index,
+        writer=writer, progress=progress, per_round=per_round, steps_per_round=steps_per_round)
+    _save(run, plan, ledger, saved, splits.monitor, root_key, student, public_labels,
+          labelled=round_index + 1, self_trained=0)
   # 6. Self-training: the student relabels the public set, a fresh student learns it (no
   #    release, no charge: public images and the released labels only)
-  for extra_round in range(config.student.self_training_rounds):
-    student = _self_training_round(run, config, plan, keys, splits, student, extra_round,
-                                   writer=writer, progress=progress, per_round=per_round,
-                                   arrays_meta=(public_labels, root_key, config_json, ledger),
-                                   step_offset=(plan.releases + extra_round) * steps_per_round)
+  for extra_round in range(max(completed, plan.releases) - plan.releases,
+                           stop - plan.releases):
+    student = _self_training_round(config, plan, keys, splits, student, extra_round,
+                                   writer=writer, progress=progress, ledger=ledger,
+                                   per_round=per_round, steps_per_round=steps_per_round)
+    _save(run, plan, ledger, saved, splits.monitor, root_key, student, public_labels,
+          labelled=plan.releases, self_trained=extra_round + 1)
   writer.close()
   splits.monitor.close()
+  if stop < total:
+    return None
   final = {} if splits.monitor.validation is None else {  # the evaluation split, once
       f"student_{k}": v for k, v in evaluate_lib.evaluate(student, splits.evaluation).items()}
   # 7. Results record: the ledger's ε (dp_accounting, at δ), the paper's pure ε (δ = 0) beside
