@@ -9,10 +9,12 @@ import dataclasses
 import json
 import os
 
+import jax
 import numpy as np
 import pytest
 
 from dpkd_jax import data
+from dpkd_jax import errors
 from dpkd_jax import representations
 from dpkd_jax.methods import rknn
 from dpkd_jax.methods.rknn import run as rknn_run
@@ -23,6 +25,7 @@ from dpkd_jax.train import checkpoint
 from dpkd_jax.train import metrics as metrics_lib
 from dpkd_jax.train import outputs
 from dpkd_jax.train import records
+from dpkd_jax.train import sharding
 from experiments import rknn as rknn_cli
 
 TINY_STUDENT = rknn.StudentConfig(model="lenet5_half", epochs=1, batch_size=32)
@@ -284,3 +287,30 @@ def test_cli_stop_then_resume(tmp_path, capsys):
   with pytest.raises(SystemExit) as exit_info:
     rknn_cli.main([*flags, "--stop_after_rounds=0"])
   assert exit_info.value.code == 2
+
+
+def test_the_student_split_over_8_devices_equals_one_device():
+  """`train_student` with the batch split over the 8 test devices (a run's default mesh)
+  trains the same student as on one device, up to the order of float reductions."""
+  assert len(jax.devices()) == 8
+  config = _config()
+  public = data.load("digits", "test").subset(np.arange(64))
+  key = jax.random.key(3)
+  one = student_lib.train_student(config, key, public.images, public.labels,
+                                  mesh=sharding.data_mesh(jax.devices()[:1]))
+  eight = student_lib.train_student(config, key, public.images, public.labels,
+                                    mesh=sharding.data_mesh())
+  unsharded = student_lib.train_student(config, key, public.images, public.labels)
+  for a, b, c in zip(jax.tree.leaves((one.params, one.batch_stats)),
+                     jax.tree.leaves((eight.params, eight.batch_stats)),
+                     jax.tree.leaves((unsharded.params, unsharded.batch_stats))):
+    np.testing.assert_allclose(np.asarray(b), np.asarray(a), rtol=1e-4, atol=1e-5)
+    np.testing.assert_array_equal(np.asarray(c), np.asarray(a))
+
+
+def test_the_default_mesh_is_every_device_where_the_batch_splits_else_one_device():
+  assert rknn_run._student_mesh(None, 32).size == 8  # pylint: disable=protected-access
+  with pytest.warns(UserWarning, match="batch of 100 does not split over the 8 devices"):
+    assert rknn_run._student_mesh(None, 100) is None  # pylint: disable=protected-access
+  with pytest.raises(errors.UserError, match="not divisible by the 8 devices"):
+    rknn_run._student_mesh(sharding.data_mesh(), 100)  # pylint: disable=protected-access

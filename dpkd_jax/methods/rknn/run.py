@@ -16,10 +16,12 @@ from __future__ import annotations
 
 import json
 import time
+import warnings
 from typing import Any, NamedTuple
 
 import jax
 import numpy as np
+from jax.sharding import Mesh
 
 import dpkd_jax
 from dpkd_jax import data
@@ -35,6 +37,7 @@ from dpkd_jax.train import evaluate as evaluate_lib
 from dpkd_jax.train import metrics as metrics_lib
 from dpkd_jax.train import outputs
 from dpkd_jax.train import selection
+from dpkd_jax.train import sharding
 from dpkd_jax.train import workdir as workdir_lib
 
 
@@ -194,11 +197,38 @@ def _student_metrics(monitor: selection.Monitor, student: core.ModelParts,
 
 
 class _Progress(NamedTuple):
-  """What a checkpoint carries besides the arrays: the run's figures so far."""
+  """What the rounds share: the checkpoints' metadata besides the arrays (root seed, config,
+  the rounds' figures so far), the metrics' step unit and log, progress bars, the mesh."""
   root_seed: seeds.ResolvedSeed
   config_json: dict[str, Any]
   per_round: list[dict[str, Any]]
   steps_per_round: int
+  writer: metrics_lib.MetricsWriter
+  show: bool
+  mesh: Mesh | None
+
+
+def _student_mesh(mesh: Mesh | None, batch_size: int) -> Mesh | None:
+  """The mesh the students' batches are split over: `mesh` (its size must divide the batch), by
+  default all devices if the batch splits evenly over them, else None (one device, warned)."""
+  if mesh is not None:
+    sharding.check_divisible(batch_size, mesh)
+    return mesh
+  mesh = sharding.data_mesh()
+  if batch_size % mesh.size == 0:
+    return mesh
+  warnings.warn(f"the student batch of {batch_size} does not split over the {mesh.size} "
+                f"devices: the students train on one device (a batch size divisible by "
+                f"{mesh.size} uses them all)", stacklevel=3)
+  return None
+
+
+def _stop(stop_after_rounds: int | None, completed: int, total: int) -> int:
+  """The number of rounds done when this invocation ends (`train_rknn`'s stop_after_rounds)."""
+  if not (stop_after_rounds is None or type(stop_after_rounds) is int and stop_after_rounds > 0):
+    raise ValueError(f"stop_after_rounds must be a positive integer or None, got "
+                     f"{stop_after_rounds!r}")
+  return total if stop_after_rounds is None else min(total, completed + stop_after_rounds)
 
 
 def _save(run: workdir_lib.Run, plan: privacy.RKNNPlan, ledger: Any, progress: _Progress,
@@ -235,31 +265,28 @@ def _restore(run: workdir_lib.Run, config: config_lib.RKNNConfig, root_key: jax.
 def _labelling_round(run: workdir_lib.Run, config: config_lib.RKNNConfig,
                      plan: privacy.RKNNPlan, train_step: step_lib.RoundStep, keys: Any,
                      splits: Any, student: core.ModelParts | None, public_labels: np.ndarray,
-                     round_index: int, *, writer: metrics_lib.MetricsWriter, progress: bool,
-                     per_round: list[dict[str, Any]], steps_per_round: int
-                     ) -> tuple[core.ModelParts, np.ndarray]:
+                     round_index: int, ctx: _Progress) -> tuple[core.ModelParts, np.ndarray]:
   """One labelling round (`_label_round`'s release), then a fresh student on its labels;
   evaluated and appended to `per_round`. Returns (the student, the public labels)."""
   public_labels, record, spent = _label_round(run, plan, config, train_step, splits,
                                               public_labels, student, round_index)
   student = student_lib.train_student(
       config, jax.random.fold_in(keys.student, round_index), splits.public.images,
-      public_labels, progress=progress, writer=writer, step_offset=round_index * steps_per_round,
+      public_labels, progress=ctx.show, writer=ctx.writer, mesh=ctx.mesh,
+      step_offset=round_index * ctx.steps_per_round,
       desc=f"rknn round {round_index + 1}/{config.rounds} student")
-  end_step = (round_index + 1) * steps_per_round
+  end_step = (round_index + 1) * ctx.steps_per_round
   student_metrics = _student_metrics(splits.monitor, student, end_step)
-  per_round.append({**record, **student_metrics, "ledger_epsilon": spent})
-  writer.write(end_step, {"label_accuracy": record["label_accuracy"],
+  ctx.per_round.append({**record, **student_metrics, "ledger_epsilon": spent})
+  ctx.writer.write(end_step, {"label_accuracy": record["label_accuracy"],
                           **{k: v for k, v in student_metrics.items() if k == "student_accuracy"},
                           "epsilon": spent}, prefix="round/")
   return student, public_labels
 
 
 def _self_training_round(config: config_lib.RKNNConfig, plan: privacy.RKNNPlan, keys: Any,
-                         splits: Any, student: core.ModelParts, extra_round: int, *,
-                         writer: metrics_lib.MetricsWriter, progress: bool, ledger: Any,
-                         per_round: list[dict[str, Any]], steps_per_round: int
-                         ) -> core.ModelParts:
+                         splits: Any, student: core.ModelParts, extra_round: int,
+                         ledger: Any, ctx: _Progress) -> core.ModelParts:
   """One self-training round: `student`'s predictions relabel the public images, a fresh
   student learns them; evaluated and appended to `per_round`. Returns it."""
   labels = np.argmax(evaluate_lib.predict_logits(student, splits.public.images, config.info),
@@ -267,14 +294,14 @@ def _self_training_round(config: config_lib.RKNNConfig, plan: privacy.RKNNPlan, 
   done = plan.releases + extra_round + 1  # rounds of either kind once this one ends
   student = student_lib.train_student(
       config, jax.random.fold_in(keys.student, _SELF_TRAINING_TAG + extra_round),
-      splits.public.images, labels, progress=progress, writer=writer,
-      step_offset=(done - 1) * steps_per_round,
+      splits.public.images, labels, progress=ctx.show, writer=ctx.writer, mesh=ctx.mesh,
+      step_offset=(done - 1) * ctx.steps_per_round,
       desc=f"rknn self-training {extra_round + 1}/{config.student.self_training_rounds}")
-  student_metrics = _student_metrics(splits.monitor, student, done * steps_per_round)
-  per_round.append({"self_training_round": extra_round + 1,
+  student_metrics = _student_metrics(splits.monitor, student, done * ctx.steps_per_round)
+  ctx.per_round.append({"self_training_round": extra_round + 1,
                     "label_accuracy": float(np.mean(labels == splits.public.labels)),
                     **student_metrics, "ledger_epsilon": ledger.spent_epsilon()})
-  writer.write(done * steps_per_round, {
+  ctx.writer.write(done * ctx.steps_per_round, {
       k: v for k, v in student_metrics.items() if k == "student_accuracy"},
       prefix="self_training/")
   return student
@@ -282,8 +309,8 @@ def _self_training_round(config: config_lib.RKNNConfig, plan: privacy.RKNNPlan, 
 
 @workdir_lib.run_scope
 def train_rknn(config: config_lib.RKNNConfig, workdir: str, *, resume: bool = False,
-               stop_after_rounds: int | None = None,
-               progress: bool = True) -> dict[str, Any] | None:
+               stop_after_rounds: int | None = None, progress: bool = True,
+               mesh: Mesh | None = None) -> dict[str, Any] | None:
   """Runs reverse k-NN labelling and trains the student (package docstring).
 
   Args:
@@ -293,14 +320,14 @@ def train_rknn(config: config_lib.RKNNConfig, workdir: str, *, resume: bool = Fa
     stop_after_rounds: end this invocation, checkpointed, after this many more rounds
       (labelling and self-training rounds alike); None runs to the end.
     progress: show tqdm progress bars (SimCLR fit, student training).
+    mesh: a mesh with a 'data' axis over which the students' batches are split, whose size
+      must divide the student batch (default: all devices if it divides, else one device).
 
   Returns:
     The results (also `<workdir>/results.json`), or None if stopped before the end (nothing
     evaluated on the evaluation split, no results written: `resume` continues).
   """
-  if not (stop_after_rounds is None or type(stop_after_rounds) is int and stop_after_rounds > 0):
-    raise ValueError(f"stop_after_rounds must be a positive integer or None, got "
-                     f"{stop_after_rounds!r}")
+  _stop(stop_after_rounds, 0, 0)  # a bad value is refused before anything is written
   # 1. Workdir: lock, resume or refuse, root seed
   clock = outputs.RunClock()
   config_json = selection.config_json(config)
@@ -318,33 +345,32 @@ def train_rknn(config: config_lib.RKNNConfig, workdir: str, *, resume: bool = Fa
   ledger = run.ledger(plan.new_ledger())
   # 4. State: the public labels and the rounds' figures; a fresh student each round
   num_public = len(splits.public)
+  mesh = _student_mesh(mesh, min(config.student.batch_size, num_public))
   steps_per_round = _steps_per_round(config, num_public)
   public_labels, per_round, student = np.zeros(num_public, np.int32), [], None
   if run.resuming:
     student, public_labels, per_round, completed = _restore(run, config, root_key, num_public,
                                                             splits.monitor)
   writer = metrics_lib.MetricsWriter(workdir, resume_step=completed * steps_per_round)
-  saved = _Progress(seed, config_json, per_round, steps_per_round)
+  saved = _Progress(seed, config_json, per_round, steps_per_round, writer, progress, mesh)
   total = plan.releases + config.student.self_training_rounds
-  stop = total if stop_after_rounds is None else min(total, completed + stop_after_rounds)
+  stop = _stop(stop_after_rounds, completed, total)
   train_step = step_lib.make_train_step(
       plan, config, public_embeddings=splits.public_embeddings,
       private_embeddings=splits.private_embeddings, private_labels=splits.private.labels,
       kmeans_key=keys.kmeans, noise_key=keys.noise)
   # 5. Train: charge -> release -> student -> seal -> save, one release per round
   for round_index in range(completed, min(plan.releases, stop)):
-    student, public_labels = _labelling_round(
-        run, config, plan, train_step, keys, splits, student, public_labels, round_index,
-        writer=writer, progress=progress, per_round=per_round, steps_per_round=steps_per_round)
+    student, public_labels = _labelling_round(run, config, plan, train_step, keys, splits,
+                                              student, public_labels, round_index, saved)
     _save(run, plan, ledger, saved, splits.monitor, root_key, student, public_labels,
           labelled=round_index + 1, self_trained=0)
   # 6. Self-training: the student relabels the public set, a fresh student learns it (no
   #    release, no charge: public images and the released labels only)
   for extra_round in range(max(completed, plan.releases) - plan.releases,
                            stop - plan.releases):
-    student = _self_training_round(config, plan, keys, splits, student, extra_round,
-                                   writer=writer, progress=progress, ledger=ledger,
-                                   per_round=per_round, steps_per_round=steps_per_round)
+    student = _self_training_round(config, plan, keys, splits, student, extra_round, ledger,
+                                   saved)
     _save(run, plan, ledger, saved, splits.monitor, root_key, student, public_labels,
           labelled=plan.releases, self_trained=extra_round + 1)
   writer.close()

@@ -24,6 +24,7 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 from flax import nnx
+from jax.sharding import Mesh
 
 from dpkd_jax import data
 from dpkd_jax import kernels
@@ -33,6 +34,7 @@ from dpkd_jax.methods.rknn import privacy
 from dpkd_jax.methods.rknn import votes
 from dpkd_jax.models import core
 from dpkd_jax.representations import augment
+from dpkd_jax.train import sharding
 from dpkd_jax.train.state import TrainState
 
 
@@ -107,9 +109,11 @@ def make_train_step(plan: privacy.RKNNPlan, config: config_lib.RKNNConfig, *,
 
 
 @kernels.cache_per_ops
-def build_student_step(config: config_lib.StudentConfig, info: data.DatasetInfo):
+def build_student_step(config: config_lib.StudentConfig, info: data.DatasetInfo,
+                       mesh: Mesh | None = None):
   """Jitted `(state, images_uint8, labels, key) -> (state, metrics)`, state donated; cached
-  per (config, dataset) so that every round of a run shares one compilation."""
+  per (config, dataset, mesh) so that every round of a run shares one compilation. With a
+  `mesh`, the batch comes split over its 'data' axis and state and metrics stay replicated."""
 
   def train_step(state: TrainState, images_uint8: jax.Array, labels: jax.Array,
                  key: jax.Array):
@@ -131,4 +135,7 @@ def build_student_step(config: config_lib.StudentConfig, info: data.DatasetInfo)
     state = state.apply_gradients(grads, new_stats)
     return state, {"loss": loss, "accuracy": jnp.mean(jnp.argmax(logits, -1) == labels)}
 
-  return jax.jit(train_step, donate_argnums=0)
+  if mesh is None:
+    return jax.jit(train_step, donate_argnums=0)
+  replicated = sharding.replicated(mesh)
+  return jax.jit(train_step, donate_argnums=0, out_shardings=(replicated, replicated))

@@ -8,6 +8,7 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 import numpy as np
+from jax.sharding import Mesh
 
 from dpkd_jax import data
 from dpkd_jax.methods.rknn import config as config_lib
@@ -15,6 +16,7 @@ from dpkd_jax.methods.rknn import step as step_lib
 from dpkd_jax.models import core
 from dpkd_jax.train import evaluate as evaluate_lib
 from dpkd_jax.train import metrics as metrics_lib
+from dpkd_jax.train import sharding
 from dpkd_jax.train.progress import StepBar
 
 _LOG_EVERY_STEPS = 50
@@ -23,7 +25,7 @@ _LOG_EVERY_STEPS = 50
 def train_student(config: config_lib.RKNNConfig, key: jax.Array, images: np.ndarray,
                   labels: np.ndarray, *, progress: bool = False,
                   writer: metrics_lib.MetricsWriter | None = None, step_offset: int = 0,
-                  desc: str = "student") -> core.ModelParts:
+                  desc: str = "student", mesh: Mesh | None = None) -> core.ModelParts:
   """Trains a fresh student (`config.student`, on `config.info`) on (public images, DP labels).
 
   Args:
@@ -35,6 +37,8 @@ def train_student(config: config_lib.RKNNConfig, key: jax.Array, images: np.ndar
     writer: optional metrics writer (train loss every 50 steps, at `step_offset + step`).
     step_offset: added to the logged steps (rounds share one metrics file).
     desc: progress bar label.
+    mesh: a mesh with a 'data' axis: each batch split over it, the state replicated (the
+      batch size must divide by its size); None: one device.
 
   Returns:
     The trained model's `ModelParts`.
@@ -46,15 +50,19 @@ def train_student(config: config_lib.RKNNConfig, key: jax.Array, images: np.ndar
   init_key, order_key, augment_key = jax.random.split(key, 3)
   total_steps = len(images) // batch_size * student.epochs
   state = step_lib.init_state(config, init_key, total_steps=total_steps)
-  train_step = step_lib.build_student_step(student, config.info)
+  train_step = step_lib.build_student_step(student, config.info, mesh)
+  if mesh is not None:
+    state = sharding.replicate(state, mesh)
   labels = np.asarray(labels, np.int32)
   bar = StepBar(total=total_steps, disable=not progress, desc=desc)
   step = 0  # Host-side counter: reading state.step would block on every dispatch.
   for epoch in range(student.epochs):
     for indices in data.epoch_batches(jax.random.fold_in(order_key, epoch), len(images),
                                       batch_size):
-      state, step_metrics = train_step(state, images[indices], labels[indices],
-                                       jax.random.fold_in(augment_key, step))
+      batch = (images[indices], labels[indices])
+      if mesh is not None:
+        batch = sharding.shard_batch(batch, mesh)
+      state, step_metrics = train_step(state, *batch, jax.random.fold_in(augment_key, step))
       step += 1
       bar.update(1)
       if step % _LOG_EVERY_STEPS == 0 or step == total_steps:
