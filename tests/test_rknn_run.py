@@ -250,6 +250,23 @@ def test_a_stopped_run_resumes_to_the_uninterrupted_one(tmp_path, stop_after):
           == metrics_lib.read_metrics(str(tmp_path / "whole")))  # each step logged once
 
 
+def test_a_run_with_a_hold_out_resumes_to_the_same_private_figures(tmp_path):
+  """Resumed after the last labelling round: the hold-out's figures (private diagnostics) are
+  those of the uninterrupted run, and no checkpoint holds them."""
+  config = _config(validation_examples=100,
+                   student=dataclasses.replace(TINY_STUDENT, self_training_rounds=1))
+  whole = rknn.train_rknn(config, str(tmp_path / "whole"), progress=False)
+  workdir = str(tmp_path / "parts")
+  rknn.train_rknn(config, workdir, progress=False, stop_after_rounds=1)
+  meta = checkpoint.restore_metadata(os.path.join(workdir, "checkpoints"))
+  dumped = json.dumps({k: v for k, v in meta.items() if k != "config"})
+  assert "validation" not in dumped and "student_accuracy" not in dumped
+  resumed = rknn.train_rknn(config, workdir, resume=True, progress=False)
+  _same_run(resumed, whole)
+  assert resumed[outputs.PRIVATE_KEY] == {
+      **whole[outputs.PRIVATE_KEY], "files": resumed[outputs.PRIVATE_KEY].get("files")}
+
+
 def test_a_killed_run_resumes_with_its_secret_seed_and_replays_the_round(tmp_path, monkeypatch):
   """Killed while the second round's student trains (after its release was charged): the
   resumed run replays that round with the same keys, under the secret seed it saved."""

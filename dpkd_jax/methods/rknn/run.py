@@ -232,8 +232,8 @@ def _stop(stop_after_rounds: int | None, completed: int, total: int) -> int:
 
 
 def _save(run: workdir_lib.Run, plan: privacy.RKNNPlan, ledger: Any, progress: _Progress,
-          monitor: selection.Monitor, root_key: jax.Array, student: core.ModelParts,
-          public_labels: np.ndarray, *, labelled: int, self_trained: int) -> None:
+          root_key: jax.Array, student: core.ModelParts, public_labels: np.ndarray, *,
+          labelled: int, self_trained: int) -> None:
   """Seals and checkpoints the state after `labelled` rounds and `self_trained` self-training
   rounds (step: their sum)."""
   arrays = run.seal({"student": {"params": student.params, "batch_stats": student.batch_stats},
@@ -241,7 +241,7 @@ def _save(run: workdir_lib.Run, plan: privacy.RKNNPlan, ledger: Any, progress: _
   run.save(labelled + self_trained, arrays, {
       "config": progress.config_json, "round": labelled, "self_training_round": self_trained,
       "plan": plan.to_json(), "ledger": ledger.to_json(), "root_seed": list(progress.root_seed),
-      "per_round": progress.per_round, "monitor_last": monitor.last})
+      "per_round": progress.per_round})
 
 
 def _restore(run: workdir_lib.Run, config: config_lib.RKNNConfig, root_key: jax.Array,
@@ -255,9 +255,10 @@ def _restore(run: workdir_lib.Run, config: config_lib.RKNNConfig, root_key: jax.
   if "per_round" not in meta:
     raise errors.UserError(f"checkpoint step {run.step} of {run.workdir!r} holds no per-round "
                            "figures, so it cannot be resumed: start again in a fresh workdir")
-  monitor.last = dict(meta.get("monitor_last") or {})
   student = core.ModelParts(template.graphdef, arrays["student"]["params"],
                             arrays["student"]["batch_stats"])
+  if monitor.validation is not None:  # the hold-out's figures (private: kept out of checkpoints)
+    monitor.last = dict(evaluate_lib.evaluate(student, monitor.validation))
   return (student, np.asarray(arrays["public_labels"], np.int32), list(meta["per_round"]),
           int(meta["round"]) + int(meta.get("self_training_round", 0)))
 
@@ -363,7 +364,7 @@ def train_rknn(config: config_lib.RKNNConfig, workdir: str, *, resume: bool = Fa
   for round_index in range(completed, min(plan.releases, stop)):
     student, public_labels = _labelling_round(run, config, plan, train_step, keys, splits,
                                               student, public_labels, round_index, saved)
-    _save(run, plan, ledger, saved, splits.monitor, root_key, student, public_labels,
+    _save(run, plan, ledger, saved, root_key, student, public_labels,
           labelled=round_index + 1, self_trained=0)
   # 6. Self-training: the student relabels the public set, a fresh student learns it (no
   #    release, no charge: public images and the released labels only)
@@ -371,7 +372,7 @@ def train_rknn(config: config_lib.RKNNConfig, workdir: str, *, resume: bool = Fa
                            stop - plan.releases):
     student = _self_training_round(config, plan, keys, splits, student, extra_round, ledger,
                                    saved)
-    _save(run, plan, ledger, saved, splits.monitor, root_key, student, public_labels,
+    _save(run, plan, ledger, saved, root_key, student, public_labels,
           labelled=plan.releases, self_trained=extra_round + 1)
   writer.close()
   splits.monitor.close()
