@@ -123,7 +123,7 @@ class _ForkServer:
     self.proc.wait()
 
 
-FORKED_MODULES = ("dpsgd", "dpdfd", "rona", "srr", "teacher")
+FORKED_MODULES = ("dpsgd", "dpdfd", "rona", "srr", "rknn", "teacher")
 _servers: dict[str, _ForkServer | None] = {}  # by compilation cache directory
 
 

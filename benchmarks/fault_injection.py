@@ -9,7 +9,8 @@ runs are forked from one interpreter that has imported the CLIs (`fault_forkserv
 same code from `main` on, without paying Python's and JAX's start-up in every run; the
 file-size-limited run is spawned):
   * kill -9 a DP-SGD, a DPDFD (with a per-class replay memory), a RONA (cosine rates, shifted
-    self learning) and an SRR run (with replay of earlier stages) at a random release (after
+    self learning), an SRR (with replay of earlier stages) and a reverse k-NN run (with
+    self-training) at a random release (after
     the k-th charge of the ledger file, plus a random delay), then resume: the same final
     arrays (replay buffers and optimizers included), results, metrics.csv and ledger as the
     uninterrupted run; the ledger file, polled throughout, never goes down;
@@ -25,8 +26,9 @@ file-size-limited run is spawned):
     is empty, a DPDFD batch that cannot fit in memory (`--batch_size=1000000000`), and a file
     size limit (`ulimit -f 40`) the first checkpoint exceeds (the line names the file; the
     ledger then holds only what was released).
-`tests/test_fault_injection.py` runs these scenarios in CI, with one of DPDFD, RONA and SRR
-(drawn by the seed) killed beside DP-SGD; `--methods` picks them here (default: all three).
+`tests/test_fault_injection.py` runs these scenarios in CI, with one of DPDFD, RONA, SRR and
+reverse k-NN (drawn by the seed) killed beside DP-SGD; `--methods` picks them here (default:
+all four).
 """
 
 from __future__ import annotations
@@ -68,6 +70,7 @@ def dpdfd_flags(teacher_dir: str) -> list[str]:
 
 RONA_RELEASES = 3  # one charge per query epoch: hint, then distillation in each of 2 rounds
 SRR_RELEASES = 3  # one charge per stage
+RKNN_RELEASES = 3  # one charge per labelling round
 
 
 def rona_flags(teacher_dir: str) -> list[str]:
@@ -87,6 +90,14 @@ def srr_flags(teacher_dir: str) -> list[str]:
           "--pretrain_steps=2", "--pretrain_batch_size=16", "--stages=3",
           "--samples_per_stage=32", "--batch_size=16", "--student_epochs=2",
           "--student_replay", "--seed=0", "--no_progress"]
+
+
+def rknn_flags(teacher_dir: str) -> list[str]:
+  del teacher_dir  # the private records vote: reverse k-NN has no teacher
+  return ["--dataset=digits", "--num_queries=10", "--k=1", "--epsilon=3", "--rounds=3",
+          "--uncertain_fraction=0.5", "--kmeans_restarts=1", "--kmeans_iterations=10",
+          "--student_model=lenet5_half", "--epochs=1", "--batch_size=32",
+          "--self_training_rounds=1", "--seed=0", "--no_progress"]
 
 
 def concurrent_start(module: str, flags: list[str], workdir: str) -> tuple[Outcome, int]:
@@ -196,7 +207,7 @@ def bad_input(tmp: str) -> dict[str, Outcome]:
   }
 
 
-TEACHER_METHODS = {  # method -> (flags given the teacher's dir, charges in a run, result keys)
+KILLED_METHODS = {  # method -> (flags given the teacher's dir, charges in a run, result keys)
     "dpdfd": (dpdfd_flags, DPDFD_RELEASES,
               ("test_accuracy", "epsilon", "steps", "released_rows_per_class",
                "replay_rows_written_per_class", "replay_rows_held_per_class")),
@@ -204,10 +215,12 @@ TEACHER_METHODS = {  # method -> (flags given the teacher's dir, charges in a ru
              ("test_accuracy", "test_loss", "epsilon", "num_queries_executed", "units_done")),
     "srr": (srr_flags, SRR_RELEASES,
             ("test_accuracy", "labels_epsilon", "num_queries", "record_level_epsilon")),
+    "rknn": (rknn_flags, RKNN_RELEASES,
+             ("student_accuracy", "label_accuracy", "ledger_epsilon", "per_round")),
 }
 
 
-def run_all(tmp: str, seed: int, methods: tuple[str, ...] = tuple(TEACHER_METHODS)
+def run_all(tmp: str, seed: int, methods: tuple[str, ...] = tuple(KILLED_METHODS)
             ) -> dict[str, Outcome]:
   """Every scenario; returns their outcomes by key (concurrent, kill_dpsgd, corrupt,
   all_corrupt, offline, overflow_flag, empty_test, file_size_limit, dpdfd_batch, and
@@ -219,7 +232,7 @@ def run_all(tmp: str, seed: int, methods: tuple[str, ...] = tuple(TEACHER_METHOD
   """
   _cache_dir[:] = [os.path.join(tmp, "jax_cache")]
   rng = random.Random(seed)
-  rngs = {name: random.Random(rng.getrandbits(64)) for name in ("dpsgd", *TEACHER_METHODS)}
+  rngs = {name: random.Random(rng.getrandbits(64)) for name in ("dpsgd", *KILLED_METHODS)}
   d = {name: os.path.join(tmp, name) for name in (
       "dpsgd_ref", "dpsgd_killed", "dpsgd_corrupt", "dpsgd_all_corrupt", "teacher",
       *(f"{m}_{kind}" for m in methods for kind in ("ref", "killed")))}
@@ -235,7 +248,7 @@ def run_all(tmp: str, seed: int, methods: tuple[str, ...] = tuple(TEACHER_METHOD
                  d["dpsgd_ref"], d["dpsgd_all_corrupt"], every=True)))
 
   def reference_then_kill(method: str) -> None:
-    flags_of, releases, _ = TEACHER_METHODS[method]
+    flags_of, releases, _ = KILLED_METHODS[method]
     flags = flags_of(d["teacher"])
     code, _, err = run(method, flags, d[f"{method}_ref"])
     outcomes[f"{method}_ref"] = Outcome(f"{method} reference", "an uninterrupted run",
@@ -267,7 +280,7 @@ def run_all(tmp: str, seed: int, methods: tuple[str, ...] = tuple(TEACHER_METHOD
   finally:
     stop_fork_servers()
   kills = {"dpsgd": ("test_accuracy", "test_loss", "epsilon"),
-           **{m: TEACHER_METHODS[m][2] for m in methods}}
+           **{m: KILLED_METHODS[m][2] for m in methods}}
   for method, keys in kills.items():
     key, ref = f"kill_{method}", d[f"{method}_ref"]
     if key in outcomes and not outcomes[key].problems and os.path.exists(
@@ -280,12 +293,12 @@ def main() -> None:
   p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
   p.add_argument("--seed", type=int, default=None, help="kill points (default: random)")
   p.add_argument("--workdir", default=None, help="keep the runs here (default: a temp dir)")
-  p.add_argument("--methods", default=",".join(TEACHER_METHODS),
-                 help="the methods of a teacher killed beside DP-SGD (default: all)")
+  p.add_argument("--methods", default=",".join(KILLED_METHODS),
+                 help="the methods killed beside DP-SGD (default: all)")
   a = p.parse_args()
   methods = tuple(m for m in a.methods.split(",") if m)
-  if set(methods) - set(TEACHER_METHODS):
-    p.error(f"--methods: choose among {', '.join(TEACHER_METHODS)}")
+  if set(methods) - set(KILLED_METHODS):
+    p.error(f"--methods: choose among {', '.join(KILLED_METHODS)}")
   seed = random.SystemRandom().randrange(2**32) if a.seed is None else a.seed
   tmp = a.workdir or tempfile.mkdtemp(prefix="fault_injection_")
   started = time.time()

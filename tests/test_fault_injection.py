@@ -6,10 +6,10 @@ tiny digits runs compared with an uninterrupted run. The kill points come from a
 (set DPKD_FAULT_SEED to replay one); the report of what was tried is printed in the pytest
 summary (single-process runs only) and in every failure message.
 
-Beside DP-SGD, the seed also draws which method of a teacher (DPDFD, RONA or SRR) is killed:
-one each run keeps the file within its CI budget (every run still covers a teacher, a
-replaying resume and a second CLI's ledger), and the draws cover all three over runs;
-`python benchmarks/fault_injection.py` kills all three. Each method's resume is also checked
+Beside DP-SGD, the seed also draws which other method (DPDFD, RONA, SRR or reverse k-NN) is
+killed: one each run keeps the file within its CI budget (every run still trains a teacher and
+covers a replaying resume and a second CLI's ledger), and the draws cover all four over runs;
+`python benchmarks/fault_injection.py` kills all four. Each method's resume is also checked
 bit for bit in-process (tests/test_<method>_run.py).
 """
 
@@ -35,8 +35,8 @@ def _script():
 
 
 def drawn_method(module, seed: int) -> str:
-  """The method of a teacher this seed kills (its own draw: the kill points are unchanged)."""
-  return random.Random(f"method {seed}").choice(sorted(module.TEACHER_METHODS))
+  """The method this seed kills beside DP-SGD (its own draw: the kill points are unchanged)."""
+  return random.Random(f"method {seed}").choice(sorted(module.KILLED_METHODS))
 
 
 @pytest.fixture(scope="module")
@@ -72,9 +72,9 @@ def test_kill_9_of_a_drawn_method_at_a_random_release_then_resume_loses_nothing(
   _check(injected, f"kill_{method}")
 
 
-def test_each_method_of_a_teacher_is_drawn():
+def test_each_method_is_drawn():
   module = _script()
-  assert {drawn_method(module, seed) for seed in range(30)} == set(module.TEACHER_METHODS)
+  assert {drawn_method(module, seed) for seed in range(30)} == set(module.KILLED_METHODS)
 
 
 def test_overwritten_newest_checkpoint_falls_back_to_the_same_end(injected):
