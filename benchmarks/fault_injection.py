@@ -10,8 +10,8 @@ same code from `main` on, without paying Python's and JAX's start-up in every ru
 file-size-limited run is spawned):
   * kill -9 a DP-SGD, a DPDFD (with a per-class replay memory), a RONA (cosine rates, shifted
     self learning), an SRR (with replay of earlier stages) and a reverse k-NN run (with
-    self-training) at a random release (after
-    the k-th charge of the ledger file, plus a random delay), then resume: the same final
+    self-training) at a random release (after the k-th charge of the ledger file, plus a
+    random delay), then resume: the same final
     arrays (replay buffers and optimizers included), results, metrics.csv and ledger as the
     uninterrupted run; the ledger file, polled throughout, never goes down;
   * overwrite 8 bytes of the newest checkpoint's array file and `--resume`: the run falls back

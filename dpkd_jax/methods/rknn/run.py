@@ -96,11 +96,6 @@ def _cluster_purity(true_labels: np.ndarray, assignments: np.ndarray) -> float:
   return float(total / len(true_labels))
 
 
-def _steps_per_round(config: config_lib.RKNNConfig, num_public: int) -> int:
-  """Optimizer steps of one round's student (`student.train_student`): the metrics' step unit."""
-  return num_public // min(config.student.batch_size, num_public) * config.student.epochs
-
-
 def _load(config: config_lib.RKNNConfig, key: jax.Array, progress: bool, workdir: str,
           completed: int) -> tuple[_Data, representations.Representation]:
   """Private = train split (less a validation hold-out, `train.selection`); public / evaluation
@@ -117,7 +112,7 @@ def _load(config: config_lib.RKNNConfig, key: jax.Array, progress: bool, workdir
   representation = representations.fit(config.representation, public.images, key,
                                        config.representation_config, progress=progress)
   monitor = selection.Monitor(workdir, evaluation, validation,
-                              resume_step=completed * _steps_per_round(config, len(public)))
+                              resume_step=completed * student_lib.steps(config, len(public)))
   return _Data(private, public, evaluation, representation.embed(public.images),
                representation.embed(private.images), monitor), representation
 
@@ -231,7 +226,7 @@ def _stop(stop_after_rounds: int | None, completed: int, total: int) -> int:
   return total if stop_after_rounds is None else min(total, completed + stop_after_rounds)
 
 
-def _save(run: workdir_lib.Run, plan: privacy.RKNNPlan, ledger: Any, progress: _Progress,
+def _save(run: workdir_lib.Run, plan: privacy.RKNNPlan, ledger: Any, ctx: _Progress,
           root_key: jax.Array, student: core.ModelParts, public_labels: np.ndarray, *,
           labelled: int, self_trained: int) -> None:
   """Seals and checkpoints the state after `labelled` rounds and `self_trained` self-training
@@ -239,15 +234,15 @@ def _save(run: workdir_lib.Run, plan: privacy.RKNNPlan, ledger: Any, progress: _
   arrays = run.seal({"student": {"params": student.params, "batch_stats": student.batch_stats},
                      "public_labels": public_labels, "rng": jax.random.key_data(root_key)})
   run.save(labelled + self_trained, arrays, {
-      "config": progress.config_json, "round": labelled, "self_training_round": self_trained,
-      "plan": plan.to_json(), "ledger": ledger.to_json(), "root_seed": list(progress.root_seed),
-      "per_round": progress.per_round})
+      "config": ctx.config_json, "round": labelled, "self_training_round": self_trained,
+      "plan": plan.to_json(), "ledger": ledger.to_json(), "root_seed": list(ctx.root_seed),
+      "per_round": ctx.per_round})
 
 
 def _restore(run: workdir_lib.Run, config: config_lib.RKNNConfig, root_key: jax.Array,
              num_public: int, monitor: selection.Monitor
-             ) -> tuple[core.ModelParts, np.ndarray, list[dict[str, Any]], int]:
-  """(student, public labels, the rounds' figures, rounds done) of the checkpoint resumed."""
+             ) -> tuple[core.ModelParts, np.ndarray, list[dict[str, Any]]]:
+  """(student, public labels, the rounds' figures) of the checkpoint resumed."""
   template = step_lib.init_state(config, jax.random.key(0), total_steps=1).parts  # shapes only
   arrays, meta = run.restore({
       "student": {"params": template.params, "batch_stats": template.batch_stats},
@@ -259,8 +254,7 @@ def _restore(run: workdir_lib.Run, config: config_lib.RKNNConfig, root_key: jax.
                             arrays["student"]["batch_stats"])
   if monitor.validation is not None:  # the hold-out's figures (private: kept out of checkpoints)
     monitor.last = dict(evaluate_lib.evaluate(student, monitor.validation))
-  return (student, np.asarray(arrays["public_labels"], np.int32), list(meta["per_round"]),
-          int(meta["round"]) + int(meta.get("self_training_round", 0)))
+  return student, np.asarray(arrays["public_labels"], np.int32), list(meta["per_round"])
 
 
 def _labelling_round(run: workdir_lib.Run, config: config_lib.RKNNConfig,
@@ -279,9 +273,10 @@ def _labelling_round(run: workdir_lib.Run, config: config_lib.RKNNConfig,
   end_step = (round_index + 1) * ctx.steps_per_round
   student_metrics = _student_metrics(splits.monitor, student, end_step)
   ctx.per_round.append({**record, **student_metrics, "ledger_epsilon": spent})
-  ctx.writer.write(end_step, {"label_accuracy": record["label_accuracy"],
-                          **{k: v for k, v in student_metrics.items() if k == "student_accuracy"},
-                          "epsilon": spent}, prefix="round/")
+  ctx.writer.write(end_step, {
+      "label_accuracy": record["label_accuracy"],
+      **{k: v for k, v in student_metrics.items() if k == "student_accuracy"},
+      "epsilon": spent}, prefix="round/")
   return student, public_labels
 
 
@@ -300,8 +295,8 @@ def _self_training_round(config: config_lib.RKNNConfig, plan: privacy.RKNNPlan, 
       desc=f"rknn self-training {extra_round + 1}/{config.student.self_training_rounds}")
   student_metrics = _student_metrics(splits.monitor, student, done * ctx.steps_per_round)
   ctx.per_round.append({"self_training_round": extra_round + 1,
-                    "label_accuracy": float(np.mean(labels == splits.public.labels)),
-                    **student_metrics, "ledger_epsilon": ledger.spent_epsilon()})
+                        "label_accuracy": float(np.mean(labels == splits.public.labels)),
+                        **student_metrics, "ledger_epsilon": ledger.spent_epsilon()})
   ctx.writer.write(done * ctx.steps_per_round, {
       k: v for k, v in student_metrics.items() if k == "student_accuracy"},
       prefix="self_training/")
@@ -338,7 +333,7 @@ def train_rknn(config: config_lib.RKNNConfig, workdir: str, *, resume: bool = Fa
   root_key = seeds.root_key(seed)
   keys = _Keys(*jax.random.split(root_key, 4))
   completed = (int(run.saved["round"]) + int(run.saved.get("self_training_round", 0))
-               if run.resuming else 0)
+               if run.resuming else 0)  # rounds of either kind in the checkpoint resumed
   # 2. Data and representation (fitted on the public images only; again alike on resume)
   splits, representation = _load(config, keys.representation, progress, workdir, completed)
   # 3. Plan and ledger
@@ -347,13 +342,13 @@ def train_rknn(config: config_lib.RKNNConfig, workdir: str, *, resume: bool = Fa
   # 4. State: the public labels and the rounds' figures; a fresh student each round
   num_public = len(splits.public)
   mesh = _student_mesh(mesh, min(config.student.batch_size, num_public))
-  steps_per_round = _steps_per_round(config, num_public)
+  steps_per_round = student_lib.steps(config, num_public)
   public_labels, per_round, student = np.zeros(num_public, np.int32), [], None
   if run.resuming:
-    student, public_labels, per_round, completed = _restore(run, config, root_key, num_public,
-                                                            splits.monitor)
+    student, public_labels, per_round = _restore(run, config, root_key, num_public,
+                                                 splits.monitor)
   writer = metrics_lib.MetricsWriter(workdir, resume_step=completed * steps_per_round)
-  saved = _Progress(seed, config_json, per_round, steps_per_round, writer, progress, mesh)
+  ctx = _Progress(seed, config_json, per_round, steps_per_round, writer, progress, mesh)
   total = plan.releases + config.student.self_training_rounds
   stop = _stop(stop_after_rounds, completed, total)
   train_step = step_lib.make_train_step(
@@ -363,16 +358,16 @@ def train_rknn(config: config_lib.RKNNConfig, workdir: str, *, resume: bool = Fa
   # 5. Train: charge -> release -> student -> seal -> save, one release per round
   for round_index in range(completed, min(plan.releases, stop)):
     student, public_labels = _labelling_round(run, config, plan, train_step, keys, splits,
-                                              student, public_labels, round_index, saved)
-    _save(run, plan, ledger, saved, root_key, student, public_labels,
+                                              student, public_labels, round_index, ctx)
+    _save(run, plan, ledger, ctx, root_key, student, public_labels,
           labelled=round_index + 1, self_trained=0)
   # 6. Self-training: the student relabels the public set, a fresh student learns it (no
   #    release, no charge: public images and the released labels only)
   for extra_round in range(max(completed, plan.releases) - plan.releases,
                            stop - plan.releases):
     student = _self_training_round(config, plan, keys, splits, student, extra_round, ledger,
-                                   saved)
-    _save(run, plan, ledger, saved, root_key, student, public_labels,
+                                   ctx)
+    _save(run, plan, ledger, ctx, root_key, student, public_labels,
           labelled=plan.releases, self_trained=extra_round + 1)
   writer.close()
   splits.monitor.close()

@@ -22,6 +22,11 @@ from dpkd_jax.train.progress import StepBar
 _LOG_EVERY_STEPS = 50
 
 
+def steps(config: config_lib.RKNNConfig, num_images: int) -> int:
+  """Optimizer steps of `train_student` on `num_images` images (full batches, all epochs)."""
+  return num_images // min(config.student.batch_size, num_images) * config.student.epochs
+
+
 def train_student(config: config_lib.RKNNConfig, key: jax.Array, images: np.ndarray,
                   labels: np.ndarray, *, progress: bool = False,
                   writer: metrics_lib.MetricsWriter | None = None, step_offset: int = 0,
@@ -48,7 +53,7 @@ def train_student(config: config_lib.RKNNConfig, key: jax.Array, images: np.ndar
   student = config.student
   batch_size = min(student.batch_size, len(images))
   init_key, order_key, augment_key = jax.random.split(key, 3)
-  total_steps = len(images) // batch_size * student.epochs
+  total_steps = steps(config, len(images))
   state = step_lib.init_state(config, init_key, total_steps=total_steps)
   train_step = step_lib.build_student_step(student, config.info, mesh)
   if mesh is not None:
