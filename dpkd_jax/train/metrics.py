@@ -40,7 +40,8 @@ def _summary_writer_class():
   process that logs metrics, which never hands it a torch tensor. If nothing has imported
   torch yet, torch is marked absent for the length of that import and unmarked after it;
   torch imports as usual afterwards, and tensorboardX converts torch tensors through its
-  `x2num`, which imports torch when it meets one.
+  `x2num`, which imports torch when it meets one. (Another thread importing torch during
+  that one import, at a process's first writer, would see it absent.)
   """
   if "tensorboardX.writer" in sys.modules or "torch" in sys.modules:
     from tensorboardX import SummaryWriter  # pylint: disable=g-import-not-at-top
