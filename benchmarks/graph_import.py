@@ -44,7 +44,6 @@ def _source(name: str, directory: str) -> tuple[str, str]:
   """(framework, the saved file) of test model `name`, for digits."""
   sys.path.insert(0, str(_ROOT / "tests"))
   import graph_fixtures  # pylint: disable=import-outside-toplevel
-  import torch_fixtures  # pylint: disable=import-outside-toplevel
   if name == "keras":
     path = os.path.join(directory, "teacher.keras")
     graph_fixtures.keras_model().save(path)
@@ -54,15 +53,7 @@ def _source(name: str, directory: str) -> tuple[str, str]:
   if name == "custom":
     model = graph_fixtures.graph_custom()
   else:
-    model = getattr(graph_fixtures.torchvision_models(), name)(num_classes=10)
-    first = model.conv1 if name == "resnet50" else model.features[0][0]
-    gray = torch.nn.Conv2d(1, first.out_channels, first.kernel_size, first.stride,
-                           first.padding, bias=False)
-    if name == "resnet50":
-      model.conv1 = gray
-    else:
-      model.features[0][0] = gray
-    model = torch_fixtures.randomise_batch_norms(model)
+    model = graph_fixtures.torchvision_gray(name)
   path = os.path.join(directory, f"{name}.pt2")
   torch.export.save(torch.export.export(model.eval(), (torch.zeros(2, 1, 28, 28),)), path)
   return "torch", path

@@ -78,6 +78,22 @@ def keras_model():
   return model
 
 
+def torchvision_gray(name):
+  """torchvision's `name` (resnet50, efficientnet_b0, mobilenet_v3_small) for 10 classes with a
+  1-channel first convolution (digits, MNIST) and non-trivial batch-norm statistics."""
+  import torch  # pylint: disable=g-import-not-at-top
+  torch.manual_seed(0)
+  model = getattr(torchvision_models(), name)(num_classes=10)
+  first = model.conv1 if name == "resnet50" else model.features[0][0]
+  gray = torch.nn.Conv2d(1, first.out_channels, first.kernel_size, first.stride, first.padding,
+                         bias=False)
+  if name == "resnet50":
+    model.conv1 = gray
+  else:
+    model.features[0][0] = gray
+  return torch_fixtures.randomise_batch_norms(model)
+
+
 def torchvision_models():
   """torchvision.models, or its pure-Python model definitions where torchvision's compiled ops
   do not load (as `torch_fixtures.tv_models`, without restoring sys.modules: for scripts)."""

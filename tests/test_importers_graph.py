@@ -1,8 +1,9 @@
 """dpkd_jax.importers.graph_torch / graph_keras (`--arch=graph`): any classifier whose operations
 are covered imports with logits within 1e-5 (relative) of the source, its teacher workdir
 (graph.json beside the checkpoint) loads read-only, and DPDFD steps run from it; an operation
-outside the table is refused with one line. resnet50 and efficientnet_b0 (slower), and DPDFD
-steps from all five test models, are measured by benchmarks/graph_import.py
+outside the table is refused with one line. All five test models (the custom module, the Keras
+model, torchvision's mobilenet_v3_small, efficientnet_b0 and resnet50) import and run DPDFD
+steps here, on digits; their import and step times are measured by benchmarks/graph_import.py
 (docs/results/benchmarks/graph_import__cpu.json)."""
 
 import json
@@ -116,6 +117,22 @@ def test_mobilenet_v3_small_logits_within_tolerance(tv_models):
   assert measured["max_relative_logit_difference"] <= RTOL
   assert measured["argmax_agreement"] == 1.0
   assert {"hardswish", "hardsigmoid"} <= {n["op"] for n in converted.program["nodes"]}
+
+
+@pytest.mark.parametrize("name", ["mobilenet_v3_small", "efficientnet_b0", "resnet50"])
+def test_torchvision_model_imports_and_runs_dpdfd(name, tv_models, tmp_path):
+  """Each torchvision test model (1-channel first convolution, random weights and batch-norm
+  statistics) as a torch.export program: imported on digits with its logits checked against
+  PyTorch (the import refuses beyond tolerance), then DPDFD steps from its teacher workdir."""
+  del tv_models  # torchvision's model definitions, importable (the fixture's fallback)
+  model = graph_fixtures.torchvision_gray(name)
+  workdir, card = _import(tmp_path, "torch", _export(model, tmp_path / f"{name}.pt2"))
+  check = card["import"]["check"]
+  assert check["verified"] and check["max_relative_logit_difference"] <= RTOL
+  assert check["argmax_agreement"] == 1.0
+  assert card["graph"]["batch_norms"] == {"mobilenet_v3_small": 34, "efficientnet_b0": 49,
+                                          "resnet50": 53}[name]
+  _dpdfd_steps(workdir)
 
 
 def test_keras_model_imports_and_runs_dpdfd(tmp_path):
