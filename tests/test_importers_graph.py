@@ -3,8 +3,8 @@ are covered imports with logits within 1e-5 (relative) of the source, its teache
 (graph.json beside the checkpoint) loads read-only, and DPDFD steps run from it; an operation
 outside the table is refused with one line. All five test models (the custom module, the Keras
 model, torchvision's mobilenet_v3_small, efficientnet_b0 and resnet50) import and run DPDFD
-steps here, on digits (torchvision's: on mock CIFAR-10); their import and step times are measured by benchmarks/graph_import.py
-(docs/results/benchmarks/graph_import__cpu.json)."""
+steps here, on digits (torchvision's: on mock CIFAR-10); their import and step times are
+measured by benchmarks/graph_import.py (docs/results/benchmarks/graph_import__cpu.json)."""
 
 import json
 import os
