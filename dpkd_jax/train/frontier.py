@@ -78,6 +78,7 @@ METHOD_SETTINGS: dict[str, str] = {
 EXCLUDED_METHODS: dict[str, str] = {
     "dpdfd_direct": "DPDFD direct mode is not DP (sound ε = ∞)",
     "teacher": "a non-private teacher, not a released student",
+    "srr_generator": "an SRR generator pretrained against the teacher, not a released student",
 }
 METHOD_LABELS = {"dpsgd": "DP-SGD", "rknn": "reverse k-NN", "rona": "RONA",
                  "dfpate": "data-free PATE", "dpdfd": "DPDFD", "srr": "SRR"}
