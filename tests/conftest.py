@@ -102,6 +102,27 @@ def isolated_data_sources(monkeypatch):
 
 
 @pytest.fixture
+def mock_tfds():
+  """`with mock_tfds(num_examples=N):` tfds serves random images of each dataset's real shapes
+  (`tfds.testing.mock_data`: CIFAR-10 and SVHN offline), with the library's array cache
+  cleared before and after, so mock and real arrays never meet."""
+  import contextlib  # pylint: disable=g-import-not-at-top
+  import tensorflow_datasets as tfds  # pylint: disable=g-import-not-at-top
+  from dpkd_jax import data  # pylint: disable=g-import-not-at-top
+
+  @contextlib.contextmanager
+  def serve(num_examples: int):
+    data.clear_cache()
+    try:
+      with tfds.testing.mock_data(num_examples=num_examples):
+        yield
+    finally:
+      data.clear_cache()
+
+  return serve
+
+
+@pytest.fixture
 def cpu_kernels():
   """The model zoo traced through the opt-in XLA CPU kernels (`dpkd_jax.kernels`) inside the
   test; every other test runs the default, the reference ops."""

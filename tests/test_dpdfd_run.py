@@ -9,7 +9,6 @@ import warnings
 import jax
 import numpy as np
 import pytest
-import tensorflow_datasets as tfds
 from dpdfd_fixtures import version1_json
 from resume_fixtures import assert_same_dpdfd_state, interrupted_dpdfd, resume_dpdfd
 from teacher_fixtures import copy_without_partition
@@ -270,24 +269,20 @@ def test_stacked_ensemble_logits_and_a_missing_partition(ensemble_dir, tmp_path)
   assert worst.sound_epsilon > 2 * dpdfd.make_plan(config, 1, num_teachers=3).sound_epsilon
 
 
-def test_cifar10_runs_end_to_end_on_mock_data(tmp_path):
+def test_cifar10_runs_end_to_end_on_mock_data(tmp_path, mock_tfds):
   # The README's CIFAR-10 command needs tfds online; here tfds serves random mock images of
   # the real shapes (32x32x3, 10 classes), so the whole path (teacher, 3-channel generator,
   # student, accounting, sample grid) runs offline.
-  data.clear_cache()
-  try:
-    with tfds.testing.mock_data(num_examples=64):
-      teacher_dir = str(tmp_path / "teacher")
-      teacher_lib.train_teacher(teacher_lib.TeacherConfig(
-          dataset="cifar10", model="lenet5", epochs=1, batch_size=32, learning_rate=3e-3),
-          teacher_dir, progress=False)
-      config = dpdfd.DPDFDConfig(dataset="cifar10", teacher_dirs=(teacher_dir,),
-                                 student_model="lenet5_half", generator_channels=8,
-                                 noise_multiplier=10.0, steps=2, batch_size=16, eval_every=2,
-                                 latent_dim=8)
-      results = dpdfd.train_dpdfd(config, str(tmp_path / "run"), progress=False)
-  finally:
-    data.clear_cache()
+  with mock_tfds(num_examples=64):
+    teacher_dir = str(tmp_path / "teacher")
+    teacher_lib.train_teacher(teacher_lib.TeacherConfig(
+        dataset="cifar10", model="lenet5", epochs=1, batch_size=32, learning_rate=3e-3),
+        teacher_dir, progress=False)
+    config = dpdfd.DPDFDConfig(dataset="cifar10", teacher_dirs=(teacher_dir,),
+                               student_model="lenet5_half", generator_channels=8,
+                               noise_multiplier=10.0, steps=2, batch_size=16, eval_every=2,
+                               latent_dim=8)
+    results = dpdfd.train_dpdfd(config, str(tmp_path / "run"), progress=False)
   assert 0.0 <= results["test_accuracy"] <= 1.0
   assert 0 < results["epsilon"] < math.inf
   assert os.path.exists(tmp_path / "run" / "samples.png")

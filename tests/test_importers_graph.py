@@ -13,7 +13,6 @@ import shutil
 import jax
 import numpy as np
 import pytest
-import tensorflow_datasets as tfds
 
 from dpkd_jax import data
 from dpkd_jax import errors
@@ -103,7 +102,7 @@ def test_custom_teacher_loads_gives_bn_inputs_and_runs_dpdfd(custom_teacher):
 
 
 @pytest.mark.parametrize("name", ["mobilenet_v3_small", "efficientnet_b0", "resnet50"])
-def test_torchvision_model_imports_and_runs_dpdfd(name, tv_models, tmp_path):
+def test_torchvision_model_imports_and_runs_dpdfd(name, tv_models, tmp_path, mock_tfds):
   """Each torchvision test model (random weights and batch-norm statistics) as a torch.export
   program: imported on (mock) CIFAR-10 with its logits checked against PyTorch (the import
   refuses beyond tolerance), then DPDFD steps from its teacher workdir. Mock data keep the
@@ -112,13 +111,9 @@ def test_torchvision_model_imports_and_runs_dpdfd(name, tv_models, tmp_path):
   torch.manual_seed(0)
   model = randomise_batch_norms(getattr(tv_models, name)(num_classes=10))
   checkpoint = _export(model, tmp_path / f"{name}.pt2", channels=3, side=32)
-  data.clear_cache()
-  try:
-    with tfds.testing.mock_data(num_examples=16):  # random images of CIFAR-10's shapes
-      workdir, card = _import(tmp_path, "torch", checkpoint, dataset="cifar10")
-      _dpdfd_steps(workdir, dataset="cifar10")
-  finally:
-    data.clear_cache()
+  with mock_tfds(num_examples=16):  # random images of CIFAR-10's shapes
+    workdir, card = _import(tmp_path, "torch", checkpoint, dataset="cifar10")
+    _dpdfd_steps(workdir, dataset="cifar10")
   check = card["import"]["check"]
   assert check["verified"] and check["max_relative_logit_difference"] <= RTOL
   assert check["argmax_agreement"] == 1.0

@@ -7,7 +7,6 @@ import sys
 
 import jax
 import pytest
-import tensorflow_datasets as tfds
 
 from dpkd_jax import data
 from dpkd_jax import teacher
@@ -140,14 +139,10 @@ def test_batch_not_divisible_by_devices(tmp_path):
     teacher.train_teacher(_config(batch_size=60), str(tmp_path), progress=False)
 
 
-def test_cifar10_path_runs_end_to_end_on_mock_data(tmp_path):
-  data.clear_cache()
-  try:
-    with tfds.testing.mock_data(num_examples=64):
-      card = teacher.train_teacher(_config(dataset="cifar10", batch_size=32), str(tmp_path),
-                                   progress=False)
-  finally:
-    data.clear_cache()
+def test_cifar10_path_runs_end_to_end_on_mock_data(tmp_path, mock_tfds):
+  with mock_tfds(num_examples=64):
+    card = teacher.train_teacher(_config(dataset="cifar10", batch_size=32), str(tmp_path),
+                                 progress=False)
   assert card["input_shape"] == [32, 32, 3]
   assert 0.0 <= card["test_accuracy"] <= 1.0
   assert teacher.TeacherConfig(dataset="cifar10", model="lenet5").use_augment
