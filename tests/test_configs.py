@@ -15,6 +15,7 @@ import importlib
 import json
 import math
 import pathlib
+import re
 import shlex
 
 import pytest
@@ -186,3 +187,13 @@ def test_every_recipe_the_docs_show_is_a_file():
         path = word.split("--config=", 1)[1].strip("`),.;")
         if "<" not in path:  # `configs/<method>/<name>.py`: the form, not a file
           assert path in _RECIPES, (doc, path)
+
+
+def test_every_headline_cell_has_a_recipe():
+  """Each record a cell of the README's headline table links is some recipe's `Record`: every
+  headline figure is one `--config` command away."""
+  text = (_REPO / "README.md").read_text(encoding="utf-8")
+  table = text.split("results-table:headline begin", 1)[1].split("results-table:headline end")[0]
+  linked = set(re.findall(r"docs/results/([\w.-]+)\.json", table))
+  assert linked
+  assert not linked - set(configs.record_commands())
