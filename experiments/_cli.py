@@ -249,6 +249,31 @@ class _HeldWriteFailures(logging.Filter):
     self.held.clear()
 
 
+class _SaidWriteFailures(logging.Filter):
+  """Drops the asyncio logger's "Task exception was never retrieved" records of a refused
+  write once the CLI has said that failure in one line: Orbax's unawaited write tasks are
+  collected late, often after the error line and as the interpreter exits, so the filter stays
+  installed for the process. Every other record passes."""
+
+  def filter(self, record: logging.LogRecord) -> bool:
+    failure = record.exc_info[1] if record.exc_info else None
+    return not (failure is not None and _write_error(failure) is not None)
+
+
+def _say_write_failure(line: str) -> NoReturn:
+  """`fail(line)` for a refused write, first silencing asyncio's late reports of it."""
+  asyncio_logger = logging.getLogger("asyncio")
+  if not any(isinstance(f, _SaidWriteFailures) for f in asyncio_logger.filters):
+    asyncio_logger.addFilter(_SaidWriteFailures())
+  fail(line)
+
+
+def _forget(held: dict[logging.Logger, _HeldWriteFailures]) -> None:
+  """Drops the held records: the error line says them."""
+  for records in held.values():
+    records.held.clear()
+
+
 def _one_line_warnings(show: Callable[..., None]) -> Callable[..., None]:
   """`warnings.showwarning` that says the library's own notes (a `UserWarning` raised from
   dpkd_jax, e.g. a corrupt checkpoint moved aside) as one line, without Python's source
@@ -272,26 +297,29 @@ def user_errors():
   if not _hooked:
     sys.addaudithook(_note_writes)
     _hooked.append(True)
-  absl_logger, held = logging.getLogger("absl"), _HeldWriteFailures()
-  absl_logger.addFilter(held)
+  # Orbax's background threads log a refused write to absl; its unawaited tasks to asyncio.
+  held = {logging.getLogger(name): _HeldWriteFailures() for name in ("absl", "asyncio")}
+  for logger, records in held.items():
+    logger.addFilter(records)
   try:
     yield
   except (errors.UserError, checkpoint.CheckpointMismatchError,
           calibration.CalibrationError) as error:
-    held.held.clear()  # said in the line below
+    _forget(held)  # said in the line below
     fail(str(error))
   except ledger_lib.BudgetExceededError as error:  # refused before the release: nothing spent
-    held.held.clear()
+    _forget(held)
     fail(f"{str(error).split('; requested event')[0]}; nothing was released; the budget of "
          "this workdir is spent: start a new --workdir")
   except Exception as error:  # pylint: disable=broad-except  (a refused write, else re-raised)
     line = _write_error(error)
     if line is None:
       raise
-    held.held.clear()
-    fail(line)
+    _forget(held)
+    _say_write_failure(line)
   finally:
-    held.release(absl_logger)  # what was not said in one line above
+    for logger, records in held.items():
+      records.release(logger)  # what was not said in one line above
     warnings.showwarning = shown
 
 

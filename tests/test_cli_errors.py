@@ -3,7 +3,9 @@ nothing written: missing, empty, mismatching or corrupt teachers, workdirs
 that are files or read-only, batches larger than the data, `dpdfd sample` on a wrong workdir,
 `plot --out` into a missing folder, data not found. A bug keeps its traceback."""
 
+import asyncio
 import errno
+import gc
 import glob
 import json
 import logging
@@ -362,6 +364,39 @@ def test_tensorstore_write_failure_and_its_background_logs_are_one_line(capsys, 
       "error: cannot write '/w/checkpoints/6/d/ab12': File too large; check its permissions, "
       "free space and file size limit\n")
   assert not caplog.records  # held back: said in the line
+
+
+def test_unretrieved_write_tasks_collected_after_the_line_log_nothing(capsys, caplog):
+  """Orbax's unawaited write tasks are collected before the line or late (even as the
+  interpreter exits): asyncio's "Task exception was never retrieved" of the refused write said in
+  the line stays silent either way; an unrelated task's failure is still logged."""
+  message = ('Failed writing: "/w/checkpoints/6/d/ab12": Failed to write 18 bytes to file 15: '
+             "File too large [os_error_code='27']")
+
+  async def fails(error):
+    raise error
+
+  loop = asyncio.new_event_loop()
+  tasks = [loop.create_task(fails(ValueError(message))),
+           loop.create_task(fails(KeyError("a bug in another task"))),
+           loop.create_task(fails(ValueError(message)))]
+  loop.run_until_complete(asyncio.wait(tasks))
+  loop.close()
+  asyncio_logger = logging.getLogger("asyncio")
+  filters = list(asyncio_logger.filters)
+  try:
+    with pytest.raises(SystemExit) as exit_info:
+      with _cli.user_errors():
+        del tasks[2]  # collected while the command still runs
+        gc.collect()
+        raise ValueError(message)
+    assert exit_info.value.code == 2 and capsys.readouterr().err.count("\n") == 1
+    del tasks[:]  # never retrieved: asyncio logs each as it is collected
+    gc.collect()
+  finally:
+    asyncio_logger.filters[:] = filters
+  logged = [r for r in caplog.records if r.name == "asyncio"]
+  assert len(logged) == 1 and isinstance(logged[0].exc_info[1], KeyError), logged
 
 
 def test_other_errors_keep_their_traceback_and_logs(caplog):
