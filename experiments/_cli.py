@@ -224,6 +224,15 @@ def _write_error(error: Exception) -> str | None:
   return None
 
 
+def _reports_refused_write(record: logging.LogRecord) -> bool:
+  """Whether a log record is an error report of a write the machine refused (`_write_error`),
+  in its exception or in its message."""
+  failure = record.exc_info[1] if record.exc_info else None
+  return record.levelno >= logging.ERROR and (
+      (failure is not None and _write_error(failure) is not None)
+      or _write_error(ValueError(record.getMessage())) is not None)
+
+
 class _HeldWriteFailures(logging.Filter):
   """Holds back the log records (with tracebacks) that Orbax's background threads emit about
   a write the machine refused (`_write_error`): the CLI says it in one line instead. Records
@@ -234,10 +243,7 @@ class _HeldWriteFailures(logging.Filter):
     self.held: list[logging.LogRecord] = []
 
   def filter(self, record: logging.LogRecord) -> bool:
-    failure = record.exc_info[1] if record.exc_info else None
-    if record.levelno >= logging.ERROR and (
-        (failure is not None and _write_error(failure) is not None)
-        or _write_error(ValueError(record.getMessage())) is not None):
+    if _reports_refused_write(record):
       self.held.append(record)
       return False
     return True
@@ -256,8 +262,7 @@ class _SaidWriteFailures(logging.Filter):
   installed for the process. Every other record passes."""
 
   def filter(self, record: logging.LogRecord) -> bool:
-    failure = record.exc_info[1] if record.exc_info else None
-    return not (failure is not None and _write_error(failure) is not None)
+    return not _reports_refused_write(record)
 
 
 def _say_write_failure(line: str) -> NoReturn:
